@@ -1,0 +1,196 @@
+//! Device-memory allocator: buffers with stable identifiers, first fit, coalescing free list.
+
+use std::collections::BTreeMap;
+
+pub const GRANULE: u64 = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    pub id: u64,
+    pub offset: u64,
+    pub size: u64,
+    pub uuid: Option<[u8; 16]>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum AllocError {
+    /// Size zero, or alignment not a power of two.
+    Invalid,
+    NoSpace,
+    NotFound,
+    Exists,
+}
+
+pub struct Allocator {
+    size: u64,
+    /// offset -> length of each free extent; extents never touch (they are merged).
+    free: BTreeMap<u64, u64>,
+    buffers: BTreeMap<u64, Buffer>,
+    next_id: u64,
+}
+
+impl Allocator {
+    pub fn new(size: u64) -> Allocator {
+        let size = size - size % GRANULE;
+        let mut free = BTreeMap::new();
+        if size > 0 {
+            free.insert(0, size);
+        }
+        Allocator {
+            size,
+            free,
+            buffers: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buffers.is_empty()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.size
+    }
+
+    pub fn alloc(&mut self, size: u64, align: u64) -> Result<Buffer, AllocError> {
+        let align = if align == 0 { GRANULE } else { align };
+        if size == 0 || !align.is_power_of_two() || align > self.size.max(GRANULE) {
+            return Err(AllocError::Invalid);
+        }
+        let align = align.max(GRANULE);
+        let size = size.checked_add(GRANULE - 1).ok_or(AllocError::NoSpace)? / GRANULE * GRANULE;
+        let mut found = None;
+        for (&start, &len) in &self.free {
+            let aligned = start.div_ceil(align) * align;
+            let pad = aligned - start;
+            if len >= pad && len - pad >= size {
+                found = Some((start, len, aligned));
+                break;
+            }
+        }
+        let (start, len, aligned) = found.ok_or(AllocError::NoSpace)?;
+        self.free.remove(&start);
+        if aligned > start {
+            self.free.insert(start, aligned - start);
+        }
+        let end = aligned + size;
+        if start + len > end {
+            self.free.insert(end, start + len - end);
+        }
+        let buf = Buffer {
+            id: self.next_id,
+            offset: aligned,
+            size,
+            uuid: None,
+        };
+        self.next_id += 1;
+        self.buffers.insert(buf.id, buf.clone());
+        Ok(buf)
+    }
+
+    pub fn free(&mut self, id: u64) -> Result<Buffer, AllocError> {
+        let buf = self.buffers.remove(&id).ok_or(AllocError::NotFound)?;
+        let mut start = buf.offset;
+        let mut len = buf.size;
+        if let Some((&prev, &plen)) = self.free.range(..start).next_back() {
+            if prev + plen == start {
+                self.free.remove(&prev);
+                start = prev;
+                len += plen;
+            }
+        }
+        if let Some(&nlen) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            len += nlen;
+        }
+        self.free.insert(start, len);
+        Ok(buf)
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Buffer> {
+        self.buffers.get(&id)
+    }
+
+    pub fn buffers(&self) -> impl Iterator<Item = &Buffer> {
+        self.buffers.values()
+    }
+
+    pub fn set_uuid(&mut self, id: u64, uuid: [u8; 16]) -> Result<(), AllocError> {
+        if self.buffers.values().any(|b| b.uuid == Some(uuid)) {
+            return Err(AllocError::Exists);
+        }
+        let buf = self.buffers.get_mut(&id).ok_or(AllocError::NotFound)?;
+        if buf.uuid.is_some() {
+            return Err(AllocError::Exists);
+        }
+        buf.uuid = Some(uuid);
+        Ok(())
+    }
+
+    pub fn clear_uuid(&mut self, uuid: [u8; 16]) -> Result<u64, AllocError> {
+        let buf = self
+            .buffers
+            .values_mut()
+            .find(|b| b.uuid == Some(uuid))
+            .ok_or(AllocError::NotFound)?;
+        buf.uuid = None;
+        Ok(buf.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_coalesces_back_to_one_extent() {
+        let mut a = Allocator::new(1 << 20);
+        let b1 = a.alloc(4096, 0).unwrap();
+        let b2 = a.alloc(10000, 0).unwrap();
+        let b3 = a.alloc(65536, 65536).unwrap();
+        assert_eq!(b2.size, 12288);
+        assert_eq!(b3.offset % 65536, 0);
+        assert_eq!(a.len(), 3);
+        a.free(b2.id).unwrap();
+        a.free(b1.id).unwrap();
+        a.free(b3.id).unwrap();
+        assert_eq!(a.free_bytes(), 1 << 20);
+        assert_eq!(a.free.len(), 1);
+    }
+
+    #[test]
+    fn exhaustion_and_fragmentation() {
+        let mut a = Allocator::new(64 * 4096);
+        let bufs: Vec<_> = (0..64).map(|_| a.alloc(4096, 0).unwrap()).collect();
+        assert_eq!(a.alloc(4096, 0), Err(AllocError::NoSpace));
+        for b in bufs.iter().step_by(2) {
+            a.free(b.id).unwrap();
+        }
+        assert_eq!(a.free_bytes(), 32 * 4096);
+        // Free space is fragmented into single pages: a two-page buffer does not fit.
+        assert_eq!(a.alloc(8192, 0), Err(AllocError::NoSpace));
+        assert!(a.alloc(4096, 0).is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_arguments_and_unknown_ids() {
+        let mut a = Allocator::new(1 << 20);
+        assert_eq!(a.alloc(0, 0), Err(AllocError::Invalid));
+        assert_eq!(a.alloc(4096, 3), Err(AllocError::Invalid));
+        assert_eq!(a.alloc(u64::MAX, 0), Err(AllocError::NoSpace));
+        assert_eq!(a.free(42), Err(AllocError::NotFound));
+        let b = a.alloc(4096, 0).unwrap();
+        a.set_uuid(b.id, [1; 16]).unwrap();
+        assert_eq!(a.set_uuid(b.id, [2; 16]), Err(AllocError::Exists));
+        assert_eq!(a.clear_uuid([1; 16]), Ok(b.id));
+        assert_eq!(a.clear_uuid([1; 16]), Err(AllocError::NotFound));
+    }
+}

@@ -1,0 +1,376 @@
+//! vhost-user adapter: turns descriptor chains into requests for the device model and
+//! delivers replies and events. Everything guest-specific is validated here or in the model.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueOwnedT;
+use vm_memory::{
+    ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::device::{Device, Reply};
+use crate::dispatch::Dispatcher;
+use crate::protocol::{
+    CmdHdr, Resp, Status, EVENT_ERROR, MAX_REQUEST, NUM_QUEUES, QUEUE_CMD, QUEUE_EVENT,
+};
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// How long GET_VRING_BASE waits for commands in flight before giving up on them.
+const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct CxlBackend {
+    device: Arc<Device>,
+    dispatcher: Arc<Dispatcher>,
+    mem: Mutex<Option<Mem>>,
+    queue_size: u16,
+    event_idx: Arc<AtomicBool>,
+}
+
+impl CxlBackend {
+    pub fn new(device: Arc<Device>, dispatcher: Arc<Dispatcher>, queue_size: u16) -> Self {
+        CxlBackend {
+            device,
+            dispatcher,
+            mem: Mutex::new(None),
+            queue_size,
+            event_idx: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn memory(&self) -> Option<Mem> {
+        self.mem.lock().ok()?.clone()
+    }
+
+    fn process_commands(&self, vrings: &[VringRwLock]) {
+        let Some(mem) = self.memory() else { return };
+        let vring = &vrings[QUEUE_CMD];
+        loop {
+            let _ = vring.disable_notification();
+            let snapshot = mem.memory().into_inner();
+            let requests = {
+                let mut state = vring.get_mut();
+                let iter = match state.get_queue_mut().iter(&*snapshot) {
+                    Ok(it) => it,
+                    Err(e) => {
+                        self.device
+                            .reject(format_args!("command queue unusable: {e}"));
+                        return;
+                    }
+                };
+                iter.map(|chain| ChainRequest::parse(&chain, &snapshot))
+                    .collect::<Vec<_>>()
+            };
+            for req in requests {
+                self.submit(req, vrings, snapshot.clone());
+            }
+            match vring.enable_notification() {
+                Ok(true) => continue,
+                _ => break,
+            }
+        }
+    }
+
+    fn submit(&self, req: ChainRequest, vrings: &[VringRwLock], mem: Arc<GuestMemoryMmap>) {
+        let fence = Device::request_flags(&req.bytes) & crate::protocol::FLAG_FENCE != 0;
+        let device = self.device.clone();
+        let vrings: Vec<VringRwLock> = vrings.to_vec();
+        let event_idx = self.event_idx.clone();
+        let queued = self.dispatcher.submit(fence, move || {
+            complete(
+                &device,
+                &vrings,
+                &mem,
+                req,
+                event_idx.load(Ordering::Relaxed),
+            );
+        });
+        if !queued {
+            log::error!("DMA engines stopped; request dropped");
+        }
+    }
+}
+
+/// A descriptor chain turned into owned data: request bytes (or why there are none) and
+/// where the response goes.
+struct ChainRequest {
+    head: u16,
+    bytes: Vec<u8>,
+    error: Option<Status>,
+    writable: Vec<(u64, u32)>,
+}
+
+impl ChainRequest {
+    fn parse<M>(chain: &virtio_queue::DescriptorChain<M>, mem: &GuestMemoryMmap) -> Self
+    where
+        M: std::ops::Deref + Clone,
+        M::Target: vm_memory::GuestMemory,
+    {
+        let mut bytes = Vec::new();
+        let mut writable = Vec::new();
+        let mut error = None;
+        for desc in chain.clone() {
+            if desc.is_write_only() {
+                writable.push((desc.addr().0, desc.len()));
+                continue;
+            }
+            if !writable.is_empty() {
+                // Readable after writable breaks the virtio layout of a request.
+                error.get_or_insert(Status::BadChain);
+                continue;
+            }
+            let len = desc.len() as usize;
+            if bytes.len() + len > MAX_REQUEST as usize {
+                error.get_or_insert(Status::TooLarge);
+                continue;
+            }
+            let start = bytes.len();
+            bytes.resize(start + len, 0);
+            if mem.read_slice(&mut bytes[start..], desc.addr()).is_err() {
+                error.get_or_insert(Status::BadChain);
+            }
+        }
+        ChainRequest {
+            head: chain.head_index(),
+            bytes,
+            error,
+            writable,
+        }
+    }
+}
+
+fn chain_error_reply(status: Status, bytes: &[u8]) -> Reply {
+    let mut r = Reply::default();
+    r.resp.status = status as u32;
+    if let Some(h) = bytes.get(..std::mem::size_of::<CmdHdr>()) {
+        let mut hdr = CmdHdr::default();
+        hdr.as_mut_slice().copy_from_slice(h);
+        r.opcode = hdr.opcode;
+        r.resp.tag = hdr.tag;
+    }
+    r
+}
+
+/// Runs on a DMA engine: executes the request, writes the reply, returns the chain.
+fn complete(
+    device: &Device,
+    vrings: &[VringRwLock],
+    mem: &GuestMemoryMmap,
+    req: ChainRequest,
+    event_idx: bool,
+) {
+    let mut reply = match req.error {
+        None => device.execute(mem, &req.bytes),
+        Some(status) => {
+            device.reject(format_args!(
+                "malformed descriptor chain (head {}): {}",
+                req.head,
+                status.name()
+            ));
+            chain_error_reply(status, &req.bytes)
+        }
+    };
+    let room: u64 = req.writable.iter().map(|&(_, l)| l as u64).sum();
+    let resp_len = std::mem::size_of::<Resp>() as u64;
+    let mut written = 0u32;
+    if room < resp_len {
+        device.reject(format_args!(
+            "request (head {}) has {room} writable bytes, no room for a response",
+            req.head
+        ));
+        device.post_event(EVENT_ERROR, reply.opcode as u64, Status::BadChain as u64);
+    } else {
+        if room < resp_len + reply.payload.len() as u64 {
+            reply.payload.clear();
+            reply.resp.status = Status::BadChain as u32;
+        }
+        written = write_out(mem, &req.writable, &reply.bytes());
+        if (written as u64) < resp_len {
+            device.reject(format_args!(
+                "response buffer of request (head {}) outside guest memory",
+                req.head
+            ));
+            written = 0;
+        }
+    }
+    let vring = &vrings[QUEUE_CMD];
+    {
+        let mut state = vring.get_mut();
+        if state.add_used(req.head, written).is_err() {
+            return;
+        }
+        let notify = !event_idx || state.needs_notification().unwrap_or(true);
+        if notify {
+            let _ = state.signal_used_queue();
+        }
+    }
+    if device.has_events() {
+        deliver_events(device, vrings, mem, event_idx);
+    }
+}
+
+/// Writes `data` across the writable descriptors; returns the bytes written.
+fn write_out(mem: &GuestMemoryMmap, writable: &[(u64, u32)], data: &[u8]) -> u32 {
+    let mut pos = 0usize;
+    for &(addr, len) in writable {
+        if pos == data.len() {
+            break;
+        }
+        let n = (len as usize).min(data.len() - pos);
+        if mem
+            .write_slice(&data[pos..pos + n], GuestAddress(addr))
+            .is_err()
+        {
+            break;
+        }
+        pos += n;
+    }
+    pos as u32
+}
+
+/// Moves pending device events into buffers the driver posted on the event queue.
+fn deliver_events(device: &Device, vrings: &[VringRwLock], mem: &GuestMemoryMmap, event_idx: bool) {
+    let Some(vring) = vrings.get(QUEUE_EVENT) else {
+        return;
+    };
+    let mut state = vring.get_mut();
+    let mut used = false;
+    while let Some(ev) = device.pop_event() {
+        let chain = match state.get_queue_mut().iter(mem) {
+            Ok(mut it) => it.next(),
+            Err(_) => None,
+        };
+        let Some(chain) = chain else {
+            device.unpop_event(ev);
+            break;
+        };
+        let writable: Vec<(u64, u32)> = chain
+            .clone()
+            .filter(|d| d.is_write_only())
+            .map(|d| (d.addr().0, d.len()))
+            .collect();
+        let room: u64 = writable.iter().map(|&(_, l)| l as u64).sum();
+        let mut written = 0;
+        if room >= std::mem::size_of_val(&ev) as u64 {
+            written = write_out(mem, &writable, ev.as_slice());
+            device.event_delivered();
+        } else {
+            device.reject(format_args!("event buffer too small ({room} bytes)"));
+        }
+        if state.add_used(chain.head_index(), written).is_err() {
+            break;
+        }
+        used = true;
+    }
+    if used && (!event_idx || state.needs_notification().unwrap_or(true)) {
+        let _ = state.signal_used_queue();
+    }
+}
+
+impl VhostUserBackend for CxlBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.queue_size as usize
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let cfg = self.device.config();
+        let bytes = cfg.as_slice();
+        let start = (offset as usize).min(bytes.len());
+        let end = start.saturating_add(size as usize).min(bytes.len());
+        let mut v = bytes[start..end].to_vec();
+        // Reads past the end see zeros rather than an error: QEMU may ask for its config_size.
+        v.resize(size as usize, 0);
+        v
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        // The config space is read-only; writes are ignored as on real hardware.
+        Ok(())
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        self.device.update_memory(&mem.memory());
+        if let Ok(mut m) = self.mem.lock() {
+            *m = Some(mem);
+        }
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        if queue_index as usize == QUEUE_CMD && !self.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
+            log::warn!(
+                "{} commands still running when the front-end stopped the queue",
+                self.dispatcher.in_flight()
+            );
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Ok(());
+        }
+        match device_event as usize {
+            QUEUE_CMD => self.process_commands(vrings),
+            QUEUE_EVENT => {
+                if let Some(mem) = self.memory() {
+                    let snapshot = mem.memory().into_inner();
+                    deliver_events(
+                        &self.device,
+                        vrings,
+                        &snapshot,
+                        self.event_idx.load(Ordering::Relaxed),
+                    );
+                }
+            }
+            // Spurious or unknown events are harmless.
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,237 @@
+//! Command line of the `cxl-accel` daemon.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::protocol::{Config, NUM_QUEUES, VIRTIO_ID};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "cxl-accel",
+    version,
+    about = "vhost-user backend emulating a CXL Type-2 style accelerator with coherent device memory",
+    long_about = "vhost-user backend emulating a CXL Type-2 style accelerator: device memory \
+shared with QEMU and exposed to the guest as BAR2 of an ivshmem-plain function, plus a \
+DMA/compute engine (copy, fill, checksum, atomics, page copies) working on guest memory, \
+device memory and peer devices' memory.\n\nStart the daemon, then QEMU with the arguments \
+printed by --print-qemu-args. Logging: RUST_LOG=info (default) or debug."
+)]
+pub struct Args {
+    /// Unix socket QEMU connects to (its vhost-user chardev path). A stale socket left by a
+    /// crashed daemon is replaced; a socket a live daemon is serving is an error.
+    #[arg(long, value_name = "PATH")]
+    pub socket_path: PathBuf,
+
+    /// Device memory file, shared with QEMU (memory-backend-file mem-path). Created and sized
+    /// when missing; an existing file must have exactly --memory-size bytes. tmpfs (/dev/shm)
+    /// or hugetlbfs paths work.
+    #[arg(long, value_name = "PATH")]
+    pub memory_path: PathBuf,
+
+    /// Device memory size, a multiple of 2 MiB: bytes or with a K, M, G suffix (256M, 4G).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub memory_size: u64,
+
+    /// Virtio device ID for QEMU's vhost-user-test-device-pci. The default (21) is assigned by
+    /// the virtio spec but implemented by neither Linux nor QEMU, so only our driver binds it.
+    #[arg(long, value_name = "ID", default_value_t = VIRTIO_ID)]
+    pub virtio_id: u32,
+
+    /// Maximum size of each virtqueue (power of two, 1..32768).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = parse_queue_size)]
+    pub queue_size: u16,
+
+    /// Number of DMA engines, each a thread executing commands concurrently.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub dma_threads: u32,
+
+    /// Instance number of this device; names QEMU objects and picks PCI slot 0x10+N.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=15))]
+    pub index: u32,
+
+    /// Memory file of a peer device (repeatable). Its BAR, seen in the memory table, counts
+    /// as peer-to-peer memory in the device statistics.
+    #[arg(long, value_name = "PATH")]
+    pub peer_memory_path: Vec<PathBuf>,
+
+    /// Print the QEMU arguments that attach this device, then exit.
+    #[arg(long)]
+    pub print_qemu_args: bool,
+
+    /// With --print-qemu-args: size of the shared guest RAM backend to print (vhost-user needs
+    /// shared guest RAM), or "none" when another device's arguments already carry it.
+    #[arg(long, value_name = "SIZE|none", default_value = "1G")]
+    pub guest_ram: String,
+
+    /// With --print-qemu-args: how often QEMU retries the socket after the daemon restarts.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub reconnect_ms: u32,
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in '{s}' (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 268435456, 256M, 4G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_queue_size(s: &str) -> Result<u16, String> {
+    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if n == 0 || n > 32768 || !n.is_power_of_two() {
+        return Err(format!(
+            "queue size {n} must be a power of two from 1 to 32768"
+        ));
+    }
+    Ok(n as u16)
+}
+
+fn qemu_size(bytes: u64) -> String {
+    for (suffix, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        if bytes.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// QEMU's option syntax doubles commas inside values.
+fn qemu_escape(path: &std::path::Path) -> String {
+    path.display().to_string().replace(',', ",,")
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+fn shell_quote(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || ",./=_-:+@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The QEMU arguments that attach this device, as (option, value) pairs.
+pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
+    let n = args.index;
+    let slot = 0x10 + n;
+    let mut v = Vec::new();
+    if args.guest_ram != "none" {
+        let ram = parse_size(&args.guest_ram)?;
+        v.push((
+            "-object".into(),
+            format!(
+                "memory-backend-memfd,id=cxl-guest-ram,size={},share=on",
+                qemu_size(ram)
+            ),
+        ));
+        v.push(("-m".into(), qemu_size(ram)));
+        v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
+    }
+    v.push((
+        "-chardev".into(),
+        format!(
+            "socket,id=cxlacc{n}-sock,path={},reconnect-ms={}",
+            qemu_escape(&args.socket_path),
+            args.reconnect_ms
+        ),
+    ));
+    v.push((
+        "-device".into(),
+        format!(
+            "vhost-user-test-device-pci,id=cxlacc{n},chardev=cxlacc{n}-sock,virtio-id={},\
+num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0,multifunction=on",
+            args.virtio_id,
+            args.queue_size,
+            std::mem::size_of::<Config>()
+        ),
+    ));
+    v.push((
+        "-object".into(),
+        format!(
+            "memory-backend-file,id=cxlacc{n}-mem,mem-path={},size={},share=on",
+            qemu_escape(&args.memory_path),
+            qemu_size(args.memory_size)
+        ),
+    ));
+    v.push((
+        "-device".into(),
+        format!("ivshmem-plain,id=cxlacc{n}-bar,memdev=cxlacc{n}-mem,bus=pcie.0,addr={slot:#x}.1"),
+    ));
+    Ok(v)
+}
+
+/// Shell-pasteable rendering: one option per line, continued with backslashes.
+pub fn render_qemu_args(pairs: &[(String, String)]) -> String {
+    let lines: Vec<String> = pairs
+        .iter()
+        .map(|(o, val)| format!("{o} {}", shell_quote(val)))
+        .collect();
+    lines.join(" \\\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("4g"), Ok(4 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(qemu_size(256 << 20), "256M");
+        assert_eq!(qemu_size(3 << 30), "3G");
+    }
+
+    #[test]
+    fn qemu_args_name_every_piece() {
+        let args = Args::parse_from([
+            "cxl-accel",
+            "--socket-path",
+            "/tmp/a b.sock",
+            "--memory-path",
+            "/dev/shm/m,1",
+            "--index",
+            "1",
+        ]);
+        let text = render_qemu_args(&qemu_args(&args).unwrap());
+        assert!(text.contains("'socket,id=cxlacc1-sock,path=/tmp/a b.sock,reconnect-ms=1000'"));
+        assert!(text.contains("mem-path=/dev/shm/m,,1,size=256M,share=on"));
+        assert!(text.contains("virtio-id=21,num_vqs=2,vq_size=256,config_size=64"));
+        assert!(text.contains("addr=0x11.0,multifunction=on"));
+        assert!(
+            text.contains("ivshmem-plain,id=cxlacc1-bar,memdev=cxlacc1-mem,bus=pcie.0,addr=0x11.1")
+        );
+        assert!(text.contains("memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on"));
+        let none = Args::parse_from([
+            "cxl-accel",
+            "--socket-path",
+            "s",
+            "--memory-path",
+            "m",
+            "--guest-ram",
+            "none",
+        ]);
+        assert!(!render_qemu_args(&qemu_args(&none).unwrap()).contains("memfd"));
+    }
+}

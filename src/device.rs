@@ -1,0 +1,461 @@
+//! The device model: configuration, device memory, allocator, counters, events and command
+//! execution. It knows nothing of vhost-user: a transport hands it request bytes and a
+//! snapshot of guest memory, and gets back the response to deliver.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use vm_memory::{ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::allocator::{AllocError, Allocator};
+use crate::command::{decode, Command, Request};
+use crate::devmem::{DeviceMemory, FileId};
+use crate::engine::{Ctx, Moved};
+use crate::protocol::*;
+
+/// Static attributes of a device instance.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    pub index: u32,
+    pub dma_engines: u32,
+    pub read_latency_ns: u32,
+    pub write_latency_ns: u32,
+    pub read_bandwidth_mbs: u32,
+    pub write_bandwidth_mbs: u32,
+    /// Memory files of other devices, recognised in the memory table as peer BARs.
+    /// Resolved when the memory table arrives, so peers may start after us.
+    pub peers: Vec<std::path::PathBuf>,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            index: 0,
+            dma_engines: 2,
+            read_latency_ns: 250,
+            write_latency_ns: 250,
+            read_bandwidth_mbs: 16000,
+            write_bandwidth_mbs: 16000,
+            peers: Vec::new(),
+        }
+    }
+}
+
+/// What the device learned from the memory table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Guest-physical base of our own device memory, once the guest maps the BAR.
+    pub devmem_gpa: Option<u64>,
+    /// Guest-physical ranges (start, length) backed by peers' device memory.
+    pub peers: Vec<(u64, u64)>,
+}
+
+/// The response to deliver for one request.
+#[derive(Clone, Debug, Default)]
+pub struct Reply {
+    pub opcode: u16,
+    pub resp: Resp,
+    pub payload: Vec<u8>,
+}
+
+impl Reply {
+    pub fn status(&self) -> Option<Status> {
+        Status::from_u32(self.resp.status)
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut v = self.resp.as_slice().to_vec();
+        v.extend_from_slice(&self.payload);
+        v
+    }
+}
+
+/// Logs at most `burst` warnings per second and says how many it held back.
+pub struct RateLimitedLog {
+    state: Mutex<(Instant, u32, u64)>,
+    burst: u32,
+}
+
+impl RateLimitedLog {
+    pub fn new(burst: u32) -> Self {
+        RateLimitedLog {
+            state: Mutex::new((Instant::now(), 0, 0)),
+            burst,
+        }
+    }
+
+    pub fn warn(&self, msg: std::fmt::Arguments) {
+        let Ok(mut s) = self.state.lock() else { return };
+        if s.0.elapsed() >= Duration::from_secs(1) {
+            if s.2 > 0 {
+                log::warn!("{} similar messages suppressed", s.2);
+            }
+            *s = (Instant::now(), 0, 0);
+        }
+        if s.1 < self.burst {
+            s.1 += 1;
+            log::warn!("{msg}");
+        } else {
+            s.2 += 1;
+        }
+    }
+}
+
+const MAX_PENDING_EVENTS: usize = 256;
+
+pub struct Device {
+    cfg: DeviceConfig,
+    devmem: DeviceMemory,
+    alloc: Mutex<Allocator>,
+    stats: [AtomicU64; STAT_COUNT],
+    layout: RwLock<Layout>,
+    events: Mutex<VecDeque<Event>>,
+    event_seq: AtomicU64,
+    errlog: RateLimitedLog,
+}
+
+impl Device {
+    pub fn new(cfg: DeviceConfig, devmem: DeviceMemory) -> Device {
+        let size = devmem.size();
+        Device {
+            cfg,
+            devmem,
+            alloc: Mutex::new(Allocator::new(size)),
+            stats: Default::default(),
+            layout: RwLock::new(Layout::default()),
+            events: Mutex::new(VecDeque::new()),
+            event_seq: AtomicU64::new(0),
+            errlog: RateLimitedLog::new(10),
+        }
+    }
+
+    pub fn devmem(&self) -> &DeviceMemory {
+        &self.devmem
+    }
+
+    pub fn features(&self) -> u64 {
+        F_ATOMIC_DEVMEM | F_ATOMIC_GUEST | F_P2P | F_ALLOC | F_COPY_PAGES | F_EVENTS | F_EXPORT
+    }
+
+    pub fn config(&self) -> Config {
+        Config {
+            magic: MAGIC,
+            version_major: VERSION_MAJOR,
+            version_minor: VERSION_MINOR,
+            features: self.features(),
+            devmem_size: self.devmem.size(),
+            num_dma_engines: self.cfg.dma_engines,
+            max_segments: MAX_SEGMENTS,
+            read_latency_ns: self.cfg.read_latency_ns,
+            write_latency_ns: self.cfg.write_latency_ns,
+            read_bandwidth_mbs: self.cfg.read_bandwidth_mbs,
+            write_bandwidth_mbs: self.cfg.write_bandwidth_mbs,
+            device_index: self.cfg.index,
+            page_size: 4096,
+            max_request: MAX_REQUEST,
+            reserved: 0,
+        }
+    }
+
+    pub fn stat(&self, i: usize) -> u64 {
+        self.stats[i].load(Ordering::Relaxed)
+    }
+
+    fn add_stat(&self, i: usize, v: u64) {
+        self.stats[i].fetch_add(v, Ordering::Relaxed);
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout.read().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Learns where our own and our peers' device memory sit in guest-physical space, by
+    /// the identity of the files behind the memory table's regions (sizes can coincide).
+    pub fn update_memory(&self, guest: &GuestMemoryMmap) {
+        let mut layout = Layout::default();
+        let peer_ids: Vec<FileId> = self
+            .cfg
+            .peers
+            .iter()
+            .filter_map(|p| FileId::of_path(p).ok())
+            .collect();
+        for region in guest.iter() {
+            let Some(fo) = region.file_offset() else {
+                continue;
+            };
+            let Ok(id) = FileId::of(fo.file()) else {
+                continue;
+            };
+            let start = region.start_addr().0;
+            if id == self.devmem.id() {
+                match start.checked_sub(fo.start()) {
+                    Some(base) => layout.devmem_gpa = Some(base),
+                    None => log::warn!("device memory region at {start:#x} has an odd file offset"),
+                }
+            } else if peer_ids.contains(&id) {
+                layout.peers.push((start, region.len()));
+            }
+        }
+        let Ok(mut cur) = self.layout.write() else {
+            return;
+        };
+        if layout.devmem_gpa != cur.devmem_gpa {
+            match layout.devmem_gpa {
+                Some(gpa) => {
+                    log::info!("device memory mapped by the guest at {gpa:#x}");
+                    self.post_event(EVENT_DEVMEM_MAPPED, gpa, self.devmem.size());
+                }
+                None => log::info!("device memory no longer mapped by the guest"),
+            }
+        }
+        for p in &layout.peers {
+            if !cur.peers.contains(p) {
+                log::info!("peer device memory at {:#x} ({} bytes)", p.0, p.1);
+            }
+        }
+        *cur = layout;
+    }
+
+    /// Queues an event for the driver; the transport delivers it.
+    pub fn post_event(&self, kind: u32, value0: u64, value1: u64) {
+        let ev = Event {
+            kind,
+            reserved: 0,
+            seq: self.event_seq.fetch_add(1, Ordering::Relaxed),
+            value0,
+            value1,
+        };
+        if let Ok(mut q) = self.events.lock() {
+            if q.len() >= MAX_PENDING_EVENTS {
+                q.pop_front();
+                self.add_stat(STAT_EVENTS_DROPPED, 1);
+            }
+            q.push_back(ev);
+        }
+    }
+
+    pub fn has_events(&self) -> bool {
+        self.events.lock().map(|q| !q.is_empty()).unwrap_or(false)
+    }
+
+    pub fn pop_event(&self) -> Option<Event> {
+        self.events.lock().ok()?.pop_front()
+    }
+
+    /// Puts back an event the transport could not deliver yet.
+    pub fn unpop_event(&self, ev: Event) {
+        if let Ok(mut q) = self.events.lock() {
+            q.push_front(ev);
+        }
+    }
+
+    pub fn event_delivered(&self) {
+        self.add_stat(STAT_EVENTS_SENT, 1);
+    }
+
+    /// Counts and logs a request that failed before it could be executed.
+    pub fn reject(&self, what: std::fmt::Arguments) {
+        self.add_stat(STAT_ERRORS, 1);
+        self.errlog.warn(what);
+    }
+
+    /// Peeks at the header flags of raw request bytes, for ordering decisions.
+    pub fn request_flags(bytes: &[u8]) -> u16 {
+        match CmdHdr::from_slice(bytes.get(..16).unwrap_or(&[])) {
+            Some(h) => h.flags,
+            None => bytes
+                .get(2..4)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .unwrap_or(0),
+        }
+    }
+
+    /// Decodes and executes one request against a snapshot of guest memory.
+    pub fn execute(&self, guest: &GuestMemoryMmap, bytes: &[u8]) -> Reply {
+        self.add_stat(STAT_COMMANDS, 1);
+        let mut reply = match decode(bytes) {
+            Ok(req) => {
+                let mut reply = Reply {
+                    opcode: req.opcode,
+                    ..Default::default()
+                };
+                reply.resp.tag = req.tag;
+                self.run(guest, &req, &mut reply);
+                reply
+            }
+            Err(e) => {
+                let mut reply = Reply {
+                    opcode: e.opcode,
+                    ..Default::default()
+                };
+                reply.resp.tag = e.tag;
+                reply.resp.status = e.status as u32;
+                reply.resp.detail = e.detail;
+                reply
+            }
+        };
+        if reply.resp.status != Status::Ok as u32 {
+            self.add_stat(STAT_ERRORS, 1);
+            let name = Status::from_u32(reply.resp.status).map_or("?", |s| s.name());
+            self.errlog.warn(format_args!(
+                "command {:#x} tag {} failed: {} (detail {})",
+                reply.opcode, reply.resp.tag, name, reply.resp.detail
+            ));
+            reply.payload.clear();
+        }
+        reply
+    }
+
+    fn run(&self, guest: &GuestMemoryMmap, req: &Request, reply: &mut Reply) {
+        let layout = self.layout();
+        let ctx = Ctx {
+            guest,
+            devmem: &self.devmem,
+            peers: &layout.peers,
+        };
+        let r = &mut reply.resp;
+        let mut fail = |status: Status, detail: u32| {
+            r.status = status as u32;
+            r.detail = detail;
+        };
+        match &req.cmd {
+            Command::Nop | Command::Fence => {}
+            Command::Identify => {
+                let alloc = self.alloc.lock();
+                let (free, buffers) = alloc
+                    .map(|a| (a.free_bytes(), a.len() as u32))
+                    .unwrap_or((0, 0));
+                let id = Identify {
+                    magic: MAGIC,
+                    version_major: VERSION_MAJOR,
+                    version_minor: VERSION_MINOR,
+                    features: self.features(),
+                    devmem_size: self.devmem.size(),
+                    devmem_gpa: layout.devmem_gpa.unwrap_or(0),
+                    devmem_free: free,
+                    num_dma_engines: self.cfg.dma_engines,
+                    max_segments: MAX_SEGMENTS,
+                    buffers,
+                    device_index: self.cfg.index,
+                    reserved: 0,
+                };
+                reply.payload = id.as_slice().to_vec();
+            }
+            Command::Stats => {
+                let mut s = Stats::default();
+                for (i, c) in self.stats.iter().enumerate() {
+                    s.counter[i] = c.load(Ordering::Relaxed);
+                }
+                reply.payload = s.as_slice().to_vec();
+            }
+            Command::SetDevmemBase { gpa } => match layout.devmem_gpa {
+                None => fail(Status::NotReady, 0),
+                Some(g) if g != *gpa => fail(Status::Invalid, 0),
+                Some(_) => {}
+            },
+            Command::Copy { src, dst } => match ctx.copy(src, dst) {
+                Ok(m) => {
+                    self.account(STAT_BYTES_COPIED, m);
+                    r.result0 = m.bytes;
+                }
+                Err((s, i)) => fail(s, i),
+            },
+            Command::Fill { pattern, dst } => match ctx.fill(*pattern, dst) {
+                Ok(m) => {
+                    self.account(STAT_BYTES_FILLED, m);
+                    r.result0 = m.bytes;
+                }
+                Err((s, i)) => fail(s, i),
+            },
+            Command::Checksum { seed, src } => match ctx.checksum(*seed, src) {
+                Ok((crc, m)) => {
+                    self.account(STAT_BYTES_CHECKSUMMED, m);
+                    r.result0 = crc as u64;
+                    r.result1 = m.bytes;
+                }
+                Err((s, i)) => fail(s, i),
+            },
+            Command::Atomic(a) => match ctx.atomic(a) {
+                Ok((old, n)) => {
+                    self.add_stat(STAT_ATOMIC_OPS, n.max(1));
+                    r.result0 = old;
+                    r.result1 = n;
+                }
+                Err(s) => fail(s, 0),
+            },
+            Command::CopyPages {
+                page_size,
+                src_space,
+                dst_space,
+                src,
+                dst,
+            } => match ctx.copy_pages(*page_size, *src_space, *dst_space, src, dst) {
+                Ok(m) => {
+                    self.account(STAT_BYTES_COPIED, m);
+                    self.add_stat(STAT_PAGES_COPIED, src.len() as u64);
+                    r.result0 = src.len() as u64;
+                }
+                Err((s, i)) => fail(s, i),
+            },
+            Command::Signal { value } => {
+                self.post_event(EVENT_SIGNAL, *value, req.tag);
+            }
+            Command::Alloc { size, align } => match self.alloc.lock() {
+                Ok(mut a) => match a.alloc(*size, *align) {
+                    Ok(b) => {
+                        r.result0 = b.id;
+                        r.result1 = b.offset;
+                    }
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
+            Command::Free { id } => match self.alloc.lock() {
+                Ok(mut a) => match a.free(*id) {
+                    Ok(b) => r.result0 = b.size,
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
+            Command::Export { id, uuid } => match self.alloc.lock() {
+                Ok(mut a) => {
+                    if let Err(e) = a.set_uuid(*id, *uuid) {
+                        fail(alloc_status(e), 0)
+                    }
+                }
+                Err(_) => fail(Status::Internal, 0),
+            },
+            Command::Unexport { uuid } => match self.alloc.lock() {
+                Ok(mut a) => match a.clear_uuid(*uuid) {
+                    Ok(id) => r.result0 = id,
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
+        }
+    }
+
+    fn account(&self, counter: usize, m: Moved) {
+        self.add_stat(counter, m.bytes);
+        self.add_stat(STAT_BYTES_P2P, m.peer_bytes);
+    }
+
+    /// Buffers currently allocated: (id, offset, size).
+    pub fn buffers(&self) -> Vec<(u64, u64, u64)> {
+        self.alloc
+            .lock()
+            .map(|a| a.buffers().map(|b| (b.id, b.offset, b.size)).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn alloc_status(e: AllocError) -> Status {
+    match e {
+        AllocError::Invalid => Status::Invalid,
+        AllocError::NoSpace => Status::NoSpace,
+        AllocError::NotFound => Status::NotFound,
+        AllocError::Exists => Status::Exists,
+    }
+}

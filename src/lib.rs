@@ -1,0 +1,17 @@
+//! cxl-accel: an emulated CXL Type-2 style accelerator for QEMU guests.
+//!
+//! Layout: [`protocol`] is the wire format; [`device`] (with [`devmem`], [`allocator`],
+//! [`command`], [`engine`], [`dispatch`]) is the transport-independent device model;
+//! [`backend`] adapts it to vhost-user; [`server`] runs the socket; [`cli`] is the command line.
+
+pub mod allocator;
+pub mod backend;
+pub mod cli;
+pub mod command;
+pub mod crc32c;
+pub mod device;
+pub mod devmem;
+pub mod dispatch;
+pub mod engine;
+pub mod protocol;
+pub mod server;

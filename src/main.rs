@@ -1,0 +1,103 @@
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+
+use cxl_accel::cli::{qemu_args, render_qemu_args, Args};
+use cxl_accel::device::{Device, DeviceConfig};
+use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::dispatch::Dispatcher;
+use cxl_accel::protocol::VIRTIO_ID;
+use cxl_accel::server;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.print_qemu_args {
+        return match qemu_args(&args) {
+            Ok(pairs) => {
+                print!("{}", render_qemu_args(&pairs));
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        };
+    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("cxl-accel: {msg}");
+    ExitCode::FAILURE
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if args.virtio_id != VIRTIO_ID {
+        log::warn!(
+            "virtio ID {} differs from {VIRTIO_ID}, which the cxl_accel guest driver binds",
+            args.virtio_id
+        );
+    }
+    let devmem =
+        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
+    let cfg = DeviceConfig {
+        index: args.index,
+        dma_engines: args.dma_threads,
+        peers: args.peer_memory_path.clone(),
+        ..Default::default()
+    };
+    let device = Arc::new(Device::new(cfg, devmem));
+    let dispatcher = Arc::new(
+        Dispatcher::new(args.dma_threads as usize)
+            .map_err(|e| format!("cannot start DMA engines: {e}"))?,
+    );
+    let mut listener = server::bind(&args.socket_path)?;
+    signals::exit_on_termination(args.socket_path.clone())?;
+    log::info!(
+        "cxl-accel {} serving {} ({} bytes of device memory in {}, {} DMA engines)",
+        env!("CARGO_PKG_VERSION"),
+        args.socket_path.display(),
+        args.memory_size,
+        args.memory_path.display(),
+        args.dma_threads
+    );
+    server::serve(&mut listener, device, dispatcher, args.queue_size, None)
+        .map_err(|e| e.to_string())
+}
+
+mod signals {
+    use std::path::PathBuf;
+
+    /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
+    /// Device memory lives in the shared file, so there is nothing else to save.
+    pub fn exit_on_termination(socket: PathBuf) -> Result<(), String> {
+        // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
+        // runs before the worker threads that inherit the mask are created.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err("cannot block termination signals".into());
+            }
+            set
+        };
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut sig: libc::c_int = 0;
+                // SAFETY: `set` is a valid, initialised signal set and `sig` a valid out-pointer.
+                let rc = unsafe { libc::sigwait(&set, &mut sig) };
+                if rc == 0 {
+                    log::info!("signal {sig} received, shutting down");
+                }
+                let _ = std::fs::remove_file(&socket);
+                std::process::exit(0);
+            })
+            .map_err(|e| format!("cannot start signal thread: {e}"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,77 @@
+//! Socket handling: one listener for the daemon's life, a fresh vhost-user session per
+//! front-end connection (so QEMU can reconnect), device state shared across sessions.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::backend::CxlBackend;
+use crate::device::Device;
+use crate::dispatch::Dispatcher;
+
+/// Binds the socket, refusing to steal one that a live daemon serves.
+pub fn bind(path: &Path) -> Result<Listener, String> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(format!(
+                "socket {} is in use by a running process; stop it or choose another --socket-path",
+                path.display()
+            ));
+        }
+        log::info!("removing stale socket {}", path.display());
+    }
+    let listener = Listener::new(path, true)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    // Only the owner (QEMU runs as the same user) may connect.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot set permissions of {}: {e}", path.display()))?;
+    Ok(listener)
+}
+
+/// Serves front-end connections one after another; returns after `max_sessions` sessions
+/// (None: forever) or on a listener error.
+pub fn serve(
+    listener: &mut Listener,
+    device: Arc<Device>,
+    dispatcher: Arc<Dispatcher>,
+    queue_size: u16,
+    max_sessions: Option<usize>,
+) -> io::Result<()> {
+    let mut sessions = 0;
+    while max_sessions.is_none_or(|m| sessions < m) {
+        let backend = Arc::new(CxlBackend::new(
+            device.clone(),
+            dispatcher.clone(),
+            queue_size,
+        ));
+        let mut daemon = VhostUserDaemon::new(
+            "cxl-accel".to_string(),
+            backend,
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .map_err(|e| io::Error::other(format!("cannot create vhost-user daemon: {e}")))?;
+        daemon
+            .start(listener)
+            .map_err(|e| io::Error::other(format!("cannot accept a connection: {e}")))?;
+        log::info!("front-end connected");
+        match daemon.wait() {
+            Ok(()) => log::info!("front-end disconnected"),
+            Err(e) => log::warn!("session ended: {e}"),
+        }
+        for handler in daemon.get_epoll_handlers() {
+            handler.send_exit_event();
+        }
+        if !dispatcher.drain(Duration::from_secs(30)) {
+            log::warn!("commands still running after the session ended");
+        }
+        sessions += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,482 @@
+//! In-process vhost-user front-end for tests and benchmarks: guest memory in a memfd, a
+//! minimal driver-side split virtqueue, and the daemon serving a real unix socket.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cxl_accel::device::{Device, DeviceConfig};
+use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::dispatch::Dispatcher;
+use cxl_accel::protocol::*;
+use cxl_accel::server;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vm_memory::{
+    ByteValued, Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap,
+    GuestRegionMmap, MmapRegion,
+};
+use vmm_sys_util::eventfd::EventFd;
+
+pub const GUEST_SIZE: u64 = 128 << 20;
+pub const DEVMEM_SIZE: u64 = 128 << 20;
+/// Where the guest maps the device's BAR (when the test asks for it).
+pub const DEVMEM_GPA: u64 = 0x1_0000_0000;
+pub const QUEUE_SIZE: u16 = 256;
+const RING_BASE: [u64; 2] = [0x0, 0x10000];
+const REQ_AREA: u64 = 0x20000;
+const RESP_AREA: u64 = 0x80000;
+/// Guest memory from here on is free for test data.
+pub const DATA: u64 = 0x100000;
+
+pub fn memfd(name: &str, size: u64) -> File {
+    let cname = std::ffi::CString::new(name).unwrap();
+    // SAFETY: memfd_create with a valid C string; the fd is owned by the returned File.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create failed");
+    // SAFETY: fd was just created and is owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    f
+}
+
+/// Driver side of one split virtqueue.
+pub struct DriverQueue {
+    /// The queue's call eventfd, to sleep on instead of polling.
+    call_fd: Option<i32>,
+    base: u64,
+    size: u16,
+    avail_idx: u16,
+    used_seen: u16,
+    next_desc: u16,
+}
+
+impl DriverQueue {
+    fn new(base: u64, size: u16) -> Self {
+        DriverQueue {
+            call_fd: None,
+            base,
+            size,
+            avail_idx: 0,
+            used_seen: 0,
+            next_desc: 0,
+        }
+    }
+    pub fn desc_addr(&self) -> u64 {
+        self.base
+    }
+    pub fn avail_addr(&self) -> u64 {
+        self.base + 16 * self.size as u64
+    }
+    pub fn used_addr(&self) -> u64 {
+        (self.avail_addr() + 6 + 2 * self.size as u64 + 4095) & !4095
+    }
+
+    /// Writes a chain of raw descriptors (addr, len, flags, next) and publishes its head.
+    /// `None` for next means "the following descriptor" when NEXT is set.
+    pub fn push_raw(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        descs: &[(u64, u32, u16, Option<u16>)],
+    ) -> u16 {
+        let head = self.next_desc;
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let idx = (head + i as u16) % self.size;
+            let next = next.unwrap_or((idx + 1) % self.size);
+            let a = self.base + 16 * idx as u64;
+            mem.write_obj(addr, GuestAddress(a)).unwrap();
+            mem.write_obj(len, GuestAddress(a + 8)).unwrap();
+            mem.write_obj(flags, GuestAddress(a + 12)).unwrap();
+            mem.write_obj(next, GuestAddress(a + 14)).unwrap();
+        }
+        self.next_desc = (head + descs.len() as u16) % self.size;
+        self.publish(mem, head);
+        head
+    }
+
+    /// Readable buffers then writable ones, chained with NEXT.
+    pub fn push(&mut self, mem: &GuestMemoryMmap, bufs: &[(u64, u32, bool)]) -> u16 {
+        let n = bufs.len();
+        let descs: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, write))| {
+                let mut flags = if write { 2 } else { 0 };
+                if i + 1 < n {
+                    flags |= 1;
+                }
+                (addr, len, flags, None)
+            })
+            .collect();
+        self.push_raw(mem, &descs)
+    }
+
+    pub fn publish(&mut self, mem: &GuestMemoryMmap, head: u16) {
+        let slot = self.avail_addr() + 4 + 2 * (self.avail_idx % self.size) as u64;
+        mem.write_obj(head, GuestAddress(slot)).unwrap();
+        fence(Ordering::Release);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        mem.write_obj(self.avail_idx, GuestAddress(self.avail_addr() + 2))
+            .unwrap();
+    }
+
+    /// Sets the avail index directly (hostile-driver tests).
+    pub fn set_avail_idx(&mut self, mem: &GuestMemoryMmap, idx: u16) {
+        self.avail_idx = idx;
+        mem.write_obj(idx, GuestAddress(self.avail_addr() + 2))
+            .unwrap();
+    }
+
+    /// Waits for the next used element: (id, len), or None on timeout.
+    pub fn wait_used(&mut self, mem: &GuestMemoryMmap, timeout: Duration) -> Option<(u32, u32)> {
+        let start = Instant::now();
+        // EVENT_IDX: ask for a notification once the device passes what we have seen.
+        let used_event = self.avail_addr() + 4 + 2 * self.size as u64;
+        mem.write_obj(self.used_seen, GuestAddress(used_event))
+            .unwrap();
+        fence(Ordering::SeqCst);
+        loop {
+            let idx: u16 = mem.read_obj(GuestAddress(self.used_addr() + 2)).unwrap();
+            if idx != self.used_seen {
+                fence(Ordering::Acquire);
+                let e = self.used_addr() + 4 + 8 * (self.used_seen % self.size) as u64;
+                let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
+                let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
+                self.used_seen = self.used_seen.wrapping_add(1);
+                return Some((id, len));
+            }
+            let waited = start.elapsed();
+            if waited > timeout {
+                return None;
+            }
+            if waited < Duration::from_micros(50) {
+                std::thread::yield_now();
+            } else if let Some(fd) = self.call_fd {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the eventfd outlives the queue.
+                unsafe { libc::poll(&mut pfd, 1, 1) };
+                let mut buf = 0u64;
+                // SAFETY: reads 8 bytes into a u64 from a non-blocking eventfd.
+                unsafe { libc::read(fd, &mut buf as *mut u64 as *mut libc::c_void, 8) };
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    pub fn used_idx(&self, mem: &GuestMemoryMmap) -> u16 {
+        mem.read_obj(GuestAddress(self.used_addr() + 2)).unwrap()
+    }
+}
+
+pub struct Reply {
+    pub resp: Resp,
+    pub payload: Vec<u8>,
+    pub used_len: u32,
+}
+
+impl Reply {
+    pub fn status(&self) -> Status {
+        Status::from_u32(self.resp.status).expect("known status")
+    }
+}
+
+pub struct Options {
+    pub map_devmem: bool,
+    pub dma_threads: usize,
+    pub peers: Vec<PathBuf>,
+    pub extra_regions: Vec<(u64, File, u64)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            map_devmem: true,
+            dma_threads: 2,
+            peers: Vec::new(),
+            extra_regions: Vec::new(),
+        }
+    }
+}
+
+pub struct Harness {
+    pub guest: GuestMemoryMmap,
+    pub devmem: MmapRegion,
+    pub device: Arc<Device>,
+    pub frontend: Option<Frontend>,
+    pub queues: [DriverQueue; 2],
+    kicks: [EventFd; 2],
+    calls: [EventFd; 2],
+    daemon: Option<JoinHandle<()>>,
+    pub dir: PathBuf,
+    _files: Vec<File>,
+}
+
+static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+pub fn temp_dir() -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("cxl-accel-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        Self::with(Options::default())
+    }
+
+    pub fn with(opts: Options) -> Harness {
+        let dir = temp_dir();
+        let sock = dir.join("cxl.sock");
+        let devmem_path = dir.join("devmem");
+        let devmem = DeviceMemory::open(&devmem_path, DEVMEM_SIZE).unwrap();
+        let cfg = DeviceConfig {
+            dma_engines: opts.dma_threads as u32,
+            peers: opts.peers.clone(),
+            ..Default::default()
+        };
+        let device = Arc::new(Device::new(cfg, devmem));
+        let dispatcher = Arc::new(Dispatcher::new(opts.dma_threads).unwrap());
+        let mut listener = server::bind(&sock).unwrap();
+        let d2 = device.clone();
+        let daemon = std::thread::spawn(move || {
+            let _ = server::serve(&mut listener, d2, dispatcher, QUEUE_SIZE, Some(1));
+        });
+
+        // Guest RAM and, optionally, the device BAR and other regions, as QEMU would share them.
+        let ram = memfd("guest-ram", GUEST_SIZE);
+        let devmem_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&devmem_path)
+            .unwrap();
+        let mut regions = vec![(0u64, ram.try_clone().unwrap(), GUEST_SIZE)];
+        if opts.map_devmem {
+            regions.push((DEVMEM_GPA, devmem_file.try_clone().unwrap(), DEVMEM_SIZE));
+        }
+        for (gpa, f, size) in &opts.extra_regions {
+            regions.push((*gpa, f.try_clone().unwrap(), *size));
+        }
+        let guest = GuestMemoryMmap::from_regions(
+            regions
+                .iter()
+                .map(|(gpa, f, size)| {
+                    let r = MmapRegion::from_file(
+                        FileOffset::new(f.try_clone().unwrap(), 0),
+                        *size as usize,
+                    )
+                    .unwrap();
+                    GuestRegionMmap::new(r, GuestAddress(*gpa)).unwrap()
+                })
+                .collect(),
+        )
+        .unwrap();
+        let devmem_map =
+            MmapRegion::from_file(FileOffset::new(devmem_file, 0), DEVMEM_SIZE as usize).unwrap();
+
+        let mut fe = None;
+        for _ in 0..500 {
+            if let Ok(f) = Frontend::connect(&sock, 2) {
+                fe = Some(f);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut fe = fe.expect("daemon did not listen");
+        fe.set_owner().unwrap();
+        let features = fe.get_features().unwrap();
+        fe.set_features(features).unwrap();
+        let pf = fe.get_protocol_features().unwrap();
+        assert!(pf.contains(VhostUserProtocolFeatures::CONFIG));
+        fe.set_protocol_features(pf).unwrap();
+        let infos: Vec<VhostUserMemoryRegionInfo> = regions
+            .iter()
+            .map(|(gpa, f, size)| VhostUserMemoryRegionInfo {
+                guest_phys_addr: *gpa,
+                memory_size: *size,
+                userspace_addr: guest.get_host_address(GuestAddress(*gpa)).unwrap() as u64,
+                mmap_offset: 0,
+                mmap_handle: f.as_raw_fd(),
+            })
+            .collect();
+        fe.set_mem_table(&infos).unwrap();
+
+        let mut queues = [
+            DriverQueue::new(RING_BASE[0], QUEUE_SIZE),
+            DriverQueue::new(RING_BASE[1], QUEUE_SIZE),
+        ];
+        let kicks = [EventFd::new(0).unwrap(), EventFd::new(0).unwrap()];
+        let calls = [
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        ];
+        queues[0].call_fd = Some(calls[0].as_raw_fd());
+        queues[1].call_fd = Some(calls[1].as_raw_fd());
+        let va = |gpa: u64| guest.get_host_address(GuestAddress(gpa)).unwrap() as u64;
+        for (i, q) in queues.iter().enumerate() {
+            fe.set_vring_num(i, QUEUE_SIZE).unwrap();
+            fe.set_vring_addr(
+                i,
+                &VringConfigData {
+                    queue_max_size: QUEUE_SIZE,
+                    queue_size: QUEUE_SIZE,
+                    flags: 0,
+                    desc_table_addr: va(q.desc_addr()),
+                    used_ring_addr: va(q.used_addr()),
+                    avail_ring_addr: va(q.avail_addr()),
+                    log_addr: None,
+                },
+            )
+            .unwrap();
+            fe.set_vring_base(i, 0).unwrap();
+            fe.set_vring_call(i, &calls[i]).unwrap();
+            fe.set_vring_kick(i, &kicks[i]).unwrap();
+            fe.set_vring_enable(i, true).unwrap();
+        }
+        let files = regions.into_iter().map(|(_, f, _)| f).collect();
+        Harness {
+            guest,
+            devmem: devmem_map,
+            device,
+            frontend: Some(fe),
+            queues,
+            kicks,
+            calls,
+            daemon: Some(daemon),
+            dir,
+            _files: files,
+        }
+    }
+
+    pub fn kick(&self, q: usize) {
+        self.kicks[q].write(1).unwrap();
+    }
+
+    /// Submits one request chain without waiting.
+    pub fn post(&mut self, req: &[u8], slot: u64, resp_room: u32) -> u16 {
+        let ra = REQ_AREA + slot * 0x1000;
+        let wa = RESP_AREA + slot * 0x400;
+        assert!(req.len() <= 0x1000 || slot == 0);
+        self.guest.write_slice(req, GuestAddress(ra)).unwrap();
+        let head = self.queues[0].push(
+            &self.guest,
+            &[(ra, req.len() as u32, false), (wa, resp_room, true)],
+        );
+        self.kick(0);
+        head
+    }
+
+    pub fn read_reply(&self, slot: u64, used_len: u32) -> Reply {
+        let wa = RESP_AREA + slot * 0x400;
+        let resp: Resp = self.guest.read_obj(GuestAddress(wa)).unwrap();
+        let plen = (used_len as usize).saturating_sub(std::mem::size_of::<Resp>());
+        let mut payload = vec![0u8; plen];
+        self.guest
+            .read_slice(&mut payload, GuestAddress(wa + 32))
+            .unwrap();
+        Reply {
+            resp,
+            payload,
+            used_len,
+        }
+    }
+
+    /// Sends one request and waits for its reply.
+    pub fn call(&mut self, req: &[u8]) -> Reply {
+        self.call_with_room(req, 0x400)
+    }
+
+    pub fn call_with_room(&mut self, req: &[u8], room: u32) -> Reply {
+        // Large requests (page lists) go in their own area.
+        let (ra, wa) = (REQ_AREA, RESP_AREA);
+        assert!(req.len() as u64 <= RESP_AREA - REQ_AREA);
+        self.guest
+            .write_slice(&[0u8; 32], GuestAddress(wa))
+            .unwrap();
+        self.guest.write_slice(req, GuestAddress(ra)).unwrap();
+        self.queues[0].push(
+            &self.guest,
+            &[(ra, req.len() as u32, false), (wa, room, true)],
+        );
+        self.kick(0);
+        let (_, len) = self.queues[0]
+            .wait_used(&self.guest, Duration::from_secs(20))
+            .expect("device did not complete the request");
+        self.read_reply(0, len)
+    }
+
+    pub fn config(&mut self) -> Config {
+        let size = std::mem::size_of::<Config>() as u32;
+        let (_, payload) = self
+            .frontend
+            .as_mut()
+            .unwrap()
+            .get_config(
+                0,
+                size,
+                vhost::vhost_user::message::VhostUserConfigFlags::WRITABLE,
+                &vec![0u8; size as usize],
+            )
+            .unwrap();
+        let mut c = Config::default();
+        c.as_mut_slice().copy_from_slice(&payload);
+        c
+    }
+
+    pub fn devmem_write(&self, off: u64, data: &[u8]) {
+        use vm_memory::VolatileMemory;
+        self.devmem
+            .get_slice(off as usize, data.len())
+            .unwrap()
+            .copy_from(data);
+    }
+
+    pub fn devmem_read(&self, off: u64, len: usize) -> Vec<u8> {
+        use vm_memory::VolatileMemory;
+        let mut v = vec![0u8; len];
+        self.devmem
+            .get_slice(off as usize, len)
+            .unwrap()
+            .copy_to(&mut v[..]);
+        v
+    }
+
+    /// Posts `n` writable event buffers of `size` bytes at `area` on the event queue.
+    pub fn post_event_buffers(&mut self, area: u64, n: u64, size: u32) {
+        for i in 0..n {
+            self.queues[1].push(&self.guest, &[(area + i * 64, size, true)]);
+        }
+        self.kick(1);
+    }
+
+    pub fn shutdown(&mut self) {
+        self.frontend.take();
+        if let Some(h) = self.daemon.take() {
+            h.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
