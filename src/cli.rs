@@ -66,8 +66,10 @@ pub struct Args {
     #[arg(long, value_name = "SIZE|none", default_value = "1G")]
     pub guest_ram: String,
 
-    /// With --print-qemu-args: how often QEMU retries the socket after the daemon restarts.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    /// With --print-qemu-args: add reconnect-ms=MS to the chardev so QEMU reconnects after a
+    /// daemon restart. 0 (default) leaves it out: QEMU 10.2's test device does not wait for
+    /// a background connection at start-up and fails with "Failed to set msg fds".
+    #[arg(long, value_name = "MS", default_value_t = 0)]
     pub reconnect_ms: u32,
 }
 
@@ -145,12 +147,15 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
         v.push(("-m".into(), qemu_size(ram)));
         v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
     }
+    let reconnect = match args.reconnect_ms {
+        0 => String::new(),
+        ms => format!(",reconnect-ms={ms}"),
+    };
     v.push((
         "-chardev".into(),
         format!(
-            "socket,id=cxlacc{n}-sock,path={},reconnect-ms={}",
-            qemu_escape(&args.socket_path),
-            args.reconnect_ms
+            "socket,id=cxlacc{n}-sock,path={}{reconnect}",
+            qemu_escape(&args.socket_path)
         ),
     ));
     v.push((
@@ -215,7 +220,7 @@ mod tests {
             "1",
         ]);
         let text = render_qemu_args(&qemu_args(&args).unwrap());
-        assert!(text.contains("'socket,id=cxlacc1-sock,path=/tmp/a b.sock,reconnect-ms=1000'"));
+        assert!(text.contains("'socket,id=cxlacc1-sock,path=/tmp/a b.sock'"));
         assert!(text.contains("mem-path=/dev/shm/m,,1,size=256M,share=on"));
         assert!(text.contains("virtio-id=21,num_vqs=2,vq_size=256,config_size=64"));
         assert!(text.contains("addr=0x11.0,multifunction=on"));

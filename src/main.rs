@@ -34,6 +34,8 @@ fn fail(msg: &str) -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    // First, so that every thread started later inherits the blocked signal mask.
+    signals::exit_on_termination(args.socket_path.clone())?;
     if args.virtio_id != VIRTIO_ID {
         log::warn!(
             "virtio ID {} differs from {VIRTIO_ID}, which the cxl_accel guest driver binds",
@@ -54,7 +56,6 @@ fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("cannot start DMA engines: {e}"))?,
     );
     let mut listener = server::bind(&args.socket_path)?;
-    signals::exit_on_termination(args.socket_path.clone())?;
     log::info!(
         "cxl-accel {} serving {} ({} bytes of device memory in {}, {} DMA engines)",
         env!("CARGO_PKG_VERSION"),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vhost::vhost_user::Listener;
+use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
@@ -62,7 +62,10 @@ pub fn serve(
             .map_err(|e| io::Error::other(format!("cannot accept a connection: {e}")))?;
         log::info!("front-end connected");
         match daemon.wait() {
-            Ok(()) => log::info!("front-end disconnected"),
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                VhostUserError::Disconnected | VhostUserError::PartialMessage,
+            )) => log::info!("front-end disconnected"),
             Err(e) => log::warn!("session ended: {e}"),
         }
         for handler in daemon.get_epoll_handlers() {

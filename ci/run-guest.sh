@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# Boot a cxl-accel guest: N vhost-user daemons + QEMU + the Debian guest kernel
+# with a busybox initramfs, run a script in the guest and judge its output.
+#
+# Usage: ci/run-guest.sh [options]
+#   --devices N          cxl-accel devices (one daemon each; default 1, 0 = none)
+#   --devmem-size SIZE   device memory per device (default 256M)
+#   --guest-ram SIZE     guest RAM (default 1G)
+#   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm)
+#   --smp N              guest CPUs (default 2)
+#   --timeout SECS       wall-clock limit, QEMU is killed after it (default 300; 0 = none)
+#   --script FILE        host script (or static binary) run in the guest as /cxl/run
+#   --interactive        shell on the guest console (Ctrl-A X quits QEMU); no script
+#   --add SRC:DEST       extra file for the guest (repeatable; see ci/mkinitramfs.sh)
+#   --insmod SRC:DEST    extra .ko for the guest, loaded by /init (repeatable)
+#   --module NAME        guest kernel module to load (repeatable)
+#   --append ARGS        extra guest kernel command line
+#   --qemu-arg ARG       extra QEMU argument (repeatable)
+#   --daemon PATH        daemon binary (default: target/release/cxl-accel)
+#   --daemon-arg ARG     extra daemon argument (repeatable)
+#   --log FILE           also save the console (then the daemon logs) to FILE
+#   --keep               keep the work directory (sockets, devmem files, logs)
+#   --quiet              do not stream the guest console to stdout
+#
+# Guest scripts print one line per test: "RESULT <name> PASS|FAIL [detail]".
+# The run fails when a test fails, the end marker is missing (crash, timeout),
+# the script's exit code is non-zero, a daemon dies, or the guest kernel log
+# has WARNING:/BUG:/Oops/Call Trace/Kernel panic. The last line is
+# "N passed, N failed".
+#
+# Needs "$CACHE/env.sh" from ci/setup.sh.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=ci/lib.sh
+. "$HERE/lib.sh"
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+DEVICES=1
+DEVMEM=256M
+RAM=1G
+ACCEL=tcg
+SMP=2
+TIMEOUT=300
+SCRIPT=
+INTERACTIVE=0
+APPEND=
+DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
+LOGFILE=
+KEEP=0
+QUIET=0
+MK_ARGS=()
+QEMU_EXTRA=()
+DAEMON_EXTRA=()
+
+need() { [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage 2; }; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -h | --help) usage 0 ;;
+    --devices) need "$@"; DEVICES=$2; shift 2 ;;
+    --devmem-size) need "$@"; DEVMEM=$2; shift 2 ;;
+    --guest-ram) need "$@"; RAM=$2; shift 2 ;;
+    --accel) need "$@"; ACCEL=$2; shift 2 ;;
+    --smp) need "$@"; SMP=$2; shift 2 ;;
+    --timeout) need "$@"; TIMEOUT=$2; shift 2 ;;
+    --script) need "$@"; SCRIPT=$2; shift 2 ;;
+    --interactive) INTERACTIVE=1; shift ;;
+    --add | --insmod | --module) need "$@"; MK_ARGS+=("$1" "$2"); shift 2 ;;
+    --append) need "$@"; APPEND="$APPEND $2"; shift 2 ;;
+    --qemu-arg) need "$@"; QEMU_EXTRA+=("$2"); shift 2 ;;
+    --daemon) need "$@"; DAEMON=$2; shift 2 ;;
+    --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
+    --log) need "$@"; LOGFILE=$2; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --quiet) QUIET=1; shift ;;
+    *) echo "run-guest: unknown argument $1" >&2; usage 2 ;;
+    esac
+done
+
+[[ "$DEVICES" =~ ^[0-9]+$ ]] || die "run-guest: --devices wants a number"
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "run-guest: --timeout wants seconds"
+case "$ACCEL" in
+tcg) CPU=max ;;
+kvm) CPU=host ;;
+*) die "run-guest: --accel must be tcg or kvm" ;;
+esac
+if [ "$INTERACTIVE" = 1 ] && [ -n "$SCRIPT" ]; then
+    die "run-guest: --interactive and --script exclude each other"
+fi
+if [ "$INTERACTIVE" = 0 ] && [ -z "$SCRIPT" ]; then
+    die "run-guest: give --script FILE or --interactive"
+fi
+[ -z "$SCRIPT" ] || [ -f "$SCRIPT" ] || die "run-guest: script $SCRIPT not found"
+
+[ -f "$CACHE/env.sh" ] || die "run-guest: $CACHE/env.sh missing; run ci/setup.sh first"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+[ -x "$QEMU" ] || die "run-guest: QEMU=$QEMU not executable; rerun ci/setup.sh"
+[ -f "$GUEST_KERNEL" ] || die "run-guest: GUEST_KERNEL=$GUEST_KERNEL missing; rerun ci/setup.sh"
+if [ "$DEVICES" -gt 0 ] && [ ! -x "$DAEMON" ]; then
+    die "run-guest: daemon $DAEMON not found; build it (cargo build --release) or use --devices 0"
+fi
+
+# ------------------------------------------------------------- cleanup
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cxl-accel-run.XXXXXX")
+DAEMON_PIDS=()
+QEMU_PID=
+TAIL_PID=
+
+stop_pid() { # politely, then not
+    local pid=$1 i
+    kill "$pid" 2>/dev/null || return 0
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+save_log() {
+    [ -n "$LOGFILE" ] || return 0
+    {
+        cat "$WORK/console.log" 2>/dev/null || true
+        local f
+        for f in "$WORK"/daemon*.log "$WORK/qemu.log"; do
+            [ -s "$f" ] || continue
+            echo "===== $(basename "$f")"
+            cat "$f"
+        done
+    } >"$LOGFILE"
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -z "$QEMU_PID" ] || stop_pid "$QEMU_PID"
+    local p
+    for p in "${DAEMON_PIDS[@]}"; do stop_pid "$p"; done
+    [ -z "$TAIL_PID" ] || stop_pid "$TAIL_PID"
+    save_log
+    if [ "$KEEP" = 1 ]; then
+        echo "run-guest: kept $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ----------------------------------------------------------- initramfs
+
+GUEST_RUN=/cxl/run
+if [ -n "$SCRIPT" ]; then
+    MK_ARGS+=(--add "$SCRIPT:$GUEST_RUN")
+fi
+"$HERE/mkinitramfs.sh" "$WORK/initramfs.cpio.gz" "${MK_ARGS[@]}"
+
+# ------------------------------------------------------------- daemons
+
+# Turns the daemon's shell-pasteable "--print-qemu-args" output into one
+# argument per NUL-terminated item, without evaluating it as shell code.
+split_args() {
+    python3 -c '
+import shlex, sys
+text = (sys.stdin.read() + "\n").replace("\\\n", " ")
+sys.stdout.write("".join(a + "\0" for a in shlex.split(text)))'
+}
+
+DEV_ARGS=()
+start_daemon() {
+    local i=$1 sock=$WORK/cxl$1.sock mem=$WORK/devmem$1 pid t
+    local common=(--socket-path "$sock" --memory-path "$mem" --memory-size "$DEVMEM" --index "$i")
+    "$DAEMON" "${common[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
+    pid=$!
+    DAEMON_PIDS+=("$pid")
+    # Wait for the listening socket; a daemon that dies early is reported.
+    for ((t = 0; t < 100; t++)); do
+        [ -S "$sock" ] && break
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$WORK/daemon$i.log" >&2
+            die "run-guest: daemon $i exited before creating $sock (log above)"
+        fi
+        sleep 0.1
+    done
+    [ -S "$sock" ] || die "run-guest: daemon $i did not create $sock within 10 s"
+
+    # Only device 0 declares the (shared) guest RAM backend.
+    local ram=none out
+    [ "$i" = 0 ] && ram=$RAM
+    out=$("$DAEMON" "${common[@]}" --guest-ram "$ram" --print-qemu-args) ||
+        die "run-guest: '$DAEMON ... --print-qemu-args' failed"
+    local args=()
+    mapfile -d '' args < <(printf '%s' "$out" | split_args)
+    [ "${#args[@]}" -gt 0 ] || die "run-guest: daemon $i printed no QEMU arguments"
+    DEV_ARGS+=("${args[@]}")
+}
+
+for ((i = 0; i < DEVICES; i++)); do start_daemon "$i"; done
+
+# ---------------------------------------------------------------- QEMU
+
+CMDLINE="console=ttyS0 quiet panic=-1"
+[ -n "$SCRIPT" ] && CMDLINE="$CMDLINE cxlaccel.run=$GUEST_RUN"
+CMDLINE="$CMDLINE$APPEND"
+
+# shellcheck disable=SC2206 # QEMU_FIRMWARE_ARGS is a word list by design
+QEMU_CMD=("$QEMU" $QEMU_FIRMWARE_ARGS
+    -accel "$ACCEL" -cpu "$CPU" -smp "$SMP" -m "$RAM" -machine q35
+    -nodefaults -no-reboot -display none
+    -kernel "$GUEST_KERNEL" -initrd "$WORK/initramfs.cpio.gz" -append "$CMDLINE"
+    "${DEV_ARGS[@]}" "${QEMU_EXTRA[@]}")
+
+if [ "$INTERACTIVE" = 1 ]; then
+    echo "run-guest: interactive guest; 'exit' powers it off, Ctrl-A X kills QEMU" >&2
+    "${QEMU_CMD[@]}" -serial mon:stdio
+    exit $?
+fi
+
+CONSOLE=$WORK/console.log
+: >"$CONSOLE"
+T0=$(now)
+"${QEMU_CMD[@]}" -monitor none -serial "file:$CONSOLE" </dev/null >"$WORK/qemu.log" 2>&1 &
+QEMU_PID=$!
+if [ "$QUIET" = 0 ]; then
+    tail -n +1 -f "$CONSOLE" &
+    TAIL_PID=$!
+fi
+
+FAILS=()
+TIMED_OUT=0
+DEAD_DAEMONS=()
+while kill -0 "$QEMU_PID" 2>/dev/null; do
+    if [ "$TIMEOUT" -gt 0 ] && awk -v e="$(elapsed "$T0")" -v t="$TIMEOUT" 'BEGIN { exit !(e > t) }'; then
+        TIMED_OUT=1
+        stop_pid "$QEMU_PID"
+        break
+    fi
+    for ((i = 0; i < ${#DAEMON_PIDS[@]}; i++)); do
+        if [ -z "${DEAD_DAEMONS[$i]:-}" ] && ! kill -0 "${DAEMON_PIDS[$i]}" 2>/dev/null; then
+            DEAD_DAEMONS[i]=1
+            echo "run-guest: daemon $i exited while the guest was running" >&2
+        fi
+    done
+    sleep 0.2
+done
+QEMU_RC=0
+wait "$QEMU_PID" || QEMU_RC=$?
+QEMU_PID=
+WALL=$(elapsed "$T0")
+if [ -n "$TAIL_PID" ]; then
+    sleep 0.3 # let tail print the last lines
+    stop_pid "$TAIL_PID"
+    TAIL_PID=
+fi
+
+# ------------------------------------------------------------- verdict
+
+TEXT=$WORK/console.txt
+tr -d '\r' <"$CONSOLE" >"$TEXT"
+
+PASSED=0
+FAILED=0
+while read -r _ name status detail; do
+    if [ "$status" = PASS ]; then
+        PASSED=$((PASSED + 1))
+    else
+        FAILED=$((FAILED + 1))
+        FAILS+=("$name${detail:+ ($detail)}")
+    fi
+done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL)( |$)' "$TEXT" || true)
+
+runner_fail() {
+    FAILED=$((FAILED + 1))
+    FAILS+=("$1")
+}
+
+if [ "$TIMED_OUT" = 1 ]; then
+    runner_fail "TIMEOUT after ${TIMEOUT}s"
+fi
+DONE_LINE=$(grep -E '^CXL-ACCEL-GUEST-DONE rc=[0-9]+' "$TEXT" | tail -n 1 || true)
+if [ -z "$DONE_LINE" ]; then
+    runner_fail "end marker CXL-ACCEL-GUEST-DONE missing (guest crashed, hung or timed out; QEMU rc=$QEMU_RC)"
+    [ -s "$WORK/qemu.log" ] && { echo "run-guest: QEMU said:" >&2; tail -n 20 "$WORK/qemu.log" >&2; }
+else
+    SCRIPT_RC=${DONE_LINE##*rc=}
+    [ "$SCRIPT_RC" = 0 ] || runner_fail "guest script exited with rc=$SCRIPT_RC"
+fi
+for i in "${!DEAD_DAEMONS[@]}"; do
+    runner_fail "daemon $i died during the run"
+    tail -n 20 "$WORK/daemon$i.log" >&2
+done
+
+# Kernel log: the dmesg dump between the markers, else the whole console.
+KLOG=$WORK/kernel.log
+if grep -q '^CXL-ACCEL-DMESG-END' "$TEXT"; then
+    sed -n '/^CXL-ACCEL-DMESG-BEGIN/,/^CXL-ACCEL-DMESG-END/p' "$TEXT" >"$KLOG"
+else
+    cp "$TEXT" "$KLOG"
+fi
+KERNEL_BAD_RE='WARNING:|BUG:|Oops|Call Trace|Kernel panic'
+if grep -qE "$KERNEL_BAD_RE" "$KLOG"; then
+    runner_fail "guest kernel log has $(grep -oE "$KERNEL_BAD_RE" "$KLOG" | sort -u | paste -sd, -)"
+    echo "run-guest: guest kernel problems:" >&2
+    grep -E -A 12 "$KERNEL_BAD_RE" "$KLOG" | head -n 60 >&2
+fi
+
+echo
+echo "run-guest: devices=$DEVICES accel=$ACCEL guest wall time ${WALL}s"
+for f in "${FAILS[@]}"; do echo "run-guest: FAIL $f"; done
+[ "$PASSED" -gt 0 ] || [ "$FAILED" -gt 0 ] || echo "run-guest: warning: the guest printed no RESULT lines"
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]

@@ -1,0 +1,193 @@
+//! The `cxl-accel` binary as an operator meets it: flags, one-line errors, signals.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cxl-accel-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs the daemon expecting a failure; returns its single stderr line.
+fn fails_with_one_line(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8(out.stderr).unwrap();
+    // Log lines and clap's "For more information" hint are not part of the error.
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty() && !l.starts_with("For more"))
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    lines[0].to_string()
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = bin().arg("--help").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--socket-path",
+        "--memory-path",
+        "--memory-size",
+        "--virtio-id",
+        "--queue-size",
+        "--dma-threads",
+        "--print-qemu-args",
+        "RUST_LOG",
+    ] {
+        assert!(text.contains(flag), "--help does not mention {flag}");
+    }
+}
+
+#[test]
+fn print_qemu_args_is_complete_and_touches_nothing() {
+    let d = temp_dir("print");
+    let mem = d.join("mem");
+    let out = bin()
+        .args(["--socket-path", "/tmp/x.sock", "--memory-path"])
+        .arg(&mem)
+        .args(["--memory-size", "64M", "--print-qemu-args"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for piece in [
+        "memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on",
+        "-chardev socket,id=cxlacc0-sock,path=/tmp/x.sock",
+        "vhost-user-test-device-pci,id=cxlacc0,chardev=cxlacc0-sock,virtio-id=21,num_vqs=2",
+        "config_size=64",
+        "memory-backend-file,id=cxlacc0-mem",
+        "size=64M,share=on",
+        "ivshmem-plain,id=cxlacc0-bar,memdev=cxlacc0-mem,bus=pcie.0,addr=0x10.1",
+    ] {
+        assert!(text.contains(piece), "missing {piece} in:\n{text}");
+    }
+    assert!(
+        !mem.exists(),
+        "printing arguments must not create the memory file"
+    );
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn clear_errors_instead_of_panics() {
+    let d = temp_dir("errors");
+    let mem = d.join("mem");
+    std::fs::write(&mem, vec![0u8; 4096]).unwrap();
+    let sock = d.join("s.sock");
+    let (m, s) = (mem.to_str().unwrap(), sock.to_str().unwrap());
+    let e = fails_with_one_line(&[
+        "--socket-path",
+        s,
+        "--memory-path",
+        m,
+        "--memory-size",
+        "64M",
+    ]);
+    assert!(
+        e.contains("is 4096 bytes but --memory-size asks for 67108864"),
+        "{e}"
+    );
+    let e = fails_with_one_line(&[
+        "--socket-path",
+        "/nonexistent/dir/s.sock",
+        "--memory-path",
+        d.join("m2").to_str().unwrap(),
+        "--memory-size",
+        "4M",
+    ]);
+    assert!(
+        e.contains("cannot listen on /nonexistent/dir/s.sock"),
+        "{e}"
+    );
+    let e = fails_with_one_line(&[
+        "--socket-path",
+        s,
+        "--memory-path",
+        m,
+        "--memory-size",
+        "3M",
+    ]);
+    assert!(e.contains("multiple of 2 MiB"), "{e}");
+    let e = fails_with_one_line(&[
+        "--socket-path",
+        s,
+        "--memory-path",
+        m,
+        "--memory-size",
+        "12Q",
+    ]);
+    assert!(e.contains("unknown size suffix"), "{e}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+fn wait_for(path: &std::path::Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon did not create its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn stale_socket_is_replaced_live_one_is_refused_and_sigterm_exits_cleanly() {
+    let d = temp_dir("socket");
+    let sock = d.join("s.sock");
+    // A stale socket file, as a crashed daemon leaves it.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let args = |mem: &str| {
+        vec![
+            "--socket-path".to_string(),
+            sock.to_str().unwrap().to_string(),
+            "--memory-path".to_string(),
+            d.join(mem).to_str().unwrap().to_string(),
+            "--memory-size".to_string(),
+            "4M".to_string(),
+        ]
+    };
+    let mut daemon = bin()
+        .args(args("m1"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&d.join("m1"));
+    // Wait until it accepts connections.
+    let t = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let args2 = args("m2");
+    let args2: Vec<&str> = args2.iter().map(|s| s.as_str()).collect();
+    let e = fails_with_one_line(&args2);
+    assert!(e.contains("in use by a running process"), "{e}");
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = daemon.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success());
+    assert!(!sock.exists(), "socket removed on shutdown");
+    let _ = std::fs::remove_dir_all(d);
+}
