@@ -179,7 +179,12 @@ DEV_ARGS=()
 start_daemon() {
     local i=$1 sock=$WORK/cxl$1.sock mem=$WORK/devmem$1 pid t
     local common=(--socket-path "$sock" --memory-path "$mem" --memory-size "$DEVMEM" --index "$i")
-    "$DAEMON" "${common[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
+    # Every other device's memory is a peer: copies to it count as peer-to-peer.
+    local peers=() j
+    for ((j = 0; j < DEVICES; j++)); do
+        [ "$j" = "$i" ] || peers+=(--peer-memory-path "$WORK/devmem$j")
+    done
+    "$DAEMON" "${common[@]}" "${peers[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
     pid=$!
     DAEMON_PIDS+=("$pid")
     # Wait for the listening socket; a daemon that dies early is reported.

@@ -191,3 +191,39 @@ fn stale_socket_is_replaced_live_one_is_refused_and_sigterm_exits_cleanly() {
     assert!(!sock.exists(), "socket removed on shutdown");
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// qemu-configs/ holds the documented command lines; they must be what the daemon prints.
+#[test]
+fn qemu_configs_match_print_qemu_args() {
+    let print = |extra: &[&str]| -> String {
+        let out = bin()
+            .args(["--memory-size", "256M", "--print-qemu-args"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let dev0 = print(&[
+        "--socket-path",
+        "/run/cxl-accel/cxl0.sock",
+        "--memory-path",
+        "/dev/shm/cxl-accel0",
+    ]);
+    let dev1 = print(&[
+        "--socket-path",
+        "/run/cxl-accel/cxl1.sock",
+        "--memory-path",
+        "/dev/shm/cxl-accel1",
+        "--index",
+        "1",
+        "--guest-ram",
+        "none",
+    ]);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("qemu-configs");
+    let one = std::fs::read_to_string(dir.join("one-device.args")).unwrap();
+    assert_eq!(one, dev0, "regenerate qemu-configs/one-device.args");
+    let two = std::fs::read_to_string(dir.join("two-devices.args")).unwrap();
+    let expect = format!("{} \\\n{dev1}", dev0.trim_end());
+    assert_eq!(two, expect, "regenerate qemu-configs/two-devices.args");
+}
