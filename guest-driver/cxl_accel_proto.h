@@ -51,6 +51,8 @@ typedef uint64_t __le64;
 #define CXLA_MAX_SEGMENTS		4096	/* per scatter-gather list */
 #define CXLA_MAX_PAGES			4096	/* per COPY_PAGES */
 #define CXLA_MAX_REQUEST		(256 * 1024) /* readable bytes per request */
+#define CXLA_MAX_TRANSFER		(1ULL << 30) /* bytes moved by one command */
+#define CXLA_MAX_ATOMIC_REPEAT		(1ULL << 27) /* ATOMIC FETCH_ADD repeat */
 
 /* Virtio config space (read-only for the driver), 64 bytes */
 struct cxla_config {

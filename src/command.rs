@@ -55,8 +55,6 @@ pub enum Command {
     },
 }
 
-/// Upper bound of ATOMIC `repeat`, so one command cannot occupy an engine for minutes.
-pub const MAX_ATOMIC_REPEAT: u64 = 1 << 30;
 pub const MIN_PAGE_SIZE: u32 = 4096;
 pub const MAX_PAGE_SIZE: u32 = 2 << 20;
 
@@ -99,12 +97,17 @@ impl Cursor<'_> {
         if n > MAX_SEGMENTS {
             return Err(Status::TooLarge);
         }
+        let mut total = 0u64;
         self.need(n as usize * std::mem::size_of::<Sge>())?;
         let mut v = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let s: Sge = self.read()?;
             if s.space != SPACE_GPA && s.space != SPACE_DEVMEM {
                 return Err(Status::Invalid);
+            }
+            total += s.len as u64;
+            if total > MAX_TRANSFER {
+                return Err(Status::TooLarge);
             }
             v.push(s);
         }
@@ -226,7 +229,7 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
             {
                 return Err(Status::Invalid);
             }
-            if p.nr_pages > MAX_PAGES {
+            if p.nr_pages > MAX_PAGES || p.nr_pages as u64 * p.page_size as u64 > MAX_TRANSFER {
                 return Err(Status::TooLarge);
             }
             let src = c.addrs(p.nr_pages)?;
@@ -440,6 +443,13 @@ mod tests {
             Status::Invalid
         );
         assert_eq!(status(&atomic(1, a(9, 8, 0, 1))), Status::Invalid);
+        assert_eq!(
+            status(&atomic(1, a(ATOMIC_FETCH_ADD, 8, 0, MAX_ATOMIC_REPEAT + 1))),
+            Status::Invalid
+        );
+        // The same range listed many times cannot make one command move terabytes.
+        let big = sge(SPACE_DEVMEM, 0, u32::MAX);
+        assert_eq!(status(&fill(1, 0, &[big; 2])), Status::TooLarge);
         assert_eq!(
             status(&atomic(1, a(ATOMIC_CMPXCHG, 8, 0, 5))),
             Status::Invalid

@@ -31,6 +31,9 @@ pub const F_EXPORT: u64 = 1 << 6;
 pub const MAX_SEGMENTS: u32 = 4096;
 pub const MAX_PAGES: u32 = 4096;
 pub const MAX_REQUEST: u32 = 256 * 1024;
+/// Bytes one command may move, so that no command occupies an engine for long.
+pub const MAX_TRANSFER: u64 = 1 << 30;
+pub const MAX_ATOMIC_REPEAT: u64 = 1 << 27;
 
 pub const SPACE_GPA: u16 = 0;
 pub const SPACE_DEVMEM: u16 = 1;
@@ -236,6 +239,8 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_MAX_SEGMENTS".into(), MAX_SEGMENTS as u64),
         ("CXLA_MAX_PAGES".into(), MAX_PAGES as u64),
         ("CXLA_MAX_REQUEST".into(), MAX_REQUEST as u64),
+        ("CXLA_MAX_TRANSFER".into(), MAX_TRANSFER),
+        ("CXLA_MAX_ATOMIC_REPEAT".into(), MAX_ATOMIC_REPEAT),
         ("CXLA_SPACE_GPA".into(), SPACE_GPA as u64),
         ("CXLA_SPACE_DEVMEM".into(), SPACE_DEVMEM as u64),
         ("CXLA_OP_NOP".into(), OP_NOP as u64),

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The README's test command: set-up, Rust checks and tests, then the guest
+# end-to-end suite (two devices, the driver, every guest test as its own line).
+# Usage: ci/test.sh [--skip-guest]   (--skip-guest: daemon-only iteration; CI never uses it)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+# shellcheck source=ci/lib.sh
+. "$HERE/lib.sh"
+cd "$ROOT"
+
+SKIP_GUEST=0
+case "${1:-}" in
+--skip-guest) SKIP_GUEST=1 ;;
+-h | --help)
+    sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+"") ;;
+*) die "ci/test.sh: unknown argument '$1' (see --help)" ;;
+esac
+
+command -v cargo >/dev/null ||
+    die "ci/test.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
+
+T0=$(now)
+"$HERE/setup.sh"
+T_SETUP=$(elapsed "$T0")
+
+log "== cargo build --release"
+cargo build --release --locked
+if cargo fmt --version >/dev/null 2>&1; then
+    log "== cargo fmt --check"
+    cargo fmt --check
+else
+    log "cargo fmt not installed: formatting not checked"
+fi
+if cargo clippy --version >/dev/null 2>&1; then
+    log "== cargo clippy"
+    cargo clippy --locked --all-targets -- -D warnings
+else
+    log "cargo clippy not installed: lints not checked"
+fi
+log "== cargo test"
+T1=$(now)
+cargo test --locked
+# The benchmark binary must keep working: run it in its quick form.
+cargo bench --locked --bench throughput -- --quick
+T_CARGO=$(elapsed "$T1")
+
+if [ "$SKIP_GUEST" = 1 ]; then
+    log "guest suite skipped (--skip-guest)"
+    exit 0
+fi
+
+T2=$(now)
+"$HERE/guest-suite.sh"
+T_GUEST=$(elapsed "$T2")
+log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, guest suite ${T_GUEST}s, total $(elapsed "$T0")s"
