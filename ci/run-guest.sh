@@ -274,7 +274,9 @@ tr -d '\r' <"$CONSOLE" >"$TEXT"
 
 PASSED=0
 FAILED=0
+RESULT_LINES=()
 while read -r _ name status detail; do
+    RESULT_LINES+=("$(printf '%-4s %s%s' "$status" "$name" "${detail:+  ($detail)}")")
     if [ "$status" = PASS ]; then
         PASSED=$((PASSED + 1))
     else
@@ -319,7 +321,12 @@ if grep -qE "$KERNEL_BAD_RE" "$KLOG"; then
 fi
 
 echo
+for l in "${RESULT_LINES[@]}"; do echo "  $l"; done
 echo "run-guest: devices=$DEVICES accel=$ACCEL guest wall time ${WALL}s"
+if [ "$FAILED" -gt 0 ] && [ "$QUIET" = 1 ]; then
+    echo "run-guest: last lines of the guest console:"
+    grep -v '^RESULT ' "$TEXT" | tail -n 40 | sed 's/^/  | /'
+fi
 for f in "${FAILS[@]}"; do echo "run-guest: FAIL $f"; done
 [ "$PASSED" -gt 0 ] || [ "$FAILED" -gt 0 ] || echo "run-guest: warning: the guest printed no RESULT lines"
 echo "$PASSED passed, $FAILED failed"

@@ -54,7 +54,18 @@ if [ "$SKIP_GUEST" = 1 ]; then
     exit 0
 fi
 
+OUT=$(mktemp)
+trap 'rm -f "$OUT"' EXIT
 T2=$(now)
-"$HERE/guest-suite.sh"
+# A device that stops answering for a while: -ETIMEDOUT, recovery, clean unload.
+log "== guest: stalled device"
+tests/guest/run-stall.sh --quiet | tee "$OUT"
+STALL=$(tail -n 1 "$OUT")
+log "== guest: end-to-end suite"
+"$HERE/guest-suite.sh" | tee "$OUT"
+SUITE=$(tail -n 1 "$OUT")
 T_GUEST=$(elapsed "$T2")
-log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, guest suite ${T_GUEST}s, total $(elapsed "$T0")s"
+log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
+log "guest stall test: $STALL"
+# The last line is the guest suite's verdict ("N passed, N failed").
+echo "$SUITE"

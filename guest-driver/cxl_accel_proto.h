@@ -83,6 +83,7 @@ struct cxla_config {
 #define CXLA_OP_IDENTIFY		0x01
 #define CXLA_OP_SET_DEVMEM_BASE		0x02
 #define CXLA_OP_STATS			0x03
+#define CXLA_OP_RESET			0x04	/* a new driver: free all buffers, drop events */
 #define CXLA_OP_COPY			0x10
 #define CXLA_OP_FILL			0x11
 #define CXLA_OP_CHECKSUM		0x12

@@ -12,6 +12,7 @@ pub enum Command {
     Nop,
     Identify,
     Stats,
+    Reset,
     Fence,
     SetDevmemBase {
         gpa: u64,
@@ -165,6 +166,7 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         OP_NOP => Command::Nop,
         OP_IDENTIFY => Command::Identify,
         OP_STATS => Command::Stats,
+        OP_RESET => Command::Reset,
         OP_FENCE => Command::Fence,
         OP_SET_DEVMEM_BASE => Command::SetDevmemBase {
             gpa: c.read::<SetDevmemBase>()?.gpa,

@@ -350,6 +350,18 @@ impl Device {
                 }
                 reply.payload = s.as_slice().to_vec();
             }
+            Command::Reset => {
+                // A driver starting afresh: whatever an earlier driver (or a crashed guest)
+                // left allocated or undelivered is gone.
+                if let Ok(mut a) = self.alloc.lock() {
+                    r.result0 = a.len() as u64;
+                    *a = Allocator::new(self.devmem.size());
+                }
+                if let Ok(mut q) = self.events.lock() {
+                    q.clear();
+                }
+                log::info!("device reset by the driver: {} buffers released", r.result0);
+            }
             Command::SetDevmemBase { gpa } => match layout.devmem_gpa {
                 None => fail(Status::NotReady, 0),
                 Some(g) if g != *gpa => fail(Status::Invalid, 0),

@@ -42,6 +42,7 @@ pub const OP_NOP: u16 = 0x00;
 pub const OP_IDENTIFY: u16 = 0x01;
 pub const OP_SET_DEVMEM_BASE: u16 = 0x02;
 pub const OP_STATS: u16 = 0x03;
+pub const OP_RESET: u16 = 0x04;
 pub const OP_COPY: u16 = 0x10;
 pub const OP_FILL: u16 = 0x11;
 pub const OP_CHECKSUM: u16 = 0x12;
@@ -247,6 +248,7 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_OP_IDENTIFY".into(), OP_IDENTIFY as u64),
         ("CXLA_OP_SET_DEVMEM_BASE".into(), OP_SET_DEVMEM_BASE as u64),
         ("CXLA_OP_STATS".into(), OP_STATS as u64),
+        ("CXLA_OP_RESET".into(), OP_RESET as u64),
         ("CXLA_OP_COPY".into(), OP_COPY as u64),
         ("CXLA_OP_FILL".into(), OP_FILL as u64),
         ("CXLA_OP_CHECKSUM".into(), OP_CHECKSUM as u64),

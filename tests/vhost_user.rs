@@ -423,6 +423,30 @@ fn allocate_free_exhaust_and_export_buffers() {
 }
 
 #[test]
+fn reset_releases_everything_a_previous_driver_left() {
+    let mut h = Harness::new();
+    for _ in 0..3 {
+        ok(&h.call(&with(
+            hdr(OP_ALLOC, 0, 1),
+            &Alloc {
+                size: 1 << 20,
+                align: 0,
+            },
+        )));
+    }
+    ok(&h.call(&with(hdr(OP_SIGNAL, 0, 1), &Signal { value: 1 })));
+    let r = h.call(&hdr(OP_RESET, 0, 1));
+    ok(&r);
+    assert_eq!(r.resp.result0, 3);
+    assert!(!h.device.has_events());
+    let ident = Identify::from_slice(&h.call(&hdr(OP_IDENTIFY, 0, 1)).payload)
+        .copied()
+        .unwrap();
+    assert_eq!((ident.devmem_free, ident.buffers), (DEVMEM_SIZE, 0));
+    assert_eq!(ident.devmem_gpa, DEVMEM_GPA);
+}
+
+#[test]
 fn stats_count_commands_and_errors() {
     let mut h = Harness::new();
     ok(&h.call(&hdr(OP_NOP, 0, 1)));

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The README's demo command: boots a guest with one cxl-accel device and the driver, and
+# shows coherent CPU access to device memory, a device computation on guest data, and
+# copy bandwidth next to the CPU's. Extra arguments go to ci/run-guest.sh.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+# shellcheck source=ci/lib.sh
+. "$HERE/lib.sh"
+cd "$ROOT"
+
+command -v cargo >/dev/null ||
+    die "ci/demo.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
+"$HERE/setup.sh" 2>/dev/null >/dev/null || "$HERE/setup.sh"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+log "building the daemon, the driver and the demo program"
+cargo build --release --locked -q
+make -s -C guest-driver KDIR="$KDIR" >/dev/null
+make -s -C tests/guest >/dev/null
+
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+log "booting a guest (QEMU $("$QEMU" --version | head -n1 | awk '{print $4}'), 1 device, TCG)"
+rc=0
+"$HERE/run-guest.sh" --devices 1 --quiet --timeout 300 --log "$LOG" \
+    --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
+    --add tests/guest/out/cxl-accel-demo:/bin/ \
+    --script tests/guest/demo-guest.sh "$@" >/dev/null || rc=$?
+echo
+grep -E '^DEMO\| ' "$LOG" | tr -d '\r' | sed 's/^DEMO| /  /'
+echo
+if [ "$rc" = 0 ]; then
+    echo "demo: done (guest console log: rerun with --log FILE to keep it)"
+else
+    echo "demo: FAILED; the guest console follows" >&2
+    tail -n 60 "$LOG" >&2
+    exit "$rc"
+fi

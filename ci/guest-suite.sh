@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Guest end-to-end suite: builds the driver against the guest kernel headers and the
+# static guest test programs, boots a guest with two devices, runs every guest test
+# (one RESULT line each) and fails on any failure or kernel warning.
+# Extra arguments go to ci/run-guest.sh (e.g. --accel kvm, --log FILE).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+# shellcheck source=ci/lib.sh
+. "$HERE/lib.sh"
+cd "$ROOT"
+
+[ -f "$CACHE/env.sh" ] || die "ci/guest-suite.sh: run ci/setup.sh first ($CACHE/env.sh is missing)"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+[ -x target/release/cxl-accel ] || cargo build --release --locked
+
+log "== guest driver (KDIR=$KDIR)"
+make -s -C guest-driver KDIR="$KDIR" >/dev/null
+log "== guest test programs"
+make -s -C tests/guest >/dev/null
+
+ADD=()
+for f in tests/guest/out/*; do
+    ADD+=(--add "$f:/bin/")
+done
+exec "$HERE/run-guest.sh" --devices 2 --quiet --timeout 1200 \
+    --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
+    "${ADD[@]}" --script tests/guest/run-all.sh "$@"

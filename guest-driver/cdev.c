@@ -1,0 +1,523 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: character device, ioctls and mmap of device memory.
+ *
+ * mmap. A buffer is mapped with vm_insert_page() of its ZONE_DEVICE
+ * coherent pages, from the fault handler. These are real, refcounted struct
+ * pages (unlike a PFN map of the BAR with remap_pfn_range or
+ * vmf_insert_pfn, which x86 installs as "special" PTEs without a page
+ * reference):
+ *  - each PTE holds a page reference, so a page cannot go back to the device
+ *    allocator while any process maps it, whatever the order of munmap,
+ *    FREE and close;
+ *  - get_user_pages()/pin_user_pages() work on the mapping, so a pointer
+ *    into device memory can be handed to this driver's commands (it is
+ *    recognised and sent as a device-memory address), to a peer device, or
+ *    to O_DIRECT I/O;
+ *  - the default page protection is write-back cached, which is right for
+ *    coherent memory.
+ * On removal the driver zaps every mapping (unmap_mapping_range over each
+ * open file) before dropping its own page references and calling
+ * memunmap_pages(); later faults get SIGBUS.
+ */
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/pci.h>
+#include <linux/module.h>
+#include <linux/poll.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "cxl_accel.h"
+
+#define CXLA_MMAP_PGMASK	((1UL << CXLA_MMAP_PGSHIFT) - 1)
+
+static dev_t cxla_devt;
+static struct class *cxla_class;
+
+struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle)
+{
+	struct cxla_buf *buf;
+
+	if (!handle)
+		return NULL;
+	mutex_lock(&cf->lock);
+	buf = xa_load(&cf->bufs, handle);
+	if (buf)
+		cxla_buf_get(buf);
+	mutex_unlock(&cf->lock);
+	return buf;
+}
+
+static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct cxla_buf *buf = vma->vm_private_data;
+	struct cxla_dev *cd = buf->dev;
+	unsigned long idx = vmf->pgoff & CXLA_MMAP_PGMASK;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+	int err;
+
+	if (idx >= buf->npages)
+		return VM_FAULT_SIGBUS;
+	down_read(&cd->map_sem);
+	if (!cd->dead && buf->pages_held) {
+		err = vm_insert_page(vma, vmf->address, cxla_buf_page(buf, idx));
+		if (!err || err == -EBUSY)	/* -EBUSY: raced, already mapped */
+			ret = VM_FAULT_NOPAGE;
+		else if (err == -ENOMEM)
+			ret = VM_FAULT_OOM;
+	}
+	up_read(&cd->map_sem);
+	return ret;
+}
+
+static void cxla_vm_open(struct vm_area_struct *vma)
+{
+	cxla_buf_get(vma->vm_private_data);
+}
+
+static void cxla_vm_close(struct vm_area_struct *vma)
+{
+	/* mmap_lock is held: never wait for the device here */
+	cxla_buf_put_async(vma->vm_private_data);
+}
+
+static const struct vm_operations_struct cxla_vm_ops = {
+	.open = cxla_vm_open,
+	.close = cxla_vm_close,
+	.fault = cxla_vm_fault,
+};
+
+static int cxla_mmap(struct file *filp, struct vm_area_struct *vma)
+{
+	struct cxla_file *cf = filp->private_data;
+	unsigned long handle = vma->vm_pgoff >> CXLA_MMAP_PGSHIFT;
+	unsigned long first = vma->vm_pgoff & CXLA_MMAP_PGMASK;
+	struct cxla_buf *buf;
+
+	if (READ_ONCE(cf->dev->dead))
+		return -ENODEV;
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;		/* a private COW copy makes no sense */
+	if (handle > CXLA_MAX_HANDLE)
+		return -EINVAL;
+	buf = cxla_file_buf_get(cf, handle);
+	if (!buf)
+		return -ENOENT;
+	if (first > buf->npages || vma_pages(vma) > buf->npages - first) {
+		cxla_buf_put(buf);
+		return -EINVAL;
+	}
+	vm_flags_set(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	vma->vm_private_data = buf;	/* holds the reference */
+	vma->vm_ops = &cxla_vm_ops;
+	return 0;
+}
+
+/* Removal: take every user mapping of this device away. */
+void cxla_zap_mappings(struct cxla_dev *cd)
+{
+	struct cxla_file *cf;
+
+	mutex_lock(&cd->files_lock);
+	list_for_each_entry(cf, &cd->files, node)
+		unmap_mapping_range(cf->filp->f_mapping, 0, 0, 1);
+	mutex_unlock(&cd->files_lock);
+}
+
+static int cxla_open(struct inode *inode, struct file *filp)
+{
+	struct cxla_dev *cd = container_of(inode->i_cdev, struct cxla_dev, cdev);
+	struct cxla_file *cf;
+
+	cf = kzalloc(sizeof(*cf), GFP_KERNEL);
+	if (!cf)
+		return -ENOMEM;
+	cf->dev = cd;
+	cf->filp = filp;
+	mutex_init(&cf->lock);
+	xa_init_flags(&cf->bufs, XA_FLAGS_ALLOC1);
+	spin_lock_irq(&cd->evt_lock);
+	cf->evt_pos = cd->evt_head;
+	spin_unlock_irq(&cd->evt_lock);
+
+	mutex_lock(&cd->files_lock);
+	if (READ_ONCE(cd->dead)) {
+		mutex_unlock(&cd->files_lock);
+		kfree(cf);
+		return -ENODEV;
+	}
+	get_device(&cd->dev);
+	list_add_tail(&cf->node, &cd->files);
+	mutex_unlock(&cd->files_lock);
+	filp->private_data = cf;
+	return 0;
+}
+
+static int cxla_release(struct inode *inode, struct file *filp)
+{
+	struct cxla_file *cf = filp->private_data;
+	struct cxla_dev *cd = cf->dev;
+	struct cxla_buf *buf;
+	unsigned long idx;
+
+	/* mappings are gone already: they hold the file */
+	xa_for_each(&cf->bufs, idx, buf) {
+		xa_erase(&cf->bufs, idx);
+		cxla_buf_put(buf);
+	}
+	xa_destroy(&cf->bufs);
+
+	mutex_lock(&cd->files_lock);
+	list_del(&cf->node);
+	mutex_unlock(&cd->files_lock);
+	mutex_destroy(&cf->lock);
+	kfree(cf);
+	put_device(&cd->dev);
+	return 0;
+}
+
+int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *out,
+		  bool intr)
+{
+	struct cxla_identify id;
+	int ret;
+
+	/* buffer frees deferred from munmap: make devmem_free exact */
+	flush_workqueue(cxla_wq);
+	ret = cxla_simple_cmd(cd, CXLA_OP_IDENTIFY, NULL, 0, &id, sizeof(id),
+			      NULL, 0, intr);
+	if (ret)
+		return ret;
+	memset(out, 0, sizeof(*out));
+	out->magic = le32_to_cpu(id.magic);
+	out->version_major = le16_to_cpu(id.version_major);
+	out->version_minor = le16_to_cpu(id.version_minor);
+	out->features = le64_to_cpu(id.features);
+	out->devmem_size = le64_to_cpu(id.devmem_size);
+	out->devmem_free = le64_to_cpu(id.devmem_free);
+	out->devmem_gpa = le64_to_cpu(id.devmem_gpa);
+	out->num_dma_engines = le32_to_cpu(id.num_dma_engines);
+	out->max_segments = le32_to_cpu(id.max_segments);
+	out->buffers = le32_to_cpu(id.buffers);
+	out->device_index = le32_to_cpu(id.device_index);
+	out->read_latency_ns = cd->read_latency_ns;
+	out->write_latency_ns = cd->write_latency_ns;
+	out->read_bandwidth_mbs = cd->read_bandwidth_mbs;
+	out->write_bandwidth_mbs = cd->write_bandwidth_mbs;
+	out->page_size = cd->page_size;
+	out->max_request = cd->max_request;
+	out->minor = cd->minor;
+	out->numa_node = cd->mem_pdev ? dev_to_node(&cd->mem_pdev->dev) :
+					NUMA_NO_NODE;
+	return 0;
+}
+
+static long cxla_ioc_identify(struct cxla_file *cf, void __user *arg)
+{
+	struct cxl_accel_identify id;
+	int ret;
+
+	ret = cxla_identify(cf->dev, &id, true);
+	if (ret)
+		return ret;
+	return copy_to_user(arg, &id, sizeof(id)) ? -EFAULT : 0;
+}
+
+static long cxla_ioc_alloc(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_alloc a;
+	struct cxla_buf *buf;
+	u64 size, align;
+	u32 handle;
+	int ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (a.flags || !a.size)
+		return -EINVAL;
+	if (a.align && !is_power_of_2(a.align))
+		return -EINVAL;
+	if (a.size > cd->devmem_size)
+		return -ENOSPC;
+	size = PAGE_ALIGN(a.size);
+	align = max_t(u64, a.align, PAGE_SIZE);
+	if (align > cd->devmem_size)
+		return -EINVAL;
+
+	ret = cxla_buf_alloc(cd, size, align, &buf);
+	if (ret)
+		return ret;
+	mutex_lock(&cf->lock);
+	ret = xa_alloc(&cf->bufs, &handle, buf, XA_LIMIT(1, CXLA_MAX_HANDLE),
+		       GFP_KERNEL);
+	mutex_unlock(&cf->lock);
+	if (ret) {
+		cxla_buf_put(buf);
+		return ret == -EBUSY ? -ENOSPC : ret;
+	}
+
+	a.handle = handle;
+	a.offset = buf->offset;
+	a.mmap_offset = (u64)handle << CXL_ACCEL_MMAP_SHIFT;
+	a.alloc_size = size;
+	if (copy_to_user(arg, &a, sizeof(a))) {
+		mutex_lock(&cf->lock);
+		buf = xa_erase(&cf->bufs, handle);
+		mutex_unlock(&cf->lock);
+		if (buf)
+			cxla_buf_put(buf);
+		return -EFAULT;
+	}
+	return 0;
+}
+
+static long cxla_ioc_free(struct cxla_file *cf, void __user *arg)
+{
+	struct cxl_accel_free f;
+	struct cxla_buf *buf;
+
+	if (copy_from_user(&f, arg, sizeof(f)))
+		return -EFAULT;
+	if (f.flags)
+		return -EINVAL;
+	if (!f.handle)
+		return -ENOENT;
+	mutex_lock(&cf->lock);
+	buf = xa_erase(&cf->bufs, f.handle);
+	mutex_unlock(&cf->lock);
+	if (!buf)
+		return -ENOENT;
+	/* device memory goes back once no mapping or pin holds a page */
+	cxla_buf_put(buf);
+	return 0;
+}
+
+static long cxla_ioc_signal(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_signal s;
+	struct cxla_signal sig;
+	struct cxla_req *req;
+	int ret;
+
+	if (copy_from_user(&s, arg, sizeof(s)))
+		return -EFAULT;
+	if (s.flags & ~CXL_ACCEL_OP_FENCE)
+		return -EINVAL;
+	if (!(cd->features & CXLA_F_EVENTS) || !cd->evt_vq)
+		return -EOPNOTSUPP;
+	req = cxla_req_alloc(cd, CXLA_OP_SIGNAL,
+			     (s.flags & CXL_ACCEL_OP_FENCE) ? CXLA_FLAG_FENCE : 0,
+			     sizeof(sig), 0);
+	if (IS_ERR(req))
+		return PTR_ERR(req);
+	sig.value = cpu_to_le64(s.value);
+	memcpy(cxla_req_payload(req), &sig, sizeof(sig));
+	ret = cxla_exec(cd, &req, s.timeout_ms, true);
+	cxla_req_free(cd, req);
+	return ret;
+}
+
+static bool cxla_evt_take(struct cxla_file *cf,
+			  const struct cxl_accel_wait_event *w,
+			  struct cxl_accel_event *out)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_event *ev;
+	bool found = false;
+
+	spin_lock_irq(&cd->evt_lock);
+	if (cd->evt_head - cf->evt_pos > CXLA_EVENT_RING) {
+		cf->evt_lost += cd->evt_head - cf->evt_pos - CXLA_EVENT_RING;
+		cf->evt_pos = cd->evt_head - CXLA_EVENT_RING;
+	}
+	while (cf->evt_pos < cd->evt_head) {
+		ev = &cd->evt_ring[cf->evt_pos % CXLA_EVENT_RING];
+		cf->evt_pos++;
+		if (w->type && ev->type != w->type)
+			continue;
+		if ((w->flags & CXL_ACCEL_WAIT_MATCH_VALUE) &&
+		    ev->value0 != w->value)
+			continue;
+		*out = *ev;
+		found = true;
+		break;
+	}
+	spin_unlock_irq(&cd->evt_lock);
+	return found;
+}
+
+static bool cxla_evt_wait_cond(struct cxla_file *cf,
+			       struct cxl_accel_wait_event *w, bool *found)
+{
+	*found = cxla_evt_take(cf, w, &w->event);
+	return *found || READ_ONCE(cf->dev->dead);
+}
+
+static long cxla_ioc_wait_event(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_wait_event w;
+	bool found;
+	long left;
+
+	if (copy_from_user(&w, arg, sizeof(w)))
+		return -EFAULT;
+	if (w.flags & ~CXL_ACCEL_WAIT_MATCH_VALUE)
+		return -EINVAL;
+	memset(&w.event, 0, sizeof(w.event));
+	found = cxla_evt_take(cf, &w, &w.event);
+	if (!found) {
+		if (!w.timeout_ms)
+			return -EAGAIN;
+		left = wait_event_interruptible_timeout(cd->evt_wait,
+							cxla_evt_wait_cond(cf, &w, &found),
+							msecs_to_jiffies(w.timeout_ms));
+		if (left < 0)
+			return -EINTR;
+		if (!found)
+			return left ? -ENODEV : -ETIMEDOUT;
+	}
+	spin_lock_irq(&cd->evt_lock);
+	w.lost = cf->evt_lost;
+	cf->evt_lost = 0;
+	spin_unlock_irq(&cd->evt_lock);
+	return copy_to_user(arg, &w, sizeof(w)) ? -EFAULT : 0;
+}
+
+static long cxla_ioc_stats(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_stats *st;
+	struct cxla_stats ds;
+	int i, ret;
+
+	ret = cxla_simple_cmd(cd, CXLA_OP_STATS, NULL, 0, &ds, sizeof(ds),
+			      NULL, 0, true);
+	if (ret)
+		return ret;
+	st = kzalloc(sizeof(*st), GFP_KERNEL);
+	if (!st)
+		return -ENOMEM;
+	for (i = 0; i < CXL_ACCEL_STAT_COUNT && i < CXLA_STAT_COUNT; i++)
+		st->device[i] = le64_to_cpu(ds.counter[i]);
+	for (i = 0; i < CXL_ACCEL_DSTAT_COUNT; i++)
+		st->driver[i] = atomic64_read(&cd->dstat[i]);
+	ret = copy_to_user(arg, st, sizeof(*st)) ? -EFAULT : 0;
+	kfree(st);
+	return ret;
+}
+
+static long cxla_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	struct cxla_file *cf = filp->private_data;
+	void __user *uarg = (void __user *)arg;
+
+	if (READ_ONCE(cf->dev->dead))
+		return -ENODEV;
+
+	switch (cmd) {
+	case CXL_ACCEL_IOC_IDENTIFY:
+		return cxla_ioc_identify(cf, uarg);
+	case CXL_ACCEL_IOC_ALLOC:
+		return cxla_ioc_alloc(cf, uarg);
+	case CXL_ACCEL_IOC_FREE:
+		return cxla_ioc_free(cf, uarg);
+	case CXL_ACCEL_IOC_COPY:
+		return cxla_ioc_copy(cf, uarg);
+	case CXL_ACCEL_IOC_FILL:
+		return cxla_ioc_fill(cf, uarg);
+	case CXL_ACCEL_IOC_CHECKSUM:
+		return cxla_ioc_checksum(cf, uarg);
+	case CXL_ACCEL_IOC_ATOMIC:
+		return cxla_ioc_atomic(cf, uarg);
+	case CXL_ACCEL_IOC_SIGNAL:
+		return cxla_ioc_signal(cf, uarg);
+	case CXL_ACCEL_IOC_WAIT_EVENT:
+		return cxla_ioc_wait_event(cf, uarg);
+	case CXL_ACCEL_IOC_STATS:
+		return cxla_ioc_stats(cf, uarg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static __poll_t cxla_poll(struct file *filp, poll_table *wait)
+{
+	struct cxla_file *cf = filp->private_data;
+	struct cxla_dev *cd = cf->dev;
+	__poll_t mask = 0;
+
+	poll_wait(filp, &cd->evt_wait, wait);
+	spin_lock_irq(&cd->evt_lock);
+	if (cf->evt_pos != cd->evt_head)
+		mask |= EPOLLIN | EPOLLRDNORM;
+	spin_unlock_irq(&cd->evt_lock);
+	if (READ_ONCE(cd->dead))
+		mask |= EPOLLHUP | EPOLLERR;
+	return mask;
+}
+
+static const struct file_operations cxla_fops = {
+	.owner = THIS_MODULE,
+	.open = cxla_open,
+	.release = cxla_release,
+	.unlocked_ioctl = cxla_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = cxla_mmap,
+	.poll = cxla_poll,
+	.llseek = noop_llseek,
+};
+
+/* Name the device early so that probe messages carry it. */
+void cxla_cdev_init_dev(struct cxla_dev *cd)
+{
+	cd->dev.devt = MKDEV(MAJOR(cxla_devt), cd->minor);
+	cd->dev.class = cxla_class;
+	cd->dev.parent = &cd->vdev->dev;
+	cd->dev.groups = cxla_groups;
+}
+
+int cxla_cdev_add(struct cxla_dev *cd)
+{
+	int ret;
+
+	cdev_init(&cd->cdev, &cxla_fops);
+	cd->cdev.owner = THIS_MODULE;
+	ret = cdev_device_add(&cd->cdev, &cd->dev);
+	if (!ret)
+		cd->registered = true;
+	return ret;
+}
+
+void cxla_cdev_del(struct cxla_dev *cd)
+{
+	if (cd->registered) {
+		cdev_device_del(&cd->cdev, &cd->dev);
+		cd->registered = false;
+	}
+}
+
+int cxla_chrdev_init(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&cxla_devt, 0, CXLA_MAX_DEVICES, CXLA_NAME);
+	if (ret)
+		return ret;
+	cxla_class = class_create(CXLA_NAME);
+	if (IS_ERR(cxla_class)) {
+		unregister_chrdev_region(cxla_devt, CXLA_MAX_DEVICES);
+		return PTR_ERR(cxla_class);
+	}
+	return 0;
+}
+
+void cxla_chrdev_exit(void)
+{
+	class_destroy(cxla_class);
+	unregister_chrdev_region(cxla_devt, CXLA_MAX_DEVICES);
+}

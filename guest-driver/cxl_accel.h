@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * cxl-accel guest driver: internal definitions.
+ */
+#ifndef CXL_ACCEL_H
+#define CXL_ACCEL_H
+
+#include <linux/cdev.h>
+#include <linux/device.h>
+#include <linux/memremap.h>
+#include <linux/mutex.h>
+#include <linux/rwsem.h>
+#include <linux/spinlock.h>
+#include <linux/types.h>
+#include <linux/virtio.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+
+#include "cxl_accel_proto.h"
+#include "uapi/cxl_accel.h"
+
+#define CXLA_NAME		"cxl-accel"
+#define CXLA_MAX_DEVICES	64
+#define CXLA_EVENT_BUFS		32	/* buffers posted on the event queue */
+#define CXLA_EVENT_RING		256	/* events remembered for readers */
+#define CXLA_MAX_HANDLE		((1U << 23) - 1)
+#define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
+#define CXLA_DEVMEM_ALIGN	SZ_2M	/* memremap_pages granularity */
+
+/* ivshmem-plain, the function that carries the device memory BAR */
+#define CXLA_IVSHMEM_VENDOR	0x1af4
+#define CXLA_IVSHMEM_DEVICE	0x1110
+#define CXLA_IVSHMEM_BAR	2
+
+extern unsigned int cxla_cmd_timeout_ms;
+extern struct workqueue_struct *cxla_wq;
+
+struct cxla_req;
+
+struct cxla_dev {
+	struct device dev;		/* the char device; owns this struct */
+	struct cdev cdev;
+	struct virtio_device *vdev;	/* NULL once removed */
+	int minor;
+	bool registered;		/* cdev_device_add done */
+
+	/* configuration read at probe */
+	u64 features;
+	u64 devmem_size;
+	u32 num_dma_engines;
+	u32 max_segments;
+	u32 max_request;
+	u32 page_size;
+	u32 device_index;
+	u32 version_minor;
+	u32 read_latency_ns;
+	u32 write_latency_ns;
+	u32 read_bandwidth_mbs;
+	u32 write_bandwidth_mbs;
+
+	/* command queue */
+	struct virtqueue *cmd_vq;
+	spinlock_t cmd_lock;		/* cmd_vq, request states, stopped */
+	wait_queue_head_t cmd_space;	/* room in the command queue */
+	bool dead;			/* removing: no new ioctls or mappings */
+	bool stopped;			/* queues stopped: no new commands */
+	bool wedged;			/* last command timed out */
+	bool indirect;			/* VIRTIO_RING_F_INDIRECT_DESC */
+	u64 next_tag;
+	struct list_head reap_list;	/* abandoned requests given back */
+	struct work_struct reap_work;
+
+	/* event queue */
+	struct virtqueue *evt_vq;
+	spinlock_t evt_lock;		/* evt_vq, evt_ring, evt_head, evt_pos */
+	struct cxla_event *evt_bufs;	/* CXLA_EVENT_BUFS device-written */
+	struct cxl_accel_event evt_ring[CXLA_EVENT_RING];
+	u64 evt_head;			/* events ever recorded */
+	wait_queue_head_t evt_wait;
+
+	/* device memory */
+	struct pci_dev *mem_pdev;	/* the paired ivshmem-plain function */
+	phys_addr_t devmem_gpa;
+	struct dev_pagemap pgmap;
+	bool pgmap_live;
+	struct rw_semaphore map_sem;	/* page handout (fault, alloc) vs removal */
+	struct mutex buf_lock;		/* bufs, nbufs, cxla_buf.pages_held */
+	struct list_head bufs;
+	unsigned int nbufs;
+
+	struct mutex files_lock;	/* files */
+	struct list_head files;
+
+	atomic64_t dstat[CXL_ACCEL_DSTAT_COUNT];
+};
+
+/* A device-memory buffer */
+struct cxla_buf {
+	struct kref ref;		/* file handle, mappings, requests */
+	struct cxla_dev *dev;		/* holds a device reference */
+	struct list_head node;		/* dev->bufs */
+	u64 id;				/* device buffer id */
+	u64 offset;			/* in device memory */
+	u64 size;			/* multiple of PAGE_SIZE */
+	unsigned long npages;
+	bool pages_held;		/* our reference on each page */
+	bool dev_freed;			/* FREE sent (removal) */
+	/* pages not yet given back by the mm, plus one while ref > 0 */
+	atomic_long_t pages_out;
+	struct work_struct release_work;	/* last reference, deferred */
+	struct work_struct finish_work;		/* last page back, deferred */
+};
+
+struct cxla_file {
+	struct cxla_dev *dev;
+	struct file *filp;
+	struct list_head node;		/* dev->files */
+	struct mutex lock;
+	struct xarray bufs;		/* handle -> cxla_buf */
+	u64 evt_pos;			/* next event index to read */
+	u32 evt_lost;
+};
+
+/* Pinned user pages attached to a request */
+struct cxla_pin {
+	struct page **pages;
+	unsigned int npages;
+	bool write;
+};
+
+#define CXLA_REQ_PINS	2
+#define CXLA_REQ_BUFS	2
+
+enum cxla_req_state {
+	CXLA_REQ_NEW,
+	CXLA_REQ_INFLIGHT,
+	CXLA_REQ_DONE,
+	CXLA_REQ_ABANDONED,
+};
+
+struct cxla_req {
+	struct list_head node;
+	struct completion done;
+	enum cxla_req_state state;	/* under dev->cmd_lock */
+	bool cancelled;			/* device removed before completion */
+	u16 opcode;
+	u64 tag;
+	void *out;			/* header + payload, device-readable */
+	size_t out_len;
+	void *in;			/* response + payload, device-writable */
+	size_t in_len;
+	u32 used_len;
+	struct cxla_pin pins[CXLA_REQ_PINS];
+	struct cxla_buf *bufs[CXLA_REQ_BUFS];
+};
+
+/* vq.c */
+struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
+				size_t payload_len, size_t resp_payload_len);
+static inline void *cxla_req_payload(struct cxla_req *req)
+{
+	return req->out + sizeof(struct cxla_cmd_hdr);
+}
+
+static inline struct cxla_resp *cxla_req_resp(struct cxla_req *req)
+{
+	return req->in;
+}
+
+void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req);
+/*
+ * intr: the wait ends early on a signal (user commands). Driver-internal
+ * commands (probe, FREE on release or removal) wait uninterruptibly, still
+ * bounded by the timeout: a release running with SIGKILL pending must not
+ * give up on its FREEs.
+ */
+int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
+		    unsigned long deadline, bool intr);
+int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
+		  unsigned long timeout, bool intr);
+int cxla_exec(struct cxla_dev *cd, struct cxla_req **reqp,
+	      unsigned int timeout_ms, bool intr);
+void cxla_req_fire_and_forget(struct cxla_dev *cd, struct cxla_req *req);
+unsigned long cxla_timeout_jiffies(unsigned int timeout_ms);
+int cxla_status_to_errno(u32 status);
+void cxla_cmd_done(struct virtqueue *vq);
+void cxla_reap_work(struct work_struct *work);
+void cxla_cancel_all(struct cxla_dev *cd);
+int cxla_evt_init(struct cxla_dev *cd);
+void cxla_evt_done(struct virtqueue *vq);
+int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
+		    size_t len, void *resp_payload, size_t resp_len,
+		    struct cxla_resp *resp_out, unsigned int timeout_ms,
+		    bool intr);
+
+/* devmem.c */
+int cxla_devmem_init(struct cxla_dev *cd);
+void cxla_devmem_free_all(struct cxla_dev *cd);
+void cxla_devmem_teardown(struct cxla_dev *cd);
+void cxla_devmem_release_pci(struct cxla_dev *cd);
+int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
+		   struct cxla_buf **out);
+void cxla_buf_put(struct cxla_buf *buf);
+void cxla_buf_put_async(struct cxla_buf *buf);
+static inline void cxla_buf_get(struct cxla_buf *buf)
+{
+	kref_get(&buf->ref);
+}
+
+bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page);
+struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx);
+
+/* ops.c */
+long cxla_ioc_copy(struct cxla_file *cf, void __user *arg);
+long cxla_ioc_fill(struct cxla_file *cf, void __user *arg);
+long cxla_ioc_checksum(struct cxla_file *cf, void __user *arg);
+long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg);
+void cxla_pin_release(struct cxla_pin *pin);
+
+/* cdev.c */
+int cxla_chrdev_init(void);
+void cxla_chrdev_exit(void);
+void cxla_cdev_init_dev(struct cxla_dev *cd);
+int cxla_cdev_add(struct cxla_dev *cd);
+void cxla_cdev_del(struct cxla_dev *cd);
+void cxla_zap_mappings(struct cxla_dev *cd);
+struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
+int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *id,
+		  bool intr);
+
+/* sysfs.c */
+extern const struct attribute_group *cxla_groups[];
+
+static inline void cxla_dstat_inc(struct cxla_dev *cd, int idx)
+{
+	atomic64_inc(&cd->dstat[idx]);
+}
+
+static inline void cxla_dstat_dec(struct cxla_dev *cd, int idx)
+{
+	atomic64_dec(&cd->dstat[idx]);
+}
+
+static inline struct cxla_dev *to_cxla_dev(struct device *dev)
+{
+	return container_of(dev, struct cxla_dev, dev);
+}
+
+#endif /* CXL_ACCEL_H */

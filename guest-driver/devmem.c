@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: device memory.
+ *
+ * The accelerator's memory is BAR2 of an ivshmem-plain PCI function in the
+ * same slot as the virtio function. The driver maps it with
+ * memremap_pages(MEMORY_DEVICE_COHERENT): each page gets a ZONE_DEVICE
+ * struct page, the direct map covers it with normal write-back caching, and
+ * CPU and device see each other's writes with no flush (the memory is
+ * coherent, like CXL.mem of a Type-2 device).
+ *
+ * Page ownership. Coherent device pages start free (refcount 0). The device
+ * allocates; for each buffer it hands out the driver initialises every page
+ * (zone_device_page_init: refcount 1 plus a pgmap reference) and keeps that
+ * reference while the buffer object lives. User mappings (vm_insert_page)
+ * and pins take their own page references. When the buffer object's last
+ * reference goes, the driver drops its page references, and each page comes
+ * back through page_free() once nobody else holds it. Only when every page
+ * is back is the device told to FREE the range: the device never reuses
+ * memory that a CPU mapping or a pin can still reach, and memunmap_pages()
+ * (which waits until every page is free) cannot hang on removal once the
+ * driver has zapped the user mappings and dropped its own references.
+ */
+#include <linux/delay.h>
+#include <linux/mm.h>
+#include <linux/pagemap.h>
+#include <linux/pci.h>
+#include <linux/slab.h>
+#include <linux/virtio.h>
+
+#include "cxl_accel.h"
+
+#define CXLA_SET_BASE_TRIES	100	/* x 20 ms while the BAR is not mapped */
+
+struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx)
+{
+	return pfn_to_page(PHYS_PFN(buf->dev->devmem_gpa + buf->offset) + idx);
+}
+
+bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page)
+{
+	return is_zone_device_page(page) && page->pgmap == &cd->pgmap;
+}
+
+/* Every page of the buffer is back: return the range to the device. */
+static void cxla_buf_finish(struct cxla_buf *buf)
+{
+	struct cxla_dev *cd = buf->dev;
+	struct cxla_free *f;
+	struct cxla_req *req;
+	bool send;
+	int ret;
+
+	mutex_lock(&cd->buf_lock);
+	send = !buf->dev_freed;
+	buf->dev_freed = true;
+	mutex_unlock(&cd->buf_lock);
+
+	if (send && !READ_ONCE(cd->stopped)) {
+		req = cxla_req_alloc(cd, CXLA_OP_FREE, 0, sizeof(*f), 0);
+		if (IS_ERR(req)) {
+			dev_warn(&cd->dev, "cannot free device buffer %llu: %ld\n",
+				 buf->id, PTR_ERR(req));
+		} else {
+			f = cxla_req_payload(req);
+			f->id = cpu_to_le64(buf->id);
+			if (READ_ONCE(cd->wedged)) {
+				/* do not stall every close on a dead device */
+				cxla_req_fire_and_forget(cd, req);
+			} else {
+				ret = cxla_exec(cd, &req, 0, false);
+				cxla_req_free(cd, req);
+				if (ret && ret != -ENODEV)
+					dev_warn(&cd->dev,
+						 "FREE of device buffer %llu failed: %d\n",
+						 buf->id, ret);
+			}
+		}
+	}
+
+	mutex_lock(&cd->buf_lock);
+	list_del(&buf->node);
+	cd->nbufs--;
+	mutex_unlock(&cd->buf_lock);
+	cxla_dstat_dec(cd, CXL_ACCEL_DSTAT_BUFFERS);
+	kfree(buf);
+	put_device(&cd->dev);
+}
+
+static void cxla_buf_finish_work(struct work_struct *work)
+{
+	cxla_buf_finish(container_of(work, struct cxla_buf, finish_work));
+}
+
+static void cxla_page_free(struct page *page)
+{
+	struct cxla_buf *buf = page->zone_device_data;
+
+	page->zone_device_data = NULL;
+	if (WARN_ON_ONCE(!buf))
+		return;
+	if (atomic_long_dec_and_test(&buf->pages_out))
+		queue_work(cxla_wq, &buf->finish_work);
+}
+
+static const struct dev_pagemap_ops cxla_pgmap_ops = {
+	.page_free = cxla_page_free,
+};
+
+/* Drop the driver's own reference on every page of the buffer. */
+static void cxla_buf_drop_pages(struct cxla_buf *buf)
+{
+	struct cxla_dev *cd = buf->dev;
+	unsigned long i;
+	bool held;
+
+	mutex_lock(&cd->buf_lock);
+	held = buf->pages_held;
+	buf->pages_held = false;
+	mutex_unlock(&cd->buf_lock);
+	if (!held)
+		return;
+	for (i = 0; i < buf->npages; i++) {
+		put_page(cxla_buf_page(buf, i));
+		if (!(i % 1024))
+			cond_resched();
+	}
+}
+
+static void cxla_buf_release(struct kref *ref)
+{
+	struct cxla_buf *buf = container_of(ref, struct cxla_buf, ref);
+
+	cxla_buf_drop_pages(buf);
+	/* drop the bias: the last page_free() or we finish the buffer */
+	if (atomic_long_dec_and_test(&buf->pages_out))
+		cxla_buf_finish(buf);
+}
+
+static void cxla_buf_release_work(struct work_struct *work)
+{
+	cxla_buf_release(&container_of(work, struct cxla_buf, release_work)->ref);
+}
+
+static void cxla_buf_release_async(struct kref *ref)
+{
+	struct cxla_buf *buf = container_of(ref, struct cxla_buf, ref);
+
+	queue_work(cxla_wq, &buf->release_work);
+}
+
+/* Drop a reference; the last one may talk to the device and sleep. */
+void cxla_buf_put(struct cxla_buf *buf)
+{
+	kref_put(&buf->ref, cxla_buf_release);
+}
+
+/* Drop a reference from a context that should not wait for the device. */
+void cxla_buf_put_async(struct cxla_buf *buf)
+{
+	kref_put(&buf->ref, cxla_buf_release_async);
+}
+
+static void cxla_free_device_buffer(struct cxla_dev *cd, u64 id)
+{
+	struct cxla_free *f;
+	struct cxla_req *req;
+
+	req = cxla_req_alloc(cd, CXLA_OP_FREE, 0, sizeof(*f), 0);
+	if (IS_ERR(req))
+		return;
+	f = cxla_req_payload(req);
+	f->id = cpu_to_le64(id);
+	cxla_req_fire_and_forget(cd, req);
+}
+
+int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
+		   struct cxla_buf **out)
+{
+	struct cxla_alloc a = {
+		.size = cpu_to_le64(size),
+		.align = cpu_to_le64(align),
+	};
+	struct cxla_resp resp;
+	struct cxla_buf *buf;
+	unsigned long i;
+	u64 id, off;
+	int ret;
+
+	buf = kzalloc(sizeof(*buf), GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+
+	ret = cxla_simple_cmd(cd, CXLA_OP_ALLOC, &a, sizeof(a), NULL, 0, &resp,
+			      0, true);
+	if (ret) {
+		kfree(buf);
+		return ret;
+	}
+	id = le64_to_cpu(resp.result0);
+	off = le64_to_cpu(resp.result1);
+	if (!IS_ALIGNED(off, PAGE_SIZE) || !IS_ALIGNED(off, align) ||
+	    off > cd->devmem_size || size > cd->devmem_size - off) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+		dev_err(&cd->dev,
+			"ALLOC size %llu align %llu returned id %llu offset %#llx: outside device memory or misaligned\n",
+			size, align, id, off);
+		cxla_free_device_buffer(cd, id);
+		kfree(buf);
+		return -EIO;
+	}
+
+	buf->dev = cd;
+	buf->id = id;
+	buf->offset = off;
+	buf->size = size;
+	buf->npages = size >> PAGE_SHIFT;
+	kref_init(&buf->ref);
+	atomic_long_set(&buf->pages_out, buf->npages + 1);
+	INIT_WORK(&buf->release_work, cxla_buf_release_work);
+	INIT_WORK(&buf->finish_work, cxla_buf_finish_work);
+
+	down_read(&cd->map_sem);
+	if (cd->dead) {
+		up_read(&cd->map_sem);
+		cxla_free_device_buffer(cd, id);
+		kfree(buf);
+		return -ENODEV;
+	}
+	for (i = 0; i < buf->npages; i++) {
+		struct page *page = cxla_buf_page(buf, i);
+
+		if (page_ref_count(page)) {
+			up_read(&cd->map_sem);
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+			dev_err(&cd->dev,
+				"ALLOC returned id %llu offset %#llx, but page %#llx is still in use\n",
+				id, off, off + ((u64)i << PAGE_SHIFT));
+			cxla_free_device_buffer(cd, id);
+			kfree(buf);
+			return -EIO;
+		}
+	}
+	for (i = 0; i < buf->npages; i++) {
+		struct page *page = cxla_buf_page(buf, i);
+
+		zone_device_page_init(page);	/* returns it locked */
+		page->zone_device_data = buf;
+		unlock_page(page);
+	}
+	get_device(&cd->dev);
+	mutex_lock(&cd->buf_lock);
+	buf->pages_held = true;
+	list_add_tail(&buf->node, &cd->bufs);
+	cd->nbufs++;
+	mutex_unlock(&cd->buf_lock);
+	up_read(&cd->map_sem);
+	cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_BUFFERS);
+
+	*out = buf;
+	return 0;
+}
+
+static struct pci_dev *cxla_find_mem_function(struct cxla_dev *cd)
+{
+	struct device *parent = cd->vdev->dev.parent;
+	struct pci_dev *vpdev, *pdev;
+	unsigned int fn;
+
+	if (!parent || !dev_is_pci(parent)) {
+		dev_err(&cd->vdev->dev,
+			"transport is not PCI: cannot find the device memory function\n");
+		return NULL;
+	}
+	vpdev = to_pci_dev(parent);
+	for (fn = 1; fn < 8; fn++) {
+		unsigned int f = (PCI_FUNC(vpdev->devfn) + fn) % 8;
+
+		pdev = pci_get_slot(vpdev->bus,
+				    PCI_DEVFN(PCI_SLOT(vpdev->devfn), f));
+		if (!pdev)
+			continue;
+		if (pdev->vendor == CXLA_IVSHMEM_VENDOR &&
+		    pdev->device == CXLA_IVSHMEM_DEVICE)
+			return pdev;
+		pci_dev_put(pdev);
+	}
+	dev_err(&cd->vdev->dev,
+		"no ivshmem-plain function (%04x:%04x) in slot %02x of bus %02x next to %s: no device memory\n",
+		CXLA_IVSHMEM_VENDOR, CXLA_IVSHMEM_DEVICE,
+		PCI_SLOT(vpdev->devfn), vpdev->bus->number, pci_name(vpdev));
+	return NULL;
+}
+
+/* Tell the device where its memory BAR is; retry while it is not mapped. */
+static int cxla_set_devmem_base(struct cxla_dev *cd)
+{
+	struct cxla_set_devmem_base b = { .gpa = cpu_to_le64(cd->devmem_gpa) };
+	struct cxla_resp resp;
+	int tries, ret;
+
+	for (tries = 0; tries < CXLA_SET_BASE_TRIES; tries++) {
+		memset(&resp, 0, sizeof(resp));
+		ret = cxla_simple_cmd(cd, CXLA_OP_SET_DEVMEM_BASE, &b, sizeof(b),
+				      NULL, 0, &resp, 0, false);
+		if (ret != -EAGAIN)
+			break;
+		msleep(20);
+	}
+	if (ret)
+		dev_err(&cd->vdev->dev,
+			"SET_DEVMEM_BASE %#llx failed: %d (status %u, detail %u, %d tries)\n",
+			(u64)cd->devmem_gpa, ret, le32_to_cpu(resp.status),
+			le32_to_cpu(resp.detail), tries + 1);
+	return ret;
+}
+
+int cxla_devmem_init(struct cxla_dev *cd)
+{
+	struct device *vdev = &cd->vdev->dev;
+	struct pci_dev *pdev;
+	resource_size_t start, len;
+	void *addr;
+	int ret;
+
+	pdev = cxla_find_mem_function(cd);
+	if (!pdev)
+		return -ENODEV;
+	cd->mem_pdev = pdev;
+
+	ret = pci_enable_device_mem(pdev);
+	if (ret) {
+		dev_err(vdev, "cannot enable %s: %d\n", pci_name(pdev), ret);
+		goto err_put;
+	}
+	ret = pci_request_region(pdev, CXLA_IVSHMEM_BAR, CXLA_NAME);
+	if (ret) {
+		dev_err(vdev, "BAR%d of %s is busy: %d\n", CXLA_IVSHMEM_BAR,
+			pci_name(pdev), ret);
+		goto err_disable;
+	}
+
+	start = pci_resource_start(pdev, CXLA_IVSHMEM_BAR);
+	len = pci_resource_len(pdev, CXLA_IVSHMEM_BAR);
+	ret = -ENODEV;
+	if (!(pci_resource_flags(pdev, CXLA_IVSHMEM_BAR) & IORESOURCE_MEM) ||
+	    !start || !len) {
+		dev_err(vdev, "BAR%d of %s is not an assigned memory BAR\n",
+			CXLA_IVSHMEM_BAR, pci_name(pdev));
+		goto err_release;
+	}
+	if (!cd->devmem_size || cd->devmem_size > len) {
+		dev_err(vdev,
+			"device reports %llu bytes of memory, BAR%d of %s has %llu\n",
+			cd->devmem_size, CXLA_IVSHMEM_BAR, pci_name(pdev),
+			(u64)len);
+		goto err_release;
+	}
+	if (!IS_ALIGNED(start, CXLA_DEVMEM_ALIGN) ||
+	    !IS_ALIGNED(cd->devmem_size, CXLA_DEVMEM_ALIGN)) {
+		dev_err(vdev,
+			"device memory %#llx + %#llx is not 2 MiB aligned: cannot map it as ZONE_DEVICE pages\n",
+			(u64)start, cd->devmem_size);
+		goto err_release;
+	}
+	cd->devmem_gpa = start;
+
+	ret = cxla_set_devmem_base(cd);
+	if (ret)
+		goto err_release;
+
+	cd->pgmap.type = MEMORY_DEVICE_COHERENT;
+	cd->pgmap.range.start = start;
+	cd->pgmap.range.end = start + cd->devmem_size - 1;
+	cd->pgmap.nr_range = 1;
+	cd->pgmap.ops = &cxla_pgmap_ops;
+	cd->pgmap.owner = cd;
+	addr = memremap_pages(&cd->pgmap, dev_to_node(&pdev->dev));
+	if (IS_ERR(addr)) {
+		ret = PTR_ERR(addr);
+		dev_err(vdev, "memremap_pages of %#llx + %#llx failed: %d\n",
+			(u64)start, cd->devmem_size, ret);
+		goto err_release;
+	}
+	cd->pgmap_live = true;
+	return 0;
+
+err_release:
+	pci_release_region(pdev, CXLA_IVSHMEM_BAR);
+err_disable:
+	pci_disable_device(pdev);
+err_put:
+	pci_dev_put(pdev);
+	cd->mem_pdev = NULL;
+	return ret;
+}
+
+/*
+ * Removal, while the command queue still runs and after the user mappings
+ * were zapped: give every live buffer back to the device, since a device
+ * reset does not free allocations and a later probe must find all device
+ * memory free. Commands still in flight on these buffers finish before the
+ * reset completes; nothing reuses the memory before the next probe.
+ */
+void cxla_devmem_free_all(struct cxla_dev *cd)
+{
+	struct cxla_free f;
+	struct cxla_buf *buf;
+	unsigned int n = 0, i;
+	u64 *ids;
+	int ret;
+
+	mutex_lock(&cd->buf_lock);
+	ids = kmalloc_array(max(cd->nbufs, 1U), sizeof(*ids), GFP_KERNEL);
+	list_for_each_entry(buf, &cd->bufs, node) {
+		if (buf->dev_freed || !ids)
+			continue;
+		buf->dev_freed = true;
+		ids[n++] = buf->id;
+	}
+	mutex_unlock(&cd->buf_lock);
+
+	for (i = 0; i < n && !READ_ONCE(cd->wedged); i++) {
+		f.id = cpu_to_le64(ids[i]);
+		ret = cxla_simple_cmd(cd, CXLA_OP_FREE, &f, sizeof(f), NULL, 0,
+				      NULL, 1000, false);
+		if (ret)
+			dev_warn(&cd->dev, "FREE of buffer %llu at removal: %d\n",
+				 ids[i], ret);
+	}
+	if (n)
+		dev_info(&cd->dev, "%u buffers still in use at removal freed\n", n);
+	kfree(ids);
+}
+
+/*
+ * Removal, after the device was reset and user mappings were zapped: drop
+ * the driver's page references of every buffer still alive, then wait until
+ * all pages are free and undo the mapping.
+ */
+void cxla_devmem_teardown(struct cxla_dev *cd)
+{
+	struct cxla_buf *buf;
+	unsigned long i;
+
+	mutex_lock(&cd->buf_lock);
+	list_for_each_entry(buf, &cd->bufs, node) {
+		if (!buf->pages_held)
+			continue;
+		buf->pages_held = false;
+		for (i = 0; i < buf->npages; i++)
+			put_page(cxla_buf_page(buf, i));
+	}
+	mutex_unlock(&cd->buf_lock);
+
+	if (cd->pgmap_live) {
+		memunmap_pages(&cd->pgmap);
+		cd->pgmap_live = false;
+	}
+}
+
+void cxla_devmem_release_pci(struct cxla_dev *cd)
+{
+	if (!cd->mem_pdev)
+		return;
+	pci_release_region(cd->mem_pdev, CXLA_IVSHMEM_BAR);
+	pci_disable_device(cd->mem_pdev);
+	pci_dev_put(cd->mem_pdev);
+	cd->mem_pdev = NULL;
+}

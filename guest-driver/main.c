@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: guest driver for the emulated CXL Type-2 style accelerator.
+ *
+ * The device is a virtio function (device ID 21, queue 0 commands, queue 1
+ * events) plus an ivshmem-plain function in the same PCI slot whose BAR2 is
+ * the accelerator's coherent memory. This file binds the virtio function,
+ * checks what it is, and ties the parts together.
+ */
+#include <linux/idr.h>
+#include <linux/module.h>
+#include <linux/pci.h>
+#include <linux/slab.h>
+#include <linux/virtio.h>
+#include <linux/virtio_config.h>
+#include <linux/virtio_ring.h>
+
+#include "cxl_accel.h"
+
+unsigned int cxla_cmd_timeout_ms = 5000;
+module_param_named(cmd_timeout_ms, cxla_cmd_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(cmd_timeout_ms,
+		 "Default time a command may take before it fails with -ETIMEDOUT (ms)");
+
+struct workqueue_struct *cxla_wq;
+static DEFINE_IDA(cxla_ida);
+
+static void cxla_dev_release(struct device *dev)
+{
+	struct cxla_dev *cd = to_cxla_dev(dev);
+
+	cancel_work_sync(&cd->reap_work);
+	kfree(cd->evt_bufs);
+	if (cd->minor >= 0)
+		ida_free(&cxla_ida, cd->minor);
+	kfree(cd);
+}
+
+static int cxla_read_config(struct cxla_dev *cd)
+{
+	struct virtio_device *vdev = cd->vdev;
+	u16 major, minor;
+	u32 magic;
+
+	virtio_cread_le(vdev, struct cxla_config, magic, &magic);
+	virtio_cread_le(vdev, struct cxla_config, version_major, &major);
+	virtio_cread_le(vdev, struct cxla_config, version_minor, &minor);
+	if (magic != CXLA_MAGIC || major != CXLA_VERSION_MAJOR) {
+		dev_err(&vdev->dev,
+			"refusing virtio device %u: config magic %#x version %u.%u, this driver needs magic %#x (\"CXLA\") version %u.x\n",
+			vdev->id.device, magic, major, minor, CXLA_MAGIC,
+			CXLA_VERSION_MAJOR);
+		return -ENODEV;
+	}
+	cd->version_minor = minor;
+	virtio_cread_le(vdev, struct cxla_config, features, &cd->features);
+	virtio_cread_le(vdev, struct cxla_config, devmem_size, &cd->devmem_size);
+	virtio_cread_le(vdev, struct cxla_config, num_dma_engines,
+			&cd->num_dma_engines);
+	virtio_cread_le(vdev, struct cxla_config, max_segments,
+			&cd->max_segments);
+	virtio_cread_le(vdev, struct cxla_config, read_latency_ns,
+			&cd->read_latency_ns);
+	virtio_cread_le(vdev, struct cxla_config, write_latency_ns,
+			&cd->write_latency_ns);
+	virtio_cread_le(vdev, struct cxla_config, read_bandwidth_mbs,
+			&cd->read_bandwidth_mbs);
+	virtio_cread_le(vdev, struct cxla_config, write_bandwidth_mbs,
+			&cd->write_bandwidth_mbs);
+	virtio_cread_le(vdev, struct cxla_config, device_index,
+			&cd->device_index);
+	virtio_cread_le(vdev, struct cxla_config, page_size, &cd->page_size);
+	virtio_cread_le(vdev, struct cxla_config, max_request, &cd->max_request);
+
+	if (!cd->max_segments || cd->max_segments > CXLA_MAX_SEGMENTS)
+		cd->max_segments = CXLA_MAX_SEGMENTS;
+	if (!cd->max_request || cd->max_request > CXLA_MAX_REQUEST)
+		cd->max_request = CXLA_MAX_REQUEST;
+	if (cd->max_segments < 16 || cd->max_request < 4096) {
+		dev_err(&vdev->dev,
+			"device limits too small: %u segments, %u bytes per request\n",
+			cd->max_segments, cd->max_request);
+		return -ENODEV;
+	}
+	if (!cd->num_dma_engines)
+		cd->num_dma_engines = 1;
+	if (!(cd->features & CXLA_F_ALLOC)) {
+		dev_err(&vdev->dev, "device cannot allocate its memory (features %#llx)\n",
+			cd->features);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+static int cxla_init_vqs(struct cxla_dev *cd)
+{
+	struct virtqueue_info info[CXLA_NUM_QUEUES] = {
+		[CXLA_QUEUE_CMD] = { "command", cxla_cmd_done },
+		[CXLA_QUEUE_EVENT] = { "event", cxla_evt_done },
+	};
+	struct virtqueue *vqs[CXLA_NUM_QUEUES];
+	unsigned int nvqs = (cd->features & CXLA_F_EVENTS) ? 2 : 1;
+	int ret;
+
+	ret = virtio_find_vqs(cd->vdev, nvqs, vqs, info, NULL);
+	if (ret)
+		return ret;
+	cd->cmd_vq = vqs[CXLA_QUEUE_CMD];
+	cd->indirect = virtio_has_feature(cd->vdev, VIRTIO_RING_F_INDIRECT_DESC);
+	cd->evt_vq = nvqs > 1 ? vqs[CXLA_QUEUE_EVENT] : NULL;
+	return 0;
+}
+
+/*
+ * Stop everything that can touch memory or wait on the device: used by
+ * remove and by probe's error path (after the queues exist).
+ */
+static void cxla_shutdown(struct cxla_dev *cd)
+{
+	struct virtio_device *vdev = cd->vdev;
+
+	/* no new ioctls, mappings or page handouts */
+	down_write(&cd->map_sem);
+	WRITE_ONCE(cd->dead, true);
+	up_write(&cd->map_sem);
+	wake_up_all(&cd->evt_wait);
+	cxla_zap_mappings(cd);
+	cxla_devmem_free_all(cd);
+
+	spin_lock_irq(&cd->cmd_lock);
+	cd->stopped = true;
+	spin_unlock_irq(&cd->cmd_lock);
+	virtio_reset_device(vdev);
+	/* the device touches no request any more: wake waiters, reap */
+	cxla_cancel_all(cd);
+	flush_work(&cd->reap_work);
+
+	cxla_devmem_teardown(cd);
+	vdev->config->del_vqs(vdev);
+	cxla_devmem_release_pci(cd);
+}
+
+static int cxla_probe(struct virtio_device *vdev)
+{
+	struct cxl_accel_identify id;
+	struct cxla_dev *cd;
+	int ret;
+
+	if (!vdev->config->get) {
+		dev_err(&vdev->dev, "no config space access\n");
+		return -EINVAL;
+	}
+
+	cd = kzalloc(sizeof(*cd), GFP_KERNEL);
+	if (!cd)
+		return -ENOMEM;
+	device_initialize(&cd->dev);
+	cd->dev.release = cxla_dev_release;
+	cd->minor = -1;
+	cd->vdev = vdev;
+	spin_lock_init(&cd->cmd_lock);
+	init_waitqueue_head(&cd->cmd_space);
+	INIT_LIST_HEAD(&cd->reap_list);
+	INIT_WORK(&cd->reap_work, cxla_reap_work);
+	spin_lock_init(&cd->evt_lock);
+	init_waitqueue_head(&cd->evt_wait);
+	init_rwsem(&cd->map_sem);
+	mutex_init(&cd->buf_lock);
+	INIT_LIST_HEAD(&cd->bufs);
+	mutex_init(&cd->files_lock);
+	INIT_LIST_HEAD(&cd->files);
+
+	ret = cxla_read_config(cd);
+	if (ret)
+		goto err_put;
+
+	ret = ida_alloc_max(&cxla_ida, CXLA_MAX_DEVICES - 1, GFP_KERNEL);
+	if (ret < 0)
+		goto err_put;
+	cd->minor = ret;
+	ret = dev_set_name(&cd->dev, CXLA_NAME "%d", cd->minor);
+	if (ret)
+		goto err_put;
+	cxla_cdev_init_dev(cd);
+
+	vdev->priv = cd;
+	ret = cxla_init_vqs(cd);
+	if (ret) {
+		dev_err(&vdev->dev, "cannot set up virtqueues: %d\n", ret);
+		goto err_put;
+	}
+	virtio_device_ready(vdev);
+
+	/*
+	 * Whatever an earlier driver instance or a crashed guest left on the
+	 * device (buffers, undelivered events) belongs to nobody now.
+	 */
+	ret = cxla_simple_cmd(cd, CXLA_OP_RESET, NULL, 0, NULL, 0, NULL, 0,
+			      false);
+	if (ret) {
+		dev_err(&vdev->dev, "RESET failed: %d\n", ret);
+		goto err_shutdown;
+	}
+
+	if (cd->evt_vq) {
+		ret = cxla_evt_init(cd);
+		if (ret)
+			goto err_shutdown;
+	}
+
+	ret = cxla_devmem_init(cd);
+	if (ret)
+		goto err_shutdown;
+
+	ret = cxla_identify(cd, &id, false);
+	if (ret) {
+		dev_err(&vdev->dev, "IDENTIFY failed: %d\n", ret);
+		goto err_shutdown;
+	}
+	if (id.magic != CXLA_MAGIC || id.devmem_size != cd->devmem_size ||
+	    id.devmem_gpa != cd->devmem_gpa) {
+		dev_err(&vdev->dev,
+			"IDENTIFY disagrees with config: magic %#x size %llu gpa %#llx (config: size %llu, BAR at %#llx)\n",
+			id.magic, id.devmem_size, id.devmem_gpa,
+			cd->devmem_size, (u64)cd->devmem_gpa);
+		ret = -EIO;
+		goto err_shutdown;
+	}
+
+	ret = cxla_cdev_add(cd);
+	if (ret) {
+		dev_err(&vdev->dev, "cannot add character device: %d\n", ret);
+		goto err_shutdown;
+	}
+
+	dev_info(&cd->dev,
+		 "%llu MiB coherent device memory at %#llx (%s BAR%d), %u DMA engines, features %#llx, device index %u\n",
+		 cd->devmem_size >> 20, (u64)cd->devmem_gpa,
+		 pci_name(cd->mem_pdev), CXLA_IVSHMEM_BAR, cd->num_dma_engines,
+		 cd->features, cd->device_index);
+	return 0;
+
+err_shutdown:
+	cxla_shutdown(cd);
+err_put:
+	vdev->priv = NULL;
+	cd->vdev = NULL;
+	put_device(&cd->dev);
+	return ret;
+}
+
+static void cxla_remove(struct virtio_device *vdev)
+{
+	struct cxla_dev *cd = vdev->priv;
+
+	/* no new opens, sysfs gone; open files see -ENODEV from now on */
+	cxla_cdev_del(cd);
+	cxla_shutdown(cd);
+	dev_info(&vdev->dev, "%s removed\n", dev_name(&cd->dev));
+	vdev->priv = NULL;
+	cd->vdev = NULL;
+	put_device(&cd->dev);
+}
+
+static const struct virtio_device_id cxla_id_table[] = {
+	{ CXLA_VIRTIO_ID, VIRTIO_DEV_ANY_ID },
+	{ 0 },
+};
+MODULE_DEVICE_TABLE(virtio, cxla_id_table);
+
+static struct virtio_driver cxla_driver = {
+	.driver.name = KBUILD_MODNAME,
+	.id_table = cxla_id_table,
+	.probe = cxla_probe,
+	.remove = cxla_remove,
+};
+
+static int __init cxla_init(void)
+{
+	int ret;
+
+	cxla_wq = alloc_workqueue("cxl_accel", 0, 0);
+	if (!cxla_wq)
+		return -ENOMEM;
+	ret = cxla_chrdev_init();
+	if (ret)
+		goto err_wq;
+	ret = register_virtio_driver(&cxla_driver);
+	if (ret)
+		goto err_chrdev;
+	return 0;
+
+err_chrdev:
+	cxla_chrdev_exit();
+err_wq:
+	destroy_workqueue(cxla_wq);
+	return ret;
+}
+
+static void __exit cxla_exit(void)
+{
+	unregister_virtio_driver(&cxla_driver);
+	/* buffer frees deferred past removal hold device references */
+	destroy_workqueue(cxla_wq);
+	cxla_chrdev_exit();
+	ida_destroy(&cxla_ida);
+}
+
+module_init(cxla_init);
+module_exit(cxla_exit);
+
+MODULE_DESCRIPTION("Guest driver for the cxl-accel emulated CXL Type-2 style accelerator");
+MODULE_AUTHOR("cxl-accel project");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,484 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: data commands (COPY, FILL, CHECKSUM, ATOMIC) on user memory
+ * and device-memory buffers.
+ *
+ * User memory is pinned with pin_user_pages_fast() for the life of the
+ * command and described to the device page by page by guest-physical
+ * address (physically contiguous neighbours merged into one segment). A
+ * page that belongs to this device's own memory (a pointer into an mmap of
+ * a buffer) is sent as a device-memory offset instead. Large transfers are
+ * split into chunks that respect the device's segment and request limits;
+ * up to CXLA_PIPELINE chunks are in flight at once so several DMA engines
+ * can work on them, except for CHECKSUM, where each chunk's crc seeds the
+ * next one.
+ */
+#include <linux/mm.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "cxl_accel.h"
+
+#define CXLA_CHUNK		SZ_16M
+#define CXLA_PIPELINE		8
+
+struct cxla_operand {
+	struct cxla_buf *buf;	/* NULL: user memory */
+	u64 addr;		/* user address, or offset in buf */
+};
+
+struct cxla_xfer {
+	u16 opcode;
+	u16 hflags;
+	struct cxla_operand *src;
+	struct cxla_operand *dst;
+	u64 len;
+	u64 pattern;
+	u32 crc;		/* CHECKSUM: seed in, crc out */
+	unsigned int timeout_ms;
+};
+
+void cxla_pin_release(struct cxla_pin *pin)
+{
+	unsigned int i;
+
+	if (!pin->pages)
+		return;
+	for (i = 0; i < pin->npages; i++) {
+		struct page *page = pin->pages[i];
+
+		/* device memory pages have no page cache to dirty */
+		if (pin->write && !is_zone_device_page(page))
+			unpin_user_pages_dirty_lock(&page, 1, true);
+		else
+			unpin_user_page(page);
+	}
+	kvfree(pin->pages);
+	pin->pages = NULL;
+	pin->npages = 0;
+}
+
+static int cxla_operand_get(struct cxla_file *cf, const struct cxl_accel_mem *m,
+			    u64 len, struct cxla_operand *op)
+{
+	op->buf = NULL;
+	op->addr = m->addr;
+	if (m->reserved)
+		return -EINVAL;
+	if (!m->handle) {
+		if (m->addr + len < m->addr ||
+		    !access_ok(u64_to_user_ptr(m->addr), len))
+			return -EFAULT;
+		return 0;
+	}
+	op->buf = cxla_file_buf_get(cf, m->handle);
+	if (!op->buf)
+		return -ENOENT;
+	if (m->addr > op->buf->size || len > op->buf->size - m->addr) {
+		cxla_buf_put(op->buf);
+		op->buf = NULL;
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void cxla_operand_put(struct cxla_operand *op)
+{
+	if (op->buf)
+		cxla_buf_put(op->buf);
+	op->buf = NULL;
+}
+
+static void cxla_sge_set(struct cxla_sge *sge, u64 addr, u32 len, u16 space)
+{
+	sge->addr = cpu_to_le64(addr);
+	sge->len = cpu_to_le32(len);
+	sge->space = cpu_to_le16(space);
+	sge->reserved = 0;
+}
+
+/*
+ * Describe bytes [pos, pos + len) of an operand as segments. User pages are
+ * pinned into pin (released with the request). Returns the segment count.
+ */
+static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
+			     u64 pos, u64 len, bool write, struct cxla_pin *pin,
+			     struct cxla_sge *sge, unsigned int max)
+{
+	unsigned long start, first, off, npages, i;
+	unsigned int n = 0;
+	u64 left = len;
+	int got;
+
+	if (op->buf) {
+		cxla_sge_set(sge, op->buf->offset + op->addr + pos, len,
+			     CXLA_SPACE_DEVMEM);
+		return 1;
+	}
+
+	start = op->addr + pos;
+	first = start & PAGE_MASK;
+	npages = (PAGE_ALIGN(start + len) - first) >> PAGE_SHIFT;
+	pin->pages = kvmalloc_array(npages, sizeof(*pin->pages), GFP_KERNEL);
+	if (!pin->pages)
+		return -ENOMEM;
+	pin->write = write;
+	got = pin_user_pages_fast(first, npages, write ? FOLL_WRITE : 0,
+				  pin->pages);
+	if (got < 0) {
+		kvfree(pin->pages);
+		pin->pages = NULL;
+		return got;
+	}
+	pin->npages = got;
+	if (got != npages)
+		return -EFAULT;
+
+	off = offset_in_page(start);
+	for (i = 0; i < npages; i++) {
+		struct page *page = pin->pages[i];
+		u32 chunk = min_t(u64, PAGE_SIZE - off, left);
+		u64 addr = page_to_phys(page) + off;
+		u16 space = CXLA_SPACE_GPA;
+
+		if (cxla_page_is_ours(cd, page)) {
+			addr -= cd->devmem_gpa;
+			space = CXLA_SPACE_DEVMEM;
+		}
+		if (n && le16_to_cpu(sge[n - 1].space) == space &&
+		    le64_to_cpu(sge[n - 1].addr) + le32_to_cpu(sge[n - 1].len) == addr) {
+			le32_add_cpu(&sge[n - 1].len, chunk);
+		} else {
+			if (n == max)
+				return -E2BIG;
+			cxla_sge_set(&sge[n++], addr, chunk, space);
+		}
+		left -= chunk;
+		off = 0;
+	}
+	return n;
+}
+
+/* Bytes per command so that a chunk fits the device's limits. */
+static u64 cxla_chunk_bytes(struct cxla_dev *cd)
+{
+	u64 by_segs = (u64)(cd->max_segments - 2) << PAGE_SHIFT;
+	u64 by_req = (u64)((cd->max_request - 64) / (2 * sizeof(struct cxla_sge)) - 2)
+			<< PAGE_SHIFT;
+
+	return max_t(u64, PAGE_SIZE, min3((u64)CXLA_CHUNK, by_segs, by_req));
+}
+
+static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
+					 struct cxla_xfer *x, u64 pos, u64 clen)
+{
+	unsigned int max = (clen >> PAGE_SHIFT) + 2;
+	unsigned int nsrc = 0, ndst = 0;
+	size_t head, plen;
+	struct cxla_sge *sge;
+	struct cxla_req *req;
+	void *p;
+	int n;
+
+	switch (x->opcode) {
+	case CXLA_OP_COPY:
+		head = sizeof(struct cxla_copy);
+		break;
+	case CXLA_OP_FILL:
+		head = sizeof(struct cxla_fill);
+		break;
+	default:
+		head = sizeof(struct cxla_checksum);
+		break;
+	}
+	plen = head + ((x->src ? max : 0) + (x->dst ? max : 0)) * sizeof(*sge);
+	req = cxla_req_alloc(cd, x->opcode, x->hflags, plen, 0);
+	if (IS_ERR(req))
+		return req;
+	p = cxla_req_payload(req);
+	sge = p + head;
+
+	if (x->src) {
+		n = cxla_operand_sges(cd, x->src, pos, clen, false, &req->pins[0],
+				      sge, max);
+		if (n < 0)
+			goto err;
+		nsrc = n;
+		if (x->src->buf) {
+			cxla_buf_get(x->src->buf);
+			req->bufs[0] = x->src->buf;
+		}
+	}
+	if (x->dst) {
+		n = cxla_operand_sges(cd, x->dst, pos, clen, true, &req->pins[1],
+				      sge + nsrc, max);
+		if (n < 0)
+			goto err;
+		ndst = n;
+		if (x->dst->buf) {
+			cxla_buf_get(x->dst->buf);
+			req->bufs[1] = x->dst->buf;
+		}
+	}
+
+	switch (x->opcode) {
+	case CXLA_OP_COPY: {
+		struct cxla_copy *c = p;
+
+		c->nr_src = cpu_to_le32(nsrc);
+		c->nr_dst = cpu_to_le32(ndst);
+		break;
+	}
+	case CXLA_OP_FILL: {
+		struct cxla_fill *f = p;
+
+		f->pattern = cpu_to_le64(x->pattern);
+		f->nr_dst = cpu_to_le32(ndst);
+		break;
+	}
+	default: {
+		struct cxla_checksum *c = p;
+
+		c->nr_src = cpu_to_le32(nsrc);
+		c->seed = cpu_to_le32(x->crc);
+		break;
+	}
+	}
+	req->out_len = sizeof(struct cxla_cmd_hdr) + head +
+		       (nsrc + ndst) * sizeof(*sge);
+	return req;
+err:
+	cxla_req_free(cd, req);
+	return ERR_PTR(n);
+}
+
+/* Wait for one chunk and free it; CHECKSUM results feed x->crc. */
+static int cxla_finish_chunk(struct cxla_dev *cd, struct cxla_xfer *x,
+			     struct cxla_req *req, u64 clen, unsigned long timeout)
+{
+	int ret = cxla_req_wait(cd, &req, timeout, true);
+
+	if (!req)
+		return ret;	/* abandoned to the queue */
+	if (!ret && x->opcode == CXLA_OP_CHECKSUM) {
+		struct cxla_resp *resp = cxla_req_resp(req);
+
+		if (le64_to_cpu(resp->result1) != clen) {
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+			dev_err_ratelimited(&cd->dev,
+					    "CHECKSUM of %llu bytes reports %llu bytes\n",
+					    clen, le64_to_cpu(resp->result1));
+			ret = -EIO;
+		} else {
+			x->crc = (u32)le64_to_cpu(resp->result0);
+		}
+	}
+	cxla_req_free(cd, req);
+	return ret;
+}
+
+static int cxla_run_xfer(struct cxla_dev *cd, struct cxla_xfer *x)
+{
+	struct {
+		struct cxla_req *req;
+		u64 len;
+	} ring[CXLA_PIPELINE];
+	unsigned long timeout = cxla_timeout_jiffies(x->timeout_ms);
+	unsigned int depth, head = 0, count = 0;
+	u64 chunk = cxla_chunk_bytes(cd);
+	u64 pos = 0;
+	int ret = 0, r;
+
+	depth = clamp_t(unsigned int, cd->num_dma_engines + 1, 1, CXLA_PIPELINE);
+	if (x->opcode == CXLA_OP_CHECKSUM)
+		depth = 1;	/* chained through the seed */
+
+	while (pos < x->len) {
+		u64 clen = min(chunk, x->len - pos);
+		struct cxla_req *req;
+
+		if (count == depth) {
+			r = cxla_finish_chunk(cd, x, ring[head].req,
+					      ring[head].len, timeout);
+			head = (head + 1) % depth;
+			count--;
+			if (r) {
+				ret = r;
+				break;
+			}
+		}
+		req = cxla_build_chunk(cd, x, pos, clen);
+		if (IS_ERR(req)) {
+			ret = PTR_ERR(req);
+			break;
+		}
+		r = cxla_req_submit(cd, req, jiffies + timeout, true);
+		if (r) {
+			cxla_req_free(cd, req);
+			ret = r;
+			break;
+		}
+		ring[(head + count) % depth].req = req;
+		ring[(head + count) % depth].len = clen;
+		count++;
+		pos += clen;
+		if (fatal_signal_pending(current)) {
+			ret = -EINTR;
+			break;
+		}
+	}
+	while (count) {
+		r = cxla_finish_chunk(cd, x, ring[head].req, ring[head].len,
+				      timeout);
+		head = (head + 1) % depth;
+		count--;
+		if (r && !ret)
+			ret = r;
+	}
+	return ret;
+}
+
+static u16 cxla_hflags(u32 flags)
+{
+	return (flags & CXL_ACCEL_OP_FENCE) ? CXLA_FLAG_FENCE : 0;
+}
+
+long cxla_ioc_copy(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_operand src, dst;
+	struct cxl_accel_copy c;
+	struct cxla_xfer x = { .opcode = CXLA_OP_COPY };
+	int ret;
+
+	if (copy_from_user(&c, arg, sizeof(c)))
+		return -EFAULT;
+	if (!c.len || (c.flags & ~CXL_ACCEL_OP_FENCE))
+		return -EINVAL;
+	ret = cxla_operand_get(cf, &c.src, c.len, &src);
+	if (ret)
+		return ret;
+	ret = cxla_operand_get(cf, &c.dst, c.len, &dst);
+	if (ret) {
+		cxla_operand_put(&src);
+		return ret;
+	}
+	x.hflags = cxla_hflags(c.flags);
+	x.src = &src;
+	x.dst = &dst;
+	x.len = c.len;
+	x.timeout_ms = c.timeout_ms;
+	ret = cxla_run_xfer(cf->dev, &x);
+	cxla_operand_put(&dst);
+	cxla_operand_put(&src);
+	return ret;
+}
+
+long cxla_ioc_fill(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_xfer x = { .opcode = CXLA_OP_FILL };
+	struct cxl_accel_fill f;
+	struct cxla_operand dst;
+	int ret;
+
+	if (copy_from_user(&f, arg, sizeof(f)))
+		return -EFAULT;
+	if (!f.len || (f.flags & ~CXL_ACCEL_OP_FENCE))
+		return -EINVAL;
+	ret = cxla_operand_get(cf, &f.dst, f.len, &dst);
+	if (ret)
+		return ret;
+	x.hflags = cxla_hflags(f.flags);
+	x.dst = &dst;
+	x.len = f.len;
+	x.pattern = f.pattern;
+	x.timeout_ms = f.timeout_ms;
+	ret = cxla_run_xfer(cf->dev, &x);
+	cxla_operand_put(&dst);
+	return ret;
+}
+
+long cxla_ioc_checksum(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_xfer x = { .opcode = CXLA_OP_CHECKSUM };
+	struct cxl_accel_checksum c;
+	struct cxla_operand src;
+	int ret;
+
+	if (copy_from_user(&c, arg, sizeof(c)))
+		return -EFAULT;
+	if (!c.len || (c.flags & ~CXL_ACCEL_OP_FENCE))
+		return -EINVAL;
+	ret = cxla_operand_get(cf, &c.src, c.len, &src);
+	if (ret)
+		return ret;
+	x.hflags = cxla_hflags(c.flags);
+	x.src = &src;
+	x.len = c.len;
+	x.crc = c.seed;
+	x.timeout_ms = c.timeout_ms;
+	ret = cxla_run_xfer(cf->dev, &x);
+	cxla_operand_put(&src);
+	if (ret)
+		return ret;
+	c.crc = x.crc;
+	return copy_to_user(arg, &c, sizeof(c)) ? -EFAULT : 0;
+}
+
+long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_atomic a;
+	struct cxla_operand op;
+	struct cxla_atomic *p;
+	struct cxla_resp *resp;
+	struct cxla_req *req;
+	struct cxla_sge sge;
+	int ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (a.op > CXL_ACCEL_ATOMIC_SWAP || (a.width != 4 && a.width != 8) ||
+	    a.reserved || (a.flags & ~CXL_ACCEL_OP_FENCE) ||
+	    !IS_ALIGNED(a.target.addr, a.width) ||
+	    (a.op != CXL_ACCEL_ATOMIC_FETCH_ADD && a.repeat > 1) ||
+	    a.repeat > CXLA_MAX_ATOMIC_REPEAT)
+		return -EINVAL;
+	ret = cxla_operand_get(cf, &a.target, a.width, &op);
+	if (ret)
+		return ret;
+
+	req = cxla_req_alloc(cd, CXLA_OP_ATOMIC, cxla_hflags(a.flags),
+			     sizeof(*p), 0);
+	if (IS_ERR(req)) {
+		cxla_operand_put(&op);
+		return PTR_ERR(req);
+	}
+	/* reuse the segment builder for the one word, then unpack it */
+	ret = cxla_operand_sges(cd, &op, 0, a.width, true, &req->pins[0], &sge, 1);
+	if (ret < 0)
+		goto out;
+	req->bufs[0] = op.buf;	/* the request owns the reference now */
+	op.buf = NULL;
+
+	p = cxla_req_payload(req);
+	p->op = cpu_to_le16(a.op);
+	p->width = cpu_to_le16(a.width);
+	p->space = sge.space;
+	p->addr = sge.addr;
+	p->operand = cpu_to_le64(a.operand);
+	p->compare = cpu_to_le64(a.compare);
+	p->repeat = cpu_to_le64(a.repeat ? a.repeat : 1);
+
+	ret = cxla_exec(cd, &req, a.timeout_ms, true);
+	if (!ret) {
+		resp = cxla_req_resp(req);
+		a.result = le64_to_cpu(resp->result0);
+		a.count = le64_to_cpu(resp->result1);
+		if (copy_to_user(arg, &a, sizeof(a)))
+			ret = -EFAULT;
+	}
+out:
+	cxla_req_free(cd, req);
+	cxla_operand_put(&op);
+	return ret;
+}

@@ -1,0 +1,543 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: command queue (requests, completion, timeouts, quarantine) and
+ * event queue.
+ *
+ * Request life cycle, all state changes under cd->cmd_lock:
+ *
+ *   NEW -> INFLIGHT (added to the virtqueue) -> DONE (used by the device,
+ *   the waiter is woken and owns the request again).
+ *
+ *   INFLIGHT -> ABANDONED when the waiter gives up (timeout or signal). The
+ *   request then belongs to the queue: its buffers, pinned pages and device
+ *   buffer references stay alive, because the device may still read or
+ *   write them, until the device hands the chain back (the completion
+ *   handler moves it to reap_list) or the device is reset on removal
+ *   (cxla_cancel_all). Only then is the memory released.
+ */
+#include <linux/jiffies.h>
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+#include <linux/virtio.h>
+#include <linux/virtio_config.h>
+
+#include "cxl_accel.h"
+
+unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
+{
+	if (!timeout_ms)
+		timeout_ms = READ_ONCE(cxla_cmd_timeout_ms);
+	return msecs_to_jiffies(max(timeout_ms, 1U));
+}
+
+int cxla_status_to_errno(u32 status)
+{
+	switch (status) {
+	case CXLA_S_OK:
+		return 0;
+	case CXLA_S_UNSUPPORTED:
+		return -EOPNOTSUPP;
+	case CXLA_S_INVALID:
+	case CXLA_S_OVERFLOW:
+	case CXLA_S_UNALIGNED:
+	case CXLA_S_LENGTH_MISMATCH:
+		return -EINVAL;
+	case CXLA_S_TOO_LARGE:
+		return -E2BIG;
+	case CXLA_S_BAD_GPA:
+	case CXLA_S_BAD_DEVMEM:
+		return -EFAULT;
+	case CXLA_S_NO_SPACE:
+		return -ENOSPC;
+	case CXLA_S_NOT_FOUND:
+		return -ENOENT;
+	case CXLA_S_NOT_READY:
+		return -EAGAIN;
+	case CXLA_S_EXISTS:
+		return -EEXIST;
+	default:	/* TRUNCATED, BAD_CHAIN, INTERNAL: a driver/device mismatch */
+		return -EIO;
+	}
+}
+
+struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
+				size_t payload_len, size_t resp_payload_len)
+{
+	struct cxla_cmd_hdr *hdr;
+	struct cxla_req *req;
+
+	if (sizeof(*hdr) + payload_len > cd->max_request)
+		return ERR_PTR(-E2BIG);
+
+	req = kzalloc(sizeof(*req), GFP_KERNEL);
+	if (!req)
+		return ERR_PTR(-ENOMEM);
+	req->out_len = sizeof(*hdr) + payload_len;
+	req->in_len = sizeof(struct cxla_resp) + resp_payload_len;
+	/* large scatter-gather lists need not be physically contiguous */
+	req->out = kvzalloc(req->out_len, GFP_KERNEL);
+	req->in = kzalloc(req->in_len, GFP_KERNEL);
+	if (!req->out || !req->in) {
+		kvfree(req->out);
+		kfree(req->in);
+		kfree(req);
+		return ERR_PTR(-ENOMEM);
+	}
+	init_completion(&req->done);
+	INIT_LIST_HEAD(&req->node);
+	req->state = CXLA_REQ_NEW;
+	req->opcode = opcode;
+	hdr = req->out;
+	hdr->opcode = cpu_to_le16(opcode);
+	hdr->flags = cpu_to_le16(flags);
+	return req;
+}
+
+void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
+{
+	int i;
+
+	if (!req)
+		return;
+	for (i = 0; i < CXLA_REQ_PINS; i++)
+		cxla_pin_release(&req->pins[i]);
+	for (i = 0; i < CXLA_REQ_BUFS; i++)
+		if (req->bufs[i])
+			cxla_buf_put(req->bufs[i]);
+	kvfree(req->out);
+	kfree(req->in);
+	kfree(req);
+}
+
+static bool cxla_cmd_room(struct cxla_dev *cd, unsigned int needed)
+{
+	return READ_ONCE(cd->stopped) ||
+	       READ_ONCE(cd->cmd_vq->num_free) >= needed;
+}
+
+/* Describe a vmalloc'ed buffer page by page. */
+static void cxla_sg_vmalloc(struct scatterlist *sg, unsigned int nents,
+			    void *buf, size_t len)
+{
+	unsigned int n = 0;
+
+	sg_init_table(sg, nents);
+	while (len && n < nents) {
+		size_t chunk = min_t(size_t, len, PAGE_SIZE - offset_in_page(buf));
+
+		sg_set_page(&sg[n++], vmalloc_to_page(buf), chunk,
+			    offset_in_page(buf));
+		buf += chunk;
+		len -= chunk;
+	}
+}
+
+/*
+ * Add a request to the command queue and notify the device. Waits (until
+ * deadline) while the queue is full. The notify happens under cmd_lock so
+ * that removal can never free the queue under a submitter.
+ */
+int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
+		    unsigned long deadline, bool intr)
+{
+	struct scatterlist out_one, in_sg, *out_sg = &out_one, *sgs[2];
+	struct cxla_cmd_hdr *hdr = req->out;
+	unsigned int nents = 1, needed;
+	unsigned long flags;
+	long left;
+	int ret;
+
+	if (is_vmalloc_addr(req->out)) {
+		nents = DIV_ROUND_UP(offset_in_page(req->out) + req->out_len,
+				     PAGE_SIZE);
+		out_sg = kmalloc_array(nents, sizeof(*out_sg), GFP_KERNEL);
+		if (!out_sg)
+			return -ENOMEM;
+		cxla_sg_vmalloc(out_sg, nents, req->out, req->out_len);
+	} else {
+		sg_init_one(out_sg, req->out, req->out_len);
+	}
+	sg_init_one(&in_sg, req->in, req->in_len);
+	sgs[0] = out_sg;
+	sgs[1] = &in_sg;
+	/* an indirect table takes one ring slot, else one per segment */
+	needed = cd->indirect ? 1 : nents + 1;
+	if (needed > virtqueue_get_vring_size(cd->cmd_vq)) {
+		ret = -E2BIG;
+		goto out;
+	}
+
+	for (;;) {
+		spin_lock_irqsave(&cd->cmd_lock, flags);
+		if (cd->stopped) {
+			ret = -ENODEV;
+		} else {
+			req->tag = ++cd->next_tag;
+			hdr->tag = cpu_to_le64(req->tag);
+			ret = virtqueue_add_sgs(cd->cmd_vq, sgs, 1, 1, req,
+						GFP_ATOMIC);
+			if (!ret) {
+				req->state = CXLA_REQ_INFLIGHT;
+				virtqueue_kick(cd->cmd_vq);
+			}
+		}
+		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+		if (ret != -ENOSPC)
+			break;
+
+		if (time_after_eq(jiffies, deadline)) {
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_TIMEOUTS);
+			ret = -ETIMEDOUT;
+			break;
+		}
+		if (intr)
+			left = wait_event_interruptible_timeout(cd->cmd_space,
+								cxla_cmd_room(cd, needed),
+								deadline - jiffies);
+		else
+			left = wait_event_timeout(cd->cmd_space,
+						  cxla_cmd_room(cd, needed),
+						  deadline - jiffies);
+		if (left < 0) {
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
+			ret = -EINTR;
+			break;
+		}
+	}
+	if (!ret)
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_SUBMITTED);
+out:
+	if (out_sg != &out_one)
+		kfree(out_sg);
+	return ret;
+}
+
+static int cxla_req_result(struct cxla_dev *cd, struct cxla_req *req)
+{
+	struct cxla_resp *resp = req->in;
+	u32 status;
+
+	if (req->cancelled)
+		return -ENODEV;
+	if (req->used_len < sizeof(*resp) || req->used_len > req->in_len) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+		dev_err_ratelimited(&cd->dev,
+				    "opcode %#x tag %llu: used length %u (response needs %zu)\n",
+				    req->opcode, req->tag, req->used_len,
+				    sizeof(*resp));
+		return -EIO;
+	}
+	if (le64_to_cpu(resp->tag) != req->tag) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+		dev_err_ratelimited(&cd->dev,
+				    "opcode %#x: response tag %llu, expected %llu\n",
+				    req->opcode, le64_to_cpu(resp->tag), req->tag);
+		return -EIO;
+	}
+	WRITE_ONCE(cd->wedged, false);
+	status = le32_to_cpu(resp->status);
+	if (status) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_ERRORS);
+		dev_dbg(&cd->dev, "opcode %#x tag %llu: status %u detail %u\n",
+			req->opcode, req->tag, status,
+			le32_to_cpu(resp->detail));
+		return cxla_status_to_errno(status);
+	}
+	return 0;
+}
+
+/*
+ * Wait for a submitted request. On timeout or signal the request is
+ * abandoned to the queue and *reqp is set to NULL: the caller must not touch
+ * it any more. Otherwise the caller still owns *reqp and frees it.
+ */
+int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
+		  unsigned long timeout, bool intr)
+{
+	struct cxla_req *req = *reqp;
+	unsigned long flags;
+	long left;
+
+	if (intr)
+		left = wait_for_completion_interruptible_timeout(&req->done,
+								 timeout);
+	else
+		left = wait_for_completion_timeout(&req->done, timeout);
+	if (left <= 0) {
+		spin_lock_irqsave(&cd->cmd_lock, flags);
+		if (req->state == CXLA_REQ_INFLIGHT) {
+			req->state = CXLA_REQ_ABANDONED;
+			spin_unlock_irqrestore(&cd->cmd_lock, flags);
+			*reqp = NULL;
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
+			if (left == 0) {
+				cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_TIMEOUTS);
+				WRITE_ONCE(cd->wedged, true);
+				dev_warn_ratelimited(&cd->dev,
+						     "opcode %#x tag %llu: no completion after %u ms, request quarantined\n",
+						     req->opcode, req->tag,
+						     jiffies_to_msecs(timeout));
+				return -ETIMEDOUT;
+			}
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
+			return -EINTR;
+		}
+		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+		/* completed while we gave up: use the result */
+	}
+	return cxla_req_result(cd, req);
+}
+
+/* uninterruptible waits stay well below the hung task detector's limit */
+#define CXLA_MAX_NOINTR_JIFFIES	(30 * HZ)
+
+int cxla_exec(struct cxla_dev *cd, struct cxla_req **reqp,
+	      unsigned int timeout_ms, bool intr)
+{
+	unsigned long timeout = cxla_timeout_jiffies(timeout_ms);
+	int ret;
+
+	if (!intr)
+		timeout = min_t(unsigned long, timeout, CXLA_MAX_NOINTR_JIFFIES);
+
+	ret = cxla_req_submit(cd, *reqp, jiffies + timeout, intr);
+	if (ret)
+		return ret;
+	return cxla_req_wait(cd, reqp, timeout, intr);
+}
+
+/* Submit without waiting; the request is freed when the device returns it. */
+void cxla_req_fire_and_forget(struct cxla_dev *cd, struct cxla_req *req)
+{
+	unsigned long timeout = min_t(unsigned long, cxla_timeout_jiffies(0),
+				      CXLA_MAX_NOINTR_JIFFIES);
+	unsigned long flags;
+	bool free_now = true;
+
+	if (!cxla_req_submit(cd, req, jiffies + timeout, false)) {
+		spin_lock_irqsave(&cd->cmd_lock, flags);
+		if (req->state == CXLA_REQ_INFLIGHT) {
+			req->state = CXLA_REQ_ABANDONED;
+			free_now = false;
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
+		}
+		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+	}
+	if (free_now)
+		cxla_req_free(cd, req);
+}
+
+int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
+		    size_t len, void *resp_payload, size_t resp_len,
+		    struct cxla_resp *resp_out, unsigned int timeout_ms,
+		    bool intr)
+{
+	struct cxla_req *req;
+	int ret;
+
+	req = cxla_req_alloc(cd, opcode, 0, len, resp_len);
+	if (IS_ERR(req))
+		return PTR_ERR(req);
+	if (len)
+		memcpy(cxla_req_payload(req), payload, len);
+	ret = cxla_exec(cd, &req, timeout_ms, intr);
+	if (!req)
+		return ret;	/* abandoned */
+	if (resp_out && !req->cancelled && req->used_len >= sizeof(*resp_out))
+		memcpy(resp_out, req->in, sizeof(*resp_out));
+	if (!ret && resp_len) {
+		if (req->used_len < sizeof(struct cxla_resp) + resp_len) {
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+			dev_err_ratelimited(&cd->dev,
+					    "opcode %#x: response payload of %zu bytes, expected %zu\n",
+					    opcode,
+					    req->used_len - sizeof(struct cxla_resp),
+					    resp_len);
+			ret = -EIO;
+		} else {
+			memcpy(resp_payload, req->in + sizeof(struct cxla_resp),
+			       resp_len);
+		}
+	}
+	cxla_req_free(cd, req);
+	return ret;
+}
+
+/* Command queue interrupt: hand finished requests back. */
+void cxla_cmd_done(struct virtqueue *vq)
+{
+	struct cxla_dev *cd = vq->vdev->priv;
+	struct cxla_req *req;
+	unsigned long flags;
+	bool reap = false;
+	unsigned int len;
+
+	spin_lock_irqsave(&cd->cmd_lock, flags);
+	while ((req = virtqueue_get_buf(vq, &len))) {
+		req->used_len = len;
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_COMPLETED);
+		if (req->state == CXLA_REQ_ABANDONED) {
+			list_add_tail(&req->node, &cd->reap_list);
+			reap = true;
+		} else {
+			req->state = CXLA_REQ_DONE;
+			complete(&req->done);
+		}
+	}
+	spin_unlock_irqrestore(&cd->cmd_lock, flags);
+	if (reap)
+		queue_work(cxla_wq, &cd->reap_work);
+	wake_up_all(&cd->cmd_space);
+}
+
+/* An abandoned ALLOC that succeeded late: give the memory back. */
+static void cxla_reap_orphan_alloc(struct cxla_dev *cd, struct cxla_req *req)
+{
+	struct cxla_resp *resp = req->in;
+	struct cxla_free *f;
+	struct cxla_req *fr;
+
+	if (req->cancelled || req->used_len < sizeof(*resp) ||
+	    le32_to_cpu(resp->status) != CXLA_S_OK)
+		return;
+	fr = cxla_req_alloc(cd, CXLA_OP_FREE, 0, sizeof(*f), 0);
+	if (IS_ERR(fr))
+		return;
+	f = cxla_req_payload(fr);
+	f->id = resp->result0;
+	dev_info(&cd->dev, "freeing buffer %llu of a timed-out ALLOC\n",
+		 le64_to_cpu(resp->result0));
+	cxla_req_fire_and_forget(cd, fr);
+}
+
+void cxla_reap_work(struct work_struct *work)
+{
+	struct cxla_dev *cd = container_of(work, struct cxla_dev, reap_work);
+	struct cxla_req *req, *tmp;
+	LIST_HEAD(list);
+
+	spin_lock_irq(&cd->cmd_lock);
+	list_splice_init(&cd->reap_list, &list);
+	spin_unlock_irq(&cd->cmd_lock);
+
+	list_for_each_entry_safe(req, tmp, &list, node) {
+		list_del(&req->node);
+		cxla_dstat_dec(cd, CXL_ACCEL_DSTAT_QUARANTINED);
+		if (req->opcode == CXLA_OP_ALLOC)
+			cxla_reap_orphan_alloc(cd, req);
+		cxla_req_free(cd, req);
+	}
+}
+
+/*
+ * Called after the device was reset: nothing will complete any more. Wake
+ * the waiters of live requests and reap the abandoned ones.
+ */
+void cxla_cancel_all(struct cxla_dev *cd)
+{
+	struct cxla_req *req;
+	unsigned long flags;
+
+	spin_lock_irqsave(&cd->cmd_lock, flags);
+	while ((req = virtqueue_detach_unused_buf(cd->cmd_vq))) {
+		if (req->state == CXLA_REQ_ABANDONED) {
+			req->cancelled = true;
+			list_add_tail(&req->node, &cd->reap_list);
+		} else {
+			req->cancelled = true;
+			req->state = CXLA_REQ_DONE;
+			complete(&req->done);
+		}
+	}
+	spin_unlock_irqrestore(&cd->cmd_lock, flags);
+	queue_work(cxla_wq, &cd->reap_work);
+	wake_up_all(&cd->cmd_space);
+}
+
+/* Event queue */
+
+static int cxla_evt_post(struct cxla_dev *cd, struct cxla_event *ev, gfp_t gfp)
+{
+	struct scatterlist sg;
+
+	memset(ev, 0, sizeof(*ev));
+	sg_init_one(&sg, ev, sizeof(*ev));
+	return virtqueue_add_inbuf(cd->evt_vq, &sg, 1, ev, gfp);
+}
+
+int cxla_evt_init(struct cxla_dev *cd)
+{
+	unsigned long flags;
+	int i, ret = 0;
+
+	cd->evt_bufs = kcalloc(CXLA_EVENT_BUFS, sizeof(*cd->evt_bufs),
+			       GFP_KERNEL);
+	if (!cd->evt_bufs)
+		return -ENOMEM;
+	spin_lock_irqsave(&cd->evt_lock, flags);
+	for (i = 0; i < CXLA_EVENT_BUFS; i++) {
+		ret = cxla_evt_post(cd, &cd->evt_bufs[i], GFP_ATOMIC);
+		if (ret)
+			break;
+	}
+	virtqueue_kick(cd->evt_vq);
+	spin_unlock_irqrestore(&cd->evt_lock, flags);
+	/* a smaller queue than CXLA_EVENT_BUFS is fine */
+	return (ret && i == 0) ? ret : 0;
+}
+
+static void cxla_evt_record(struct cxla_dev *cd, const struct cxla_event *ev)
+{
+	struct cxl_accel_event *rec;
+
+	rec = &cd->evt_ring[cd->evt_head % CXLA_EVENT_RING];
+	rec->type = le32_to_cpu(ev->kind);
+	rec->reserved = 0;
+	rec->seq = le64_to_cpu(ev->seq);
+	rec->value0 = le64_to_cpu(ev->value0);
+	rec->value1 = le64_to_cpu(ev->value1);
+	cd->evt_head++;
+	cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_EVENTS);
+
+	switch (rec->type) {
+	case CXLA_EVENT_ERROR:
+		dev_warn_ratelimited(&cd->dev,
+				     "device error event: opcode %#llx status %llu\n",
+				     rec->value0, rec->value1);
+		break;
+	case CXLA_EVENT_DEVMEM_MAPPED:
+		dev_info_ratelimited(&cd->dev,
+				     "device memory mapped at %#llx\n",
+				     rec->value0);
+		break;
+	}
+}
+
+void cxla_evt_done(struct virtqueue *vq)
+{
+	struct cxla_dev *cd = vq->vdev->priv;
+	struct cxla_event *ev;
+	unsigned long flags;
+	unsigned int len;
+	bool got = false;
+
+	spin_lock_irqsave(&cd->evt_lock, flags);
+	while ((ev = virtqueue_get_buf(vq, &len))) {
+		if (len >= sizeof(*ev)) {
+			cxla_evt_record(cd, ev);
+		} else {
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+			dev_err_ratelimited(&cd->dev,
+					    "event of %u bytes ignored\n", len);
+		}
+		if (!cd->stopped)
+			cxla_evt_post(cd, ev, GFP_ATOMIC);
+		got = true;
+	}
+	if (got && !cd->stopped)
+		virtqueue_kick(vq);
+	spin_unlock_irqrestore(&cd->evt_lock, flags);
+	if (got)
+		wake_up_interruptible_all(&cd->evt_wait);
+}

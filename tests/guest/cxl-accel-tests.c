@@ -1,0 +1,1543 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel guest tests: a table of named tests, each run in its own child
+ * process with a fresh file descriptor (so a crash or a leak in one test
+ * cannot spoil the next), printing one line per test:
+ *
+ *   RESULT <name> PASS|FAIL <detail>
+ *
+ * Usage: cxl-accel-tests [-d /dev/cxl-accelN] [-p prefix] [-t name]... [-l]
+ *        cxl-accel-tests --hold /dev/cxl-accelN   (helper for the unbind test)
+ *        cxl-accel-tests --multi                  (tests across all devices)
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sched.h>
+#include <sys/wait.h>
+
+#include "cxla_test.h"
+
+#define KiB		1024ULL
+#define MiB		(1024 * KiB)
+#define TEST_TIMEOUT_S	240
+
+enum { PASS, FAIL, SKIP };
+
+struct ctx {
+	const char *path;
+	int fd;
+	struct cxl_accel_identify id;
+	char *detail;		/* shared with the parent */
+};
+
+#define DETAIL_LEN	400
+#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
+#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
+#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
+/* an ioctl wrapper result that must be 0 */
+#define OK(expr) do {							\
+	int __r = (expr);						\
+	if (__r)							\
+		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
+		      __r, strerror(-__r));				\
+} while (0)
+/* an ioctl wrapper result that must be -err */
+#define EXPECT_ERR(expr, err) do {					\
+	int __r = (expr);						\
+	if (__r != -(err))						\
+		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
+		      __func__, __LINE__, #expr, __r,			\
+		      __r ? strerror(-__r) : "ok", #err);		\
+} while (0)
+
+static int page_size;
+
+static uint64_t dev_free(struct ctx *c)
+{
+	struct cxl_accel_identify id;
+
+	if (cxla_identify(c->fd, &id))
+		return ~0ULL;
+	return id.devmem_free;
+}
+
+static void *map_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* ------------------------------------------------------------ basics */
+
+static int test_identify(struct ctx *c)
+{
+	struct cxl_accel_identify *id = &c->id;
+
+	CHECK(id->magic == 0x414c5843, "magic %#x", id->magic);
+	CHECK(id->version_major == 1, "version %u.%u", id->version_major,
+	      id->version_minor);
+	CHECK(id->devmem_size >= 2 * MiB && id->devmem_size % (2 * MiB) == 0,
+	      "devmem_size %llu", (unsigned long long)id->devmem_size);
+	CHECK(id->devmem_gpa && id->devmem_gpa % (2 * MiB) == 0,
+	      "devmem_gpa %#llx", (unsigned long long)id->devmem_gpa);
+	CHECK(id->devmem_free <= id->devmem_size, "free %llu > size",
+	      (unsigned long long)id->devmem_free);
+	CHECK(id->features & CXL_ACCEL_F_ALLOC, "features %#llx",
+	      (unsigned long long)id->features);
+	CHECK(id->num_dma_engines >= 1, "engines %u", id->num_dma_engines);
+	DETAIL("%llu MiB at %#llx, free %llu MiB, %u engines, features %#llx, index %u, node %d, latency r/w %u/%u ns, bandwidth r/w %u/%u MB/s",
+	       (unsigned long long)(id->devmem_size >> 20),
+	       (unsigned long long)id->devmem_gpa,
+	       (unsigned long long)(id->devmem_free >> 20), id->num_dma_engines,
+	       (unsigned long long)id->features, id->device_index, id->numa_node,
+	       id->read_latency_ns, id->write_latency_ns,
+	       id->read_bandwidth_mbs, id->write_bandwidth_mbs);
+	return PASS;
+}
+
+static int test_crc_known(struct ctx *c)
+{
+	static const char msg[] = "123456789";
+	uint32_t crc, crc2;
+
+	CHECK(crc32c(0, msg, 9) == 0xE3069283, "software crc32c %#x",
+	      crc32c(0, msg, 9));
+	OK(cxla_checksum(c->fd, cxla_user(msg), 9, 0, &crc));
+	CHECK(crc == 0xE3069283, "device crc32c(\"123456789\") = %#x", crc);
+	/* chaining through the seed */
+	OK(cxla_checksum(c->fd, cxla_user(msg), 4, 0, &crc2));
+	OK(cxla_checksum(c->fd, cxla_user(msg + 4), 5, crc2, &crc2));
+	CHECK(crc2 == crc, "chained crc %#x != %#x", crc2, crc);
+	DETAIL("crc32c(\"123456789\") = %#x", crc);
+	return PASS;
+}
+
+/* ----------------------------------------------- coherence, device memory */
+
+static int test_devmem_cpu_write_dev_checksum(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint32_t crc;
+	uint8_t *p;
+
+	OK(cxla_alloc(c->fd, 1 * MiB, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	fill_random(p, 1 * MiB, 42);
+	/* no flush, no sync: the device reads what the CPU just wrote */
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), 1 * MiB, 0, &crc));
+	CHECK(crc == crc32c(0, p, 1 * MiB), "device crc %#x, cpu %#x", crc,
+	      crc32c(0, p, 1 * MiB));
+	/* an unaligned piece, rewritten */
+	memset(p + 4097, 0x5a, 100000);
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 4097), 100000, 7, &crc));
+	CHECK(crc == crc32c(7, p + 4097, 100000), "partial crc %#x", crc);
+	DETAIL("1 MiB written by the CPU through mmap, crc %#x", crc);
+	return PASS;
+}
+
+static int test_devmem_dev_fill_cpu_read(struct ctx *c)
+{
+	const uint64_t pat = 0x0123456789abcdefULL;
+	const size_t off = 13, len = 500000;
+	struct cxl_accel_alloc a;
+	uint8_t *p;
+	size_t i;
+
+	OK(cxla_alloc(c->fd, 1 * MiB, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	memset(p, 0xee, 1 * MiB);
+	OK(cxla_fill(c->fd, cxla_dev(a.handle, off), len, pat, 0));
+	for (i = 0; i < off; i++)
+		CHECK(p[i] == 0xee, "byte %zu before the fill changed", i);
+	for (i = 0; i < len; i++)
+		CHECK(p[off + i] == (uint8_t)(pat >> (8 * (i % 8))),
+		      "byte %zu of the fill is %#x", i, p[off + i]);
+	CHECK(p[off + len] == 0xee, "byte after the fill changed");
+	DETAIL("device filled %zu bytes at offset %zu, CPU read them through mmap",
+	       len, off);
+	return PASS;
+}
+
+static int test_ram_cpu_write_dev_checksum(struct ctx *c)
+{
+	size_t len = 3 * MiB + 5;
+	uint8_t *buf = malloc(len + 5);
+	uint32_t crc;
+
+	CHECK(buf, "malloc");
+	fill_random(buf, len + 5, 7);
+	OK(cxla_checksum(c->fd, cxla_user(buf + 5), len, 0, &crc));
+	CHECK(crc == crc32c(0, buf + 5, len), "device %#x cpu %#x", crc,
+	      crc32c(0, buf + 5, len));
+	free(buf);
+	DETAIL("%zu bytes of malloc memory at an odd address, crc %#x", len, crc);
+	return PASS;
+}
+
+static int test_ram_dev_fill_cpu_read(struct ctx *c)
+{
+	const uint64_t pat = 0xfeedfacecafebeefULL;
+	size_t len = 2 * MiB, i;
+	uint8_t *p = map_anon(len);
+
+	CHECK(p, "mmap");
+	/* pages never touched by the CPU: pinning faults them in */
+	OK(cxla_fill(c->fd, cxla_user(p), len, pat, 0));
+	for (i = 0; i < len; i++)
+		CHECK(p[i] == (uint8_t)(pat >> (8 * (i % 8))), "byte %zu = %#x",
+		      i, p[i]);
+	DETAIL("device filled 2 MiB of untouched anonymous memory");
+	return PASS;
+}
+
+static int test_copy_roundtrip(struct ctx *c)
+{
+	size_t len = 16 * MiB + 123;
+	uint8_t *src = malloc(len + 16), *dst = malloc(len + 16);
+	struct cxl_accel_alloc a;
+	double t0, t1;
+	uint32_t crc;
+
+	CHECK(src && dst, "malloc");
+	fill_random(src, len + 16, 99);
+	memset(dst, 0, len + 16);
+	OK(cxla_alloc(c->fd, len + 4096, 0, &a));
+	t0 = now_sec();
+	OK(cxla_copy(c->fd, cxla_user(src + 1), cxla_dev(a.handle, 7), len, 0));
+	OK(cxla_copy(c->fd, cxla_dev(a.handle, 7), cxla_user(dst + 3), len, 0));
+	t1 = now_sec();
+	CHECK(!memcmp(src + 1, dst + 3, len), "data differs after the round trip");
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 7), len, 0, &crc));
+	CHECK(crc == crc32c(0, src + 1, len), "device buffer crc %#x", crc);
+	free(src);
+	free(dst);
+	DETAIL("%zu bytes RAM->devmem->RAM in %.3f s (%.0f MB/s)", len, t1 - t0,
+	       2 * len / (t1 - t0) / 1e6);
+	return PASS;
+}
+
+static int test_copy_dev_to_dev(struct ctx *c)
+{
+	struct cxl_accel_alloc a, b;
+	uint8_t *pa, *pb;
+
+	OK(cxla_alloc(c->fd, 2 * MiB, 0, &a));
+	OK(cxla_alloc(c->fd, 2 * MiB, 0, &b));
+	pa = cxla_map(c->fd, &a);
+	pb = cxla_map(c->fd, &b);
+	CHECK(pa && pb, "mmap: %s", strerror(errno));
+	fill_random(pa, 2 * MiB, 5);
+	memset(pb, 0, 2 * MiB);
+	OK(cxla_copy(c->fd, cxla_dev(a.handle, 100), cxla_dev(b.handle, 300),
+		     1 * MiB, 0));
+	CHECK(!memcmp(pa + 100, pb + 300, 1 * MiB), "copy differs");
+	CHECK(pb[299] == 0 && pb[300 + MiB] == 0, "bytes outside the copy changed");
+	DETAIL("1 MiB between two buffers, checked through mmap");
+	return PASS;
+}
+
+/* Pointers into an mmap of device memory are valid "user memory" too. */
+static int test_copy_mmap_pointer(struct ctx *c)
+{
+	size_t len = 1 * MiB;
+	struct cxl_accel_alloc a;
+	uint8_t *p, *ram = malloc(len);
+	struct cxl_accel_stats s0, s1;
+
+	CHECK(ram, "malloc");
+	OK(cxla_alloc(c->fd, len, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	fill_random(p, len, 11);
+	OK(cxla_stats(c->fd, &s0));
+	OK(cxla_copy(c->fd, cxla_user(p), cxla_user(ram), len, 0));
+	CHECK(!memcmp(p, ram, len), "devmem(mmap)->RAM differs");
+	fill_random(ram, len, 12);
+	OK(cxla_copy(c->fd, cxla_user(ram + 1), cxla_user(p + 2), len - 2, 0));
+	CHECK(!memcmp(p + 2, ram + 1, len - 2), "RAM->devmem(mmap) differs");
+	OK(cxla_stats(c->fd, &s1));
+	free(ram);
+	DETAIL("device used mmap pointers (pinned coherent pages), %llu bytes copied",
+	       (unsigned long long)(s1.device[CXL_ACCEL_STAT_BYTES_COPIED] -
+				    s0.device[CXL_ACCEL_STAT_BYTES_COPIED]));
+	return PASS;
+}
+
+/* ---------------------------------------------------------- atomics */
+
+struct atomic_job {
+	int fd;
+	struct cxl_accel_mem target;
+	uint64_t repeat;
+	int ret;
+	struct cxl_accel_atomic out;
+	double secs;
+	volatile int *go;
+};
+
+static void *atomic_thread(void *arg)
+{
+	struct atomic_job *j = arg;
+	double t0;
+
+	while (!__atomic_load_n(j->go, __ATOMIC_ACQUIRE))
+		;
+	t0 = now_sec();
+	j->ret = cxla_atomic(j->fd, j->target, CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1,
+			     0, j->repeat, 120000, &j->out);
+	j->secs = now_sec() - t0;
+	return NULL;
+}
+
+static int race_atomics(struct ctx *c, uint64_t *word, struct cxl_accel_mem target,
+			const char *where)
+{
+	const uint64_t n = 1000000;
+	volatile int go = 0;
+	struct atomic_job j = {
+		.fd = c->fd, .target = target, .repeat = n, .go = &go,
+	};
+	uint64_t i, final, first, last = 0;
+	pthread_t th;
+	double t0, cpu;
+
+	__atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+	CHECK(!pthread_create(&th, NULL, atomic_thread, &j), "pthread_create");
+	__atomic_store_n(&go, 1, __ATOMIC_RELEASE);
+	t0 = now_sec();
+	first = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+	for (i = 1; i < n; i++)
+		last = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+	cpu = now_sec() - t0;
+	pthread_join(th, NULL);
+	OK(j.ret);
+	final = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+	CHECK(j.out.count == n, "device did %llu ops",
+	      (unsigned long long)j.out.count);
+	CHECK(final == 2 * n, "final value %llu, expected %llu (lost updates)",
+	      (unsigned long long)final, (unsigned long long)(2 * n));
+	/*
+	 * Old values seen by the first and last adds of each side show the
+	 * interleaving: with no overlap the CPU would see 0..n-1 or n..2n-1.
+	 */
+	DETAIL("%s: %llu CPU + %llu device fetch-adds, final %llu exact; CPU %.3f s, device %.3f s; CPU's adds saw %llu..%llu, device's last saw %llu",
+	       where, (unsigned long long)n, (unsigned long long)n,
+	       (unsigned long long)final, cpu, j.secs,
+	       (unsigned long long)first, (unsigned long long)last,
+	       (unsigned long long)j.out.result);
+	return PASS;
+}
+
+static int test_atomics_devmem(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint64_t *p;
+
+	OK(cxla_alloc(c->fd, 4096, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	return race_atomics(c, p + 8, cxla_dev(a.handle, 64), "device memory");
+}
+
+static int test_atomics_ram(struct ctx *c)
+{
+	uint64_t *p;
+
+	CHECK(!posix_memalign((void **)&p, 4096, 4096), "posix_memalign");
+	memset(p, 0, 4096);
+	return race_atomics(c, p + 3, cxla_user(p + 3), "system RAM");
+}
+
+static int test_atomic_ops(struct ctx *c)
+{
+	struct cxl_accel_atomic r;
+	struct cxl_accel_alloc a;
+	uint32_t *w32;
+	uint64_t *w;
+
+	OK(cxla_alloc(c->fd, 4096, 0, &a));
+	w = cxla_map(c->fd, &a);
+	CHECK(w, "mmap: %s", strerror(errno));
+	w[0] = 5;
+	OK(cxla_atomic(c->fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_CMPXCHG, 8,
+		       9, 5, 0, 0, &r));
+	CHECK(r.count == 1 && r.result == 5 && w[0] == 9,
+	      "cmpxchg hit: count %llu result %llu word %llu",
+	      (unsigned long long)r.count, (unsigned long long)r.result,
+	      (unsigned long long)w[0]);
+	OK(cxla_atomic(c->fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_CMPXCHG, 8,
+		       1, 5, 0, 0, &r));
+	CHECK(r.count == 0 && r.result == 9 && w[0] == 9,
+	      "cmpxchg miss: count %llu result %llu word %llu",
+	      (unsigned long long)r.count, (unsigned long long)r.result,
+	      (unsigned long long)w[0]);
+	OK(cxla_atomic(c->fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_SWAP, 8,
+		       42, 0, 0, 0, &r));
+	CHECK(r.result == 9 && w[0] == 42, "swap: result %llu word %llu",
+	      (unsigned long long)r.result, (unsigned long long)w[0]);
+	/* 32-bit add wraps and leaves its neighbour alone */
+	w32 = (uint32_t *)(w + 1);
+	w32[0] = 0xffffffffu;
+	w32[1] = 0x11111111u;
+	OK(cxla_atomic(c->fd, cxla_dev(a.handle, 8), CXL_ACCEL_ATOMIC_FETCH_ADD, 4,
+		       1, 0, 1, 0, &r));
+	CHECK(w32[0] == 0 && w32[1] == 0x11111111u && r.result == 0xffffffffu,
+	      "32-bit add: %#x %#x result %#llx", w32[0], w32[1],
+	      (unsigned long long)r.result);
+	DETAIL("cmpxchg hit/miss, swap, 32-bit wrap-around");
+	return PASS;
+}
+
+/* ----------------------------------------------------- message passing */
+
+#define MP_ITER		1000
+#define MP_PAYLOAD	(64 * KiB)
+
+struct mp {
+	volatile uint64_t *flag;	/* CPU view */
+	volatile uint64_t *payload;	/* CPU view */
+	volatile uint64_t *ack;		/* RAM, CPU only */
+	uint64_t stale;			/* reader: bad payload words seen */
+	uint64_t stale_iter;
+	int fail;
+};
+
+/* CPU reader for device -> CPU */
+static void *mp_cpu_reader(void *arg)
+{
+	struct mp *m = arg;
+	uint64_t i, k, f;
+
+	for (i = 1; i <= MP_ITER; i++) {
+		while ((f = __atomic_load_n(m->flag, __ATOMIC_ACQUIRE)) < i)
+			sched_yield();
+		for (k = 0; k < MP_PAYLOAD / 8; k++) {
+			if (m->payload[k] != f) {
+				m->stale++;
+				m->stale_iter = f;
+			}
+		}
+		__atomic_store_n(m->ack, f, __ATOMIC_RELEASE);
+	}
+	return NULL;
+}
+
+static int mp_dev_to_cpu(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+			 struct cxl_accel_mem payload, const char *where)
+{
+	pthread_t th;
+	uint64_t i;
+	double t0;
+
+	*m->flag = 0;
+	*m->ack = 0;
+	CHECK(!pthread_create(&th, NULL, mp_cpu_reader, m), "pthread_create");
+	t0 = now_sec();
+	for (i = 1; i <= MP_ITER; i++) {
+		OK(cxla_fill(c->fd, payload, MP_PAYLOAD, i, 0));
+		OK(cxla_atomic(c->fd, flag, CXL_ACCEL_ATOMIC_SWAP, 8, i, 0, 0, 0,
+			       NULL));
+		while (__atomic_load_n(m->ack, __ATOMIC_ACQUIRE) != i)
+			sched_yield();
+	}
+	pthread_join(th, NULL);
+	CHECK(!m->stale, "%s: %llu stale payload words, last at iteration %llu",
+	      where, (unsigned long long)m->stale,
+	      (unsigned long long)m->stale_iter);
+	DETAIL("%s: %d messages (64 KiB payload by FILL, flag by atomic SWAP), no stale payload, %.0f us per message",
+	       where, MP_ITER, (now_sec() - t0) * 1e6 / MP_ITER);
+	return PASS;
+}
+
+/* CPU writer for CPU -> device */
+static void *mp_cpu_writer(void *arg)
+{
+	struct mp *m = arg;
+	uint64_t i, k;
+
+	for (i = 1; i <= MP_ITER; i++) {
+		for (k = 0; k < MP_PAYLOAD / 8; k++)
+			m->payload[k] = i;
+		__atomic_store_n(m->flag, i, __ATOMIC_RELEASE);
+		while (__atomic_load_n(m->ack, __ATOMIC_ACQUIRE) != i)
+			sched_yield();
+	}
+	return NULL;
+}
+
+static int mp_cpu_to_dev(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+			 struct cxl_accel_mem payload, const char *where)
+{
+	uint64_t *expect = malloc(MP_PAYLOAD);
+	uint64_t i, k, polls = 0, stale = 0;
+	struct cxl_accel_atomic r;
+	uint32_t crc;
+	pthread_t th;
+	double t0;
+
+	CHECK(expect, "malloc");
+	*m->flag = 0;
+	*m->ack = 0;
+	CHECK(!pthread_create(&th, NULL, mp_cpu_writer, m), "pthread_create");
+	t0 = now_sec();
+	for (i = 1; i <= MP_ITER; i++) {
+		/* device acquire: read the flag with an atomic (add 0) */
+		do {
+			OK(cxla_atomic(c->fd, flag, CXL_ACCEL_ATOMIC_FETCH_ADD, 8,
+				       0, 0, 1, 0, &r));
+			polls++;
+		} while (r.result < i);
+		CHECK(r.result == i, "flag %llu ahead of %llu",
+		      (unsigned long long)r.result, (unsigned long long)i);
+		for (k = 0; k < MP_PAYLOAD / 8; k++)
+			expect[k] = i;
+		OK(cxla_checksum(c->fd, payload, MP_PAYLOAD, 0, &crc));
+		if (crc != crc32c(0, expect, MP_PAYLOAD))
+			stale++;
+		__atomic_store_n(m->ack, i, __ATOMIC_RELEASE);
+	}
+	pthread_join(th, NULL);
+	free(expect);
+	CHECK(!stale, "%s: device saw a stale payload in %llu of %d messages",
+	      where, (unsigned long long)stale, MP_ITER);
+	DETAIL("%s: %d messages (CPU payload + release flag, device atomic read + checksum), no stale payload, %.1f polls per message",
+	       where, MP_ITER, (double)polls / MP_ITER);
+	(void)t0;
+	return PASS;
+}
+
+static int test_msgpass_dev_to_cpu_devmem(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint64_t ack = 0;
+	struct mp m = { 0 };
+	uint8_t *p;
+
+	OK(cxla_alloc(c->fd, MP_PAYLOAD + 4096, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	m.flag = (uint64_t *)p;
+	m.payload = (uint64_t *)(p + 4096);
+	m.ack = &ack;
+	return mp_dev_to_cpu(c, &m, cxla_dev(a.handle, 0),
+			     cxla_dev(a.handle, 4096), "device memory");
+}
+
+static int test_msgpass_dev_to_cpu_ram(struct ctx *c)
+{
+	uint8_t *p = map_anon(MP_PAYLOAD + 4096);
+	uint64_t ack = 0;
+	struct mp m = { 0 };
+
+	CHECK(p, "mmap");
+	m.flag = (uint64_t *)p;
+	m.payload = (uint64_t *)(p + 4096);
+	m.ack = &ack;
+	return mp_dev_to_cpu(c, &m, cxla_user(p), cxla_user(p + 4096),
+			     "system RAM");
+}
+
+static int test_msgpass_cpu_to_dev_devmem(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint64_t ack = 0;
+	struct mp m = { 0 };
+	uint8_t *p;
+
+	OK(cxla_alloc(c->fd, MP_PAYLOAD + 4096, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	m.flag = (uint64_t *)p;
+	m.payload = (uint64_t *)(p + 4096);
+	m.ack = &ack;
+	return mp_cpu_to_dev(c, &m, cxla_dev(a.handle, 0),
+			     cxla_dev(a.handle, 4096), "device memory");
+}
+
+static int test_msgpass_cpu_to_dev_ram(struct ctx *c)
+{
+	uint8_t *p = map_anon(MP_PAYLOAD + 4096);
+	uint64_t ack = 0;
+	struct mp m = { 0 };
+
+	CHECK(p, "mmap");
+	memset(p, 0, MP_PAYLOAD + 4096);
+	m.flag = (uint64_t *)p;
+	m.payload = (uint64_t *)(p + 4096);
+	m.ack = &ack;
+	return mp_cpu_to_dev(c, &m, cxla_user(p), cxla_user(p + 4096),
+			     "system RAM");
+}
+
+/* ------------------------------------------------ allocation, exhaustion */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static int test_alloc_many(struct ctx *c)
+{
+	const int n = 1000;
+	struct cxl_accel_alloc *a = calloc(n, sizeof(*a));
+	uint64_t *offs = calloc(n, sizeof(*offs));
+	uint64_t start = dev_free(c);
+	struct cxl_accel_identify id;
+	int i;
+
+	CHECK(a && offs, "calloc");
+	for (i = 0; i < n; i++) {
+		OK(cxla_alloc(c->fd, 4096, 0, &a[i]));
+		offs[i] = a[i].offset;
+		CHECK(a[i].handle && a[i].alloc_size == 4096,
+		      "handle %u size %llu", a[i].handle,
+		      (unsigned long long)a[i].alloc_size);
+		OK(cxla_fill(c->fd, cxla_dev(a[i].handle, 0), 4096, i, 0));
+	}
+	qsort(offs, n, sizeof(*offs), cmp_u64);
+	for (i = 1; i < n; i++)
+		CHECK(offs[i] >= offs[i - 1] + 4096, "buffers overlap at %#llx",
+		      (unsigned long long)offs[i]);
+	for (i = 0; i < n; i += 97) {
+		uint64_t *p = cxla_map(c->fd, &a[i]);
+
+		CHECK(p, "mmap %d: %s", i, strerror(errno));
+		CHECK(p[0] == (uint64_t)i && p[511] == (uint64_t)i,
+		      "buffer %d holds %llu", i, (unsigned long long)p[0]);
+		munmap(p, 4096);
+	}
+	OK(cxla_identify(c->fd, &id));
+	CHECK(id.devmem_free == start - n * 4096ULL, "free %llu after %d allocs from %llu",
+	      (unsigned long long)id.devmem_free, n, (unsigned long long)start);
+	for (i = 0; i < n; i++)
+		OK(cxla_free(c->fd, a[i].handle));
+	CHECK(dev_free(c) == start, "free %llu, expected %llu after freeing all",
+	      (unsigned long long)dev_free(c), (unsigned long long)start);
+	DETAIL("%d buffers of 4 KiB, disjoint, written and freed; free back to %llu",
+	       n, (unsigned long long)start);
+	free(a);
+	free(offs);
+	return PASS;
+}
+
+static int test_alloc_exhaustion(struct ctx *c)
+{
+	const uint64_t sz = 64 * KiB;
+	uint64_t start = dev_free(c), max = start / sz + 16;
+	struct cxl_accel_alloc *a = calloc(max, sizeof(*a)), extra;
+	uint64_t n = 0, i, freed = 0;
+	int r, r2;
+
+	CHECK(a, "calloc");
+	while (n < max && !(r = cxla_alloc(c->fd, sz, sz, &a[n])))
+		n++;
+	CHECK(r == -ENOSPC, "allocation %llu failed with %d (%s), expected -ENOSPC",
+	      (unsigned long long)n, r, strerror(-r));
+	CHECK(n * sz == start, "%llu x 64 KiB fit in %llu free bytes",
+	      (unsigned long long)n, (unsigned long long)start);
+	CHECK(dev_free(c) == 0, "free %llu when exhausted",
+	      (unsigned long long)dev_free(c));
+	/* every other one back: only 64 KiB holes */
+	for (i = 0; i < n; i += 2, freed++)
+		OK(cxla_free(c->fd, a[i].handle));
+	CHECK(dev_free(c) == freed * sz, "free %llu after freeing %llu",
+	      (unsigned long long)dev_free(c), (unsigned long long)freed);
+	r = cxla_alloc(c->fd, 2 * sz, 0, &extra);
+	CHECK(r == -ENOSPC, "128 KiB in a memory of 64 KiB holes: %d (%s)", r,
+	      r ? strerror(-r) : "allocated");
+	r2 = cxla_alloc(c->fd, sz, 0, &extra);
+	CHECK(!r2, "64 KiB into a hole: %d", r2);
+	OK(cxla_free(c->fd, extra.handle));
+	for (i = 1; i < n; i += 2)
+		OK(cxla_free(c->fd, a[i].handle));
+	CHECK(dev_free(c) == start, "free %llu, expected %llu",
+	      (unsigned long long)dev_free(c), (unsigned long long)start);
+	DETAIL("%llu x 64 KiB filled device memory, then -ENOSPC; fragmented: 128 KiB -ENOSPC, 64 KiB fits; all freed, %llu bytes free again",
+	       (unsigned long long)n, (unsigned long long)start);
+	free(a);
+	return PASS;
+}
+
+static int test_alloc_bad(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint64_t start = dev_free(c);
+
+	EXPECT_ERR(cxla_alloc(c->fd, 0, 0, &a), EINVAL);
+	EXPECT_ERR(cxla_alloc(c->fd, c->id.devmem_size + 4096, 0, &a), ENOSPC);
+	EXPECT_ERR(cxla_alloc(c->fd, 1ULL << 63, 0, &a), ENOSPC);
+	EXPECT_ERR(cxla_alloc(c->fd, ~0ULL, 0, &a), ENOSPC);
+	EXPECT_ERR(cxla_alloc(c->fd, 4096, 3, &a), EINVAL);
+	EXPECT_ERR(cxla_alloc(c->fd, 4096, c->id.devmem_size * 2, &a), EINVAL);
+	memset(&a, 0, sizeof(a));
+	a.size = 4096;
+	a.flags = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ALLOC, &a), EINVAL);
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ALLOC, NULL), EFAULT);
+	/* odd size rounds up, large alignment honoured */
+	OK(cxla_alloc(c->fd, 5000, 2 * MiB, &a));
+	CHECK(a.alloc_size == 8192 && a.offset % (2 * MiB) == 0,
+	      "size %llu offset %#llx", (unsigned long long)a.alloc_size,
+	      (unsigned long long)a.offset);
+	OK(cxla_free(c->fd, a.handle));
+	CHECK(dev_free(c) == start, "leak: free %llu", (unsigned long long)dev_free(c));
+	DETAIL("size 0/too big/2^63/~0, bad alignment, flags, NULL arg rejected");
+	return PASS;
+}
+
+static int test_free_bad(struct ctx *c)
+{
+	struct cxl_accel_free f = { .handle = 1, .flags = 1 };
+	struct cxl_accel_alloc a;
+
+	EXPECT_ERR(cxla_free(c->fd, 0), ENOENT);
+	EXPECT_ERR(cxla_free(c->fd, 12345), ENOENT);
+	OK(cxla_alloc(c->fd, 4096, 0, &a));
+	f.handle = a.handle;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_FREE, &f), EINVAL);
+	OK(cxla_free(c->fd, a.handle));
+	EXPECT_ERR(cxla_free(c->fd, a.handle), ENOENT);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_dev(a.handle, 0), cxla_dev(a.handle, 0),
+			     8, 0), ENOENT);
+	DETAIL("handle 0, unknown, double free, flags, use after free");
+	return PASS;
+}
+
+/* Another file's handle means nothing here. */
+static int test_handles_per_file(struct ctx *c)
+{
+	int fd2 = open(c->path, O_RDWR);
+	struct cxl_accel_alloc a;
+
+	CHECK(fd2 >= 0, "open: %s", strerror(errno));
+	OK(cxla_alloc(fd2, 4096, 0, &a));
+	EXPECT_ERR(cxla_fill(c->fd, cxla_dev(a.handle, 0), 8, 0, 0), ENOENT);
+	EXPECT_ERR(cxla_free(c->fd, a.handle), ENOENT);
+	CHECK(mmap(NULL, 4096, PROT_READ, MAP_SHARED, c->fd, a.mmap_offset) ==
+	      MAP_FAILED && errno == ENOENT, "mmap of a foreign handle");
+	close(fd2);
+	DETAIL("handles are private to their file");
+	return PASS;
+}
+
+static int test_free_while_mapped(struct ctx *c)
+{
+	uint64_t start = dev_free(c);
+	struct cxl_accel_alloc a;
+	uint32_t *p;
+	size_t i;
+
+	OK(cxla_alloc(c->fd, 256 * KiB, 0, &a));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	for (i = 0; i < 256 * KiB / 4; i++)
+		p[i] = (uint32_t)i;
+	OK(cxla_free(c->fd, a.handle));
+	/* the mapping keeps the memory */
+	for (i = 0; i < 256 * KiB / 4; i++)
+		CHECK(p[i] == (uint32_t)i, "word %zu = %u after FREE", i, p[i]);
+	p[7] = 77;
+	CHECK(dev_free(c) == start - 256 * KiB, "memory returned while mapped (free %llu)",
+	      (unsigned long long)dev_free(c));
+	munmap(p, 256 * KiB);
+	CHECK(dev_free(c) == start, "not returned after munmap (free %llu, start %llu)",
+	      (unsigned long long)dev_free(c), (unsigned long long)start);
+	DETAIL("FREE while mapped: mapping stays valid, memory returns at munmap");
+	return PASS;
+}
+
+static int test_mmap_bad(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint8_t *p, *q;
+
+	OK(cxla_alloc(c->fd, 4 * 4096, 0, &a));
+	p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, c->fd, a.mmap_offset);
+	CHECK(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE: %p errno %d", p, errno);
+	p = mmap(NULL, 5 * 4096, PROT_READ, MAP_SHARED, c->fd, a.mmap_offset);
+	CHECK(p == MAP_FAILED && errno == EINVAL, "too long: errno %d", errno);
+	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, c->fd, a.mmap_offset + 4 * 4096);
+	CHECK(p == MAP_FAILED && errno == EINVAL, "past the end: errno %d", errno);
+	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, c->fd,
+		 (off_t)(a.handle + 100) << CXL_ACCEL_MMAP_SHIFT);
+	CHECK(p == MAP_FAILED && errno == ENOENT, "unknown handle: errno %d", errno);
+	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, c->fd, 0);
+	CHECK(p == MAP_FAILED && errno == ENOENT, "offset 0: errno %d", errno);
+	/* a window into the middle sees the same memory */
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	q = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd,
+		 a.mmap_offset + 2 * 4096);
+	CHECK(q != MAP_FAILED, "window: %s", strerror(errno));
+	q[5] = 0x42;
+	CHECK(p[2 * 4096 + 5] == 0x42, "window does not alias the buffer");
+	DETAIL("private, too long, past the end, unknown handle rejected; windows alias");
+	return PASS;
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static int test_ioctl_bad(struct ctx *c)
+{
+	struct cxl_accel_copy cp = { 0 };
+	struct cxl_accel_wait_event w = { 0 };
+	char buf[64];
+
+	EXPECT_ERR(cxla_ioctl(c->fd, _IO(CXL_ACCEL_IOC_MAGIC, 0x4f), NULL), ENOTTY);
+	EXPECT_ERR(cxla_ioctl(c->fd, _IOR('x', 1, int), buf), ENOTTY);
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_IDENTIFY, NULL), EFAULT);
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_COPY, NULL), EFAULT);
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_STATS, (void *)16), EFAULT);
+	cp.src = cxla_user(buf);
+	cp.dst = cxla_user(buf + 32);
+	cp.len = 0;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_COPY, &cp), EINVAL);
+	cp.len = 8;
+	cp.flags = 0x80;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_COPY, &cp), EINVAL);
+	cp.flags = 0;
+	cp.src.reserved = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_COPY, &cp), EINVAL);
+	cp.src.reserved = 0;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_COPY, &cp));
+	w.flags = 0x10;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w), EINVAL);
+	DETAIL("unknown ioctls ENOTTY, bad pointers EFAULT, zero length/flags/reserved EINVAL");
+	return PASS;
+}
+
+static int test_range_bad(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	char buf[64] = { 0 };
+	uint32_t crc;
+
+	OK(cxla_alloc(c->fd, 8192, 0, &a));
+	EXPECT_ERR(cxla_copy(c->fd, cxla_user(buf), cxla_dev(a.handle, 8192 - 10),
+			     20, 0), EINVAL);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_dev(a.handle, 8193), cxla_user(buf), 1, 0),
+		   EINVAL);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_dev(a.handle, ~0ULL - 3), cxla_user(buf),
+			     8, 0), EINVAL);
+	EXPECT_ERR(cxla_fill(c->fd, cxla_dev(a.handle, 4096), 4097, 0, 0), EINVAL);
+	EXPECT_ERR(cxla_checksum(c->fd, cxla_dev(a.handle, 0), 8193, 0, &crc),
+		   EINVAL);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_dev(a.handle + 1, 0), cxla_user(buf), 8, 0),
+		   ENOENT);
+	/* exactly the end is fine */
+	OK(cxla_copy(c->fd, cxla_user(buf), cxla_dev(a.handle, 8192 - 20), 20, 0));
+	DETAIL("past the end, offset beyond, wrap-around, unknown handle");
+	return PASS;
+}
+
+static int test_user_addr_bad(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	uint8_t *hole, *ro, *half;
+	uint32_t crc;
+
+	OK(cxla_alloc(c->fd, 64 * KiB, 0, &a));
+	hole = map_anon(64 * KiB);
+	CHECK(hole, "mmap");
+	munmap(hole, 64 * KiB);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_user(hole), cxla_dev(a.handle, 0), 4096, 0),
+		   EFAULT);
+	EXPECT_ERR(cxla_copy(c->fd, cxla_dev(a.handle, 0), cxla_user(hole), 4096, 0),
+		   EFAULT);
+	EXPECT_ERR(cxla_checksum(c->fd, cxla_user(NULL), 4096, 0, &crc), EFAULT);
+	EXPECT_ERR(cxla_checksum(c->fd, cxla_user((void *)0xffff888000000000ULL),
+				 4096, 0, &crc), EFAULT);
+	EXPECT_ERR(cxla_checksum(c->fd, cxla_user((void *)(~0ULL - 10)), 100, 0,
+				 &crc), EFAULT);
+	/* a read-only mapping cannot be a destination */
+	ro = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(ro != MAP_FAILED, "mmap ro");
+	OK(cxla_checksum(c->fd, cxla_user(ro), 8192, 0, &crc));
+	EXPECT_ERR(cxla_fill(c->fd, cxla_user(ro), 8192, 1, 0), EFAULT);
+	/* half mapped */
+	half = map_anon(8192);
+	CHECK(half, "mmap");
+	munmap(half + 4096, 4096);
+	EXPECT_ERR(cxla_fill(c->fd, cxla_user(half), 8192, 1, 0), EFAULT);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_user(hole), CXL_ACCEL_ATOMIC_SWAP, 8, 1,
+			       0, 0, 0, NULL), EFAULT);
+	DETAIL("unmapped, NULL, kernel, wrapping, read-only and half-mapped user memory: EFAULT");
+	return PASS;
+}
+
+static int test_atomic_bad(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	struct cxl_accel_atomic r;
+
+	OK(cxla_alloc(c->fd, 4096, 0, &a));
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 4), CXL_ACCEL_ATOMIC_SWAP,
+			       8, 1, 0, 0, 0, NULL), EINVAL);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_SWAP,
+			       2, 1, 0, 0, 0, NULL), EINVAL);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 0), 3, 8, 1, 0, 0, 0, NULL),
+		   EINVAL);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_SWAP,
+			       8, 1, 0, 2, 0, NULL), EINVAL);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 4096), CXL_ACCEL_ATOMIC_SWAP,
+			       8, 1, 0, 0, 0, NULL), EINVAL);
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 4092),
+			       CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0, 1, 0, NULL),
+		   EINVAL);
+	/* too many repeats for the device (limit 2^27) */
+	EXPECT_ERR(cxla_atomic(c->fd, cxla_dev(a.handle, 0),
+			       CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0, 1ULL << 40, 0,
+			       &r), EINVAL);
+	DETAIL("unaligned, width 2, op 3, repeat with swap, past the end, repeat 2^40");
+	return PASS;
+}
+
+/* ------------------------------------------------------ events, stats */
+
+static int test_signal_event(struct ctx *c)
+{
+	struct cxl_accel_wait_event w = { 0 };
+	struct cxl_accel_signal s = { 0 };
+	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+	uint64_t seq1;
+
+	if (!(c->id.features & CXL_ACCEL_F_EVENTS)) {
+		DETAIL("device without events");
+		return SKIP;
+	}
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w), EAGAIN);
+	w.timeout_ms = 100;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w), ETIMEDOUT);
+
+	s.value = 0xabcdef;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SIGNAL, &s));
+	CHECK(poll(&pfd, 1, 2000) == 1 && (pfd.revents & POLLIN), "poll: %#x",
+	      pfd.revents);
+	memset(&w, 0, sizeof(w));
+	w.type = CXL_ACCEL_EVENT_SIGNAL;
+	w.flags = CXL_ACCEL_WAIT_MATCH_VALUE;
+	w.value = 0xabcdef;
+	w.timeout_ms = 2000;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w));
+	CHECK(w.event.type == CXL_ACCEL_EVENT_SIGNAL && w.event.value0 == 0xabcdef,
+	      "event type %u value %#llx", w.event.type,
+	      (unsigned long long)w.event.value0);
+	seq1 = w.event.seq;
+	s.value = 2;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SIGNAL, &s));
+	w.value = 2;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w));
+	CHECK(w.event.seq > seq1, "seq %llu after %llu",
+	      (unsigned long long)w.event.seq, (unsigned long long)seq1);
+	DETAIL("SIGNAL -> event with value, poll, seq %llu -> %llu, EAGAIN/ETIMEDOUT when idle",
+	       (unsigned long long)seq1, (unsigned long long)w.event.seq);
+	return PASS;
+}
+
+static int test_stats(struct ctx *c)
+{
+	struct cxl_accel_stats s0, s1;
+	size_t len = 1 * MiB;
+	uint8_t *a = malloc(len), *b = malloc(len);
+
+	CHECK(a && b, "malloc");
+	memset(a, 1, len);
+	OK(cxla_stats(c->fd, &s0));
+	OK(cxla_copy(c->fd, cxla_user(a), cxla_user(b), len, 0));
+	OK(cxla_stats(c->fd, &s1));
+	CHECK(s1.device[CXL_ACCEL_STAT_BYTES_COPIED] -
+	      s0.device[CXL_ACCEL_STAT_BYTES_COPIED] >= len,
+	      "bytes_copied grew by %llu",
+	      (unsigned long long)(s1.device[CXL_ACCEL_STAT_BYTES_COPIED] -
+				   s0.device[CXL_ACCEL_STAT_BYTES_COPIED]));
+	CHECK(s1.device[CXL_ACCEL_STAT_COMMANDS] > s0.device[CXL_ACCEL_STAT_COMMANDS],
+	      "device commands did not grow");
+	CHECK(s1.driver[CXL_ACCEL_DSTAT_SUBMITTED] > s0.driver[CXL_ACCEL_DSTAT_SUBMITTED],
+	      "driver submitted did not grow");
+	free(a);
+	free(b);
+	DETAIL("device: %llu commands, %llu errors, %llu bytes copied; driver: %llu submitted, %llu timeouts",
+	       (unsigned long long)s1.device[CXL_ACCEL_STAT_COMMANDS],
+	       (unsigned long long)s1.device[CXL_ACCEL_STAT_ERRORS],
+	       (unsigned long long)s1.device[CXL_ACCEL_STAT_BYTES_COPIED],
+	       (unsigned long long)s1.driver[CXL_ACCEL_DSTAT_SUBMITTED],
+	       (unsigned long long)s1.driver[CXL_ACCEL_DSTAT_TIMEOUTS]);
+	return PASS;
+}
+
+/* ----------------------------------------------------- robustness */
+
+/*
+ * A command that outlives its timeout: the ioctl returns -ETIMEDOUT, the
+ * request stays quarantined (its user page pinned) and the device still
+ * completes it into valid memory; then the quarantine empties.
+ */
+static int test_timeout_quarantine(struct ctx *c)
+{
+	const uint64_t n = 1ULL << 27;	/* the device's maximum repeat */
+	struct cxl_accel_stats st;
+	uint64_t *word;
+	uint32_t crc;
+	double t0, t1;
+	int r, i;
+
+	CHECK(!posix_memalign((void **)&word, 4096, 4096), "posix_memalign");
+	memset(word, 0, 4096);
+	t0 = now_sec();
+	r = cxla_atomic(c->fd, cxla_user(word), CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0,
+			n, 50, NULL);
+	t1 = now_sec();
+	CHECK(r == -ETIMEDOUT, "2^27 atomic adds in 50 ms: %d (%s)", r,
+	      r ? strerror(-r) : "completed");
+	CHECK(t1 - t0 < 2.0, "timeout took %.2f s", t1 - t0);
+	OK(cxla_stats(c->fd, &st));
+	CHECK(st.driver[CXL_ACCEL_DSTAT_QUARANTINED] >= 1, "nothing quarantined");
+	/* the device keeps working meanwhile */
+	OK(cxla_checksum(c->fd, cxla_user("123456789"), 9, 0, &crc));
+	CHECK(crc == 0xE3069283, "crc %#x", crc);
+	for (i = 0; i < 1200; i++) {
+		OK(cxla_stats(c->fd, &st));
+		if (!st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
+			break;
+		usleep(100000);
+	}
+	CHECK(!st.driver[CXL_ACCEL_DSTAT_QUARANTINED],
+	      "request still quarantined after 120 s");
+	CHECK(__atomic_load_n(word, __ATOMIC_SEQ_CST) == n,
+	      "word %llu after the abandoned adds, expected %llu",
+	      (unsigned long long)*word, (unsigned long long)n);
+	DETAIL("-ETIMEDOUT after %.0f ms, device finished the 2^27 adds %.1f s later into the still-pinned page",
+	       (t1 - t0) * 1e3, now_sec() - t1);
+	free(word);
+	return PASS;
+}
+
+/* A child that exits with buffers allocated and mapped leaks nothing. */
+static int test_exit_with_buffers(struct ctx *c)
+{
+	uint64_t start = dev_free(c);
+	pid_t pid;
+	int status;
+
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (!pid) {
+		int fd = open(c->path, O_RDWR), i;
+		struct cxl_accel_alloc a;
+		uint8_t *p;
+
+		for (i = 0; i < 8; i++) {
+			if (cxla_alloc(fd, (i + 1) * 64 * KiB, 0, &a))
+				_exit(2);
+			if (i % 2)
+				continue;
+			p = cxla_map(fd, &a);
+			if (!p)
+				_exit(3);
+			memset(p, i, a.alloc_size);
+		}
+		_exit(0);	/* no FREE, no munmap, no close */
+	}
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child status %#x", status);
+	CHECK(dev_free(c) == start, "free %llu after the child exited, %llu before",
+	      (unsigned long long)dev_free(c), (unsigned long long)start);
+	DETAIL("8 buffers (4 mapped) released at exit");
+	return PASS;
+}
+
+/*
+ * SIGKILL while a command is in flight on a device buffer: the command is
+ * abandoned (quarantined) with its buffer reference; the buffer, and the
+ * other buffers of the dead process, return to the device once it is done.
+ */
+static int test_kill_during_command(struct ctx *c)
+{
+	uint64_t start = dev_free(c), f = 0;
+	struct cxl_accel_stats st;
+	int pfd[2], status, i;
+	double t0;
+	pid_t pid;
+	char ch;
+
+	CHECK(!pipe(pfd), "pipe");
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (!pid) {
+		int fd = open(c->path, O_RDWR);
+		struct cxl_accel_alloc a, b;
+		uint64_t *p;
+
+		if (fd < 0 || cxla_alloc(fd, 64 * KiB, 0, &a) ||
+		    cxla_alloc(fd, 64 * KiB, 0, &b))
+			_exit(2);
+		p = cxla_map(fd, &a);
+		if (!p)
+			_exit(3);
+		p[0] = 0;
+		if (write(pfd[1], "r", 1) != 1)
+			_exit(4);
+		cxla_atomic(fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_FETCH_ADD,
+			    8, 1, 0, 1ULL << 27, 60000, NULL);
+		_exit(5);
+	}
+	close(pfd[1]);
+	CHECK(read(pfd[0], &ch, 1) == 1, "child did not get ready");
+	usleep(100000);
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+	      "child status %#x (the command finished before the kill?)", status);
+	t0 = now_sec();
+	for (i = 0; i < 600; i++) {
+		f = dev_free(c);
+		OK(cxla_stats(c->fd, &st));
+		if (f == start && !st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
+			break;
+		usleep(50000);
+	}
+	CHECK(f == start, "free %llu, expected %llu, 30 s after the kill",
+	      (unsigned long long)f, (unsigned long long)start);
+	CHECK(!st.driver[CXL_ACCEL_DSTAT_QUARANTINED], "still quarantined");
+	DETAIL("killed during a 2^27-add ATOMIC; both buffers back %.2f s later",
+	       now_sec() - t0);
+	return PASS;
+}
+
+struct conc_job {
+	int fd;
+	int id;
+	int iters;
+	char err[160];
+};
+
+static void *conc_thread(void *arg)
+{
+	struct conc_job *j = arg;
+	size_t len = 256 * KiB + j->id * 4096 + 17;
+	uint8_t *src = malloc(len), *dst = malloc(len);
+	struct cxl_accel_alloc a;
+	uint32_t crc;
+	int i, r;
+
+	if (!src || !dst || cxla_alloc(j->fd, len, 0, &a)) {
+		snprintf(j->err, sizeof(j->err), "setup failed");
+		return NULL;
+	}
+	for (i = 0; i < j->iters; i++) {
+		fill_random(src, len, j->id * 1000 + i);
+		r = cxla_copy(j->fd, cxla_user(src), cxla_dev(a.handle, 0), len, 0);
+		r = r ?: cxla_checksum(j->fd, cxla_dev(a.handle, 0), len, 0, &crc);
+		r = r ?: cxla_copy(j->fd, cxla_dev(a.handle, 0), cxla_user(dst), len, 0);
+		if (r) {
+			snprintf(j->err, sizeof(j->err), "thread %d iter %d: %s",
+				 j->id, i, strerror(-r));
+			break;
+		}
+		if (crc != crc32c(0, src, len) || memcmp(src, dst, len)) {
+			snprintf(j->err, sizeof(j->err), "thread %d iter %d: data",
+				 j->id, i);
+			break;
+		}
+	}
+	cxla_free(j->fd, a.handle);
+	free(src);
+	free(dst);
+	return NULL;
+}
+
+static int test_concurrent_submitters(struct ctx *c)
+{
+	struct conc_job jobs[6];
+	pthread_t th[6];
+	double t0 = now_sec();
+	int i;
+
+	for (i = 0; i < 6; i++) {
+		jobs[i] = (struct conc_job){ .fd = c->fd, .id = i, .iters = 40 };
+		CHECK(!pthread_create(&th[i], NULL, conc_thread, &jobs[i]), "thread");
+	}
+	for (i = 0; i < 6; i++)
+		pthread_join(th[i], NULL);
+	for (i = 0; i < 6; i++)
+		CHECK(!jobs[i].err[0], "%s", jobs[i].err);
+	DETAIL("6 threads x 40 x (copy in, checksum, copy out) in %.2f s",
+	       now_sec() - t0);
+	return PASS;
+}
+
+/* ---------------------------------------------------------- runner */
+
+struct test {
+	const char *name;
+	int (*fn)(struct ctx *c);
+};
+
+#define T(x) { #x, test_##x }
+static const struct test tests[] = {
+	T(identify),
+	T(crc_known),
+	T(devmem_cpu_write_dev_checksum),
+	T(devmem_dev_fill_cpu_read),
+	T(ram_cpu_write_dev_checksum),
+	T(ram_dev_fill_cpu_read),
+	T(copy_roundtrip),
+	T(copy_dev_to_dev),
+	T(copy_mmap_pointer),
+	T(atomics_devmem),
+	T(atomics_ram),
+	T(atomic_ops),
+	T(msgpass_dev_to_cpu_devmem),
+	T(msgpass_dev_to_cpu_ram),
+	T(msgpass_cpu_to_dev_devmem),
+	T(msgpass_cpu_to_dev_ram),
+	T(alloc_many),
+	T(alloc_exhaustion),
+	T(alloc_bad),
+	T(free_bad),
+	T(handles_per_file),
+	T(free_while_mapped),
+	T(mmap_bad),
+	T(ioctl_bad),
+	T(range_bad),
+	T(user_addr_bad),
+	T(atomic_bad),
+	T(signal_event),
+	T(stats),
+	T(exit_with_buffers),
+	T(concurrent_submitters),
+	T(kill_during_command),
+	T(timeout_quarantine),
+};
+
+static int run_one(const char *path, const char *prefix, const struct test *t,
+		   char *detail)
+{
+	const char *verdict;
+	int status, rc = FAIL;
+	double t0 = now_sec();
+	pid_t pid;
+
+	memset(detail, 0, DETAIL_LEN + 1);
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0) {
+		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
+	} else if (!pid) {
+		struct ctx c = { .path = path, .detail = detail };
+
+		alarm(TEST_TIMEOUT_S);
+		c.fd = open(path, O_RDWR);
+		if (c.fd < 0) {
+			snprintf(detail, DETAIL_LEN, "open %s: %s", path,
+				 strerror(errno));
+			_exit(FAIL);
+		}
+		if (cxla_identify(c.fd, &c.id)) {
+			snprintf(detail, DETAIL_LEN, "IDENTIFY: %s", strerror(errno));
+			_exit(FAIL);
+		}
+		_exit(t->fn(&c));
+	} else {
+		waitpid(pid, &status, 0);
+		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
+			rc = WEXITSTATUS(status);
+		else if (WIFSIGNALED(status))
+			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
+				 WTERMSIG(status),
+				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
+				 detail[0] ? detail : "no detail");
+	}
+	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
+	printf("RESULT %s%s %s %s [%.1fs]\n", prefix, t->name, verdict,
+	       detail[0] ? detail : "-", now_sec() - t0);
+	fflush(stdout);
+	return rc;
+}
+
+/*
+ * --hold: keep buffers allocated and mapped until the device goes away,
+ * then check that ioctls fail with ENODEV and the mapping with SIGBUS.
+ */
+static sigjmp_buf hold_jmp;
+
+static void hold_sigbus(int sig)
+{
+	siglongjmp(hold_jmp, 1);
+}
+
+static int hold(const char *path)
+{
+	int fd = open(path, O_RDWR), i, r;
+	struct cxl_accel_identify id;
+	struct cxl_accel_alloc a;
+	static volatile uint8_t *p;
+
+	if (fd < 0) {
+		printf("HOLD open: %s\n", strerror(errno));
+		return 1;
+	}
+	for (i = 0; i < 4; i++) {
+		if (cxla_alloc(fd, 1 * MiB, 0, &a)) {
+			printf("HOLD alloc failed\n");
+			return 1;
+		}
+		if (i % 2 == 0) {
+			p = cxla_map(fd, &a);
+			if (!p) {
+				printf("HOLD mmap failed\n");
+				return 1;
+			}
+			memset((void *)p, 0x33, a.alloc_size);
+		}
+	}
+	printf("HOLD READY\n");
+	fflush(stdout);
+	for (i = 0; i < 600; i++) {
+		r = cxla_identify(fd, &id);
+		if (r)
+			break;
+		usleep(100000);
+	}
+	printf("HOLD ioctl after removal: %d (%s)\n", r, strerror(-r));
+	signal(SIGBUS, hold_sigbus);
+	if (!sigsetjmp(hold_jmp, 1)) {
+		uint8_t v = p[100];
+
+		printf("HOLD mapping still readable after removal (%#x)\n", v);
+		return 1;
+	}
+	printf("HOLD SIGBUS on the mapping after removal\n");
+	r = cxla_alloc(fd, 4096, 0, &a);
+	printf("HOLD DONE %s\n", r == -ENODEV ? "ok" : "bad");
+	fflush(stdout);
+	close(fd);
+	return r == -ENODEV ? 0 : 1;
+}
+
+/*
+ * --stall SECS DEV: keep issuing 1 MiB copies (500 ms timeout each) for SECS
+ * seconds while the host stops and resumes the daemon. Expects -ETIMEDOUT
+ * while it is stopped, normal service afterwards, the quarantine drained,
+ * correct data, and all device memory back after close.
+ */
+static int stall(int secs, const char *path)
+{
+	int fd = open(path, O_RDWR), r, last = 1, timeouts = 0, ok_after = 0;
+	size_t len = 1 * MiB;
+	uint8_t *ram = malloc(len), *p;
+	struct cxl_accel_copy cp = { 0 };
+	struct cxl_accel_alloc a, b;
+	struct cxl_accel_stats st;
+	uint64_t start;
+	double t0 = now_sec(), t;
+	long iter = 0;
+
+	if (fd < 0 || !ram)
+		return 1;
+	start = ({ struct cxl_accel_identify id; cxla_identify(fd, &id) ? 0 : id.devmem_free; });
+	if (cxla_alloc(fd, len, 0, &a) || cxla_alloc(fd, len, 0, &b) ||
+	    !(p = cxla_map(fd, &a)))
+		return 1;
+	cp.src = cxla_user(ram);
+	cp.dst = cxla_dev(a.handle, 0);
+	cp.len = len;
+	cp.timeout_ms = 500;
+	while ((t = now_sec() - t0) < secs) {
+		fill_random(ram, len, ++iter);
+		r = cxla_ioctl(fd, CXL_ACCEL_IOC_COPY, &cp);
+		if (r != last) {
+			printf("STALL %6.2f s: copy %s\n", t, r ? strerror(-r) : "ok");
+			fflush(stdout);
+			last = r;
+		}
+		if (r == -ETIMEDOUT) {
+			timeouts++;
+			if (b.handle) {
+				/* FREE during the stall: must not block for long */
+				double f0 = now_sec();
+
+				cxla_free(fd, b.handle);
+				printf("STALL FREE during the stall returned after %.2f s\n",
+				       now_sec() - f0);
+				b.handle = 0;
+			}
+		} else if (!r && timeouts) {
+			ok_after++;
+			if (memcmp(p, ram, len)) {
+				printf("RESULT stall_recovery FAIL data differs after recovery\n");
+				return 1;
+			}
+		} else if (r) {
+			printf("RESULT stall_recovery FAIL copy: %s\n", strerror(-r));
+			return 1;
+		}
+		usleep(100000);
+	}
+	for (r = 0; r < 100; r++) {
+		if (cxla_stats(fd, &st) || !st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
+			break;
+		usleep(100000);
+	}
+	munmap(p, len);
+	close(fd);
+	fd = open(path, O_RDWR);
+	{
+		struct cxl_accel_identify id;
+
+		cxla_identify(fd, &id);
+		printf("RESULT stall_recovery %s %d copies timed out while the daemon was stopped, %d ok after it resumed; quarantine %llu at the end; device memory free %llu of %llu at start; %llu timeouts counted\n",
+		       timeouts && ok_after && !st.driver[CXL_ACCEL_DSTAT_QUARANTINED] &&
+		       id.devmem_free == start ? "PASS" : "FAIL",
+		       timeouts, ok_after,
+		       (unsigned long long)st.driver[CXL_ACCEL_DSTAT_QUARANTINED],
+		       (unsigned long long)id.devmem_free, (unsigned long long)start,
+		       (unsigned long long)st.driver[CXL_ACCEL_DSTAT_TIMEOUTS]);
+	}
+	close(fd);
+	return 0;
+}
+
+/* --multi: peer-to-peer between all devices present */
+static int multi(void)
+{
+	char paths[8][300], detail[DETAIL_LEN + 1];
+	int fds[8], n = 0, i, j, fails = 0;
+	struct dirent *de;
+	DIR *d = opendir("/dev");
+
+	while (d && (de = readdir(d)) && n < 8) {
+		if (strncmp(de->d_name, "cxl-accel", 9))
+			continue;
+		snprintf(paths[n], sizeof(paths[n]), "/dev/%s", de->d_name);
+		fds[n] = open(paths[n], O_RDWR);
+		if (fds[n] >= 0)
+			n++;
+	}
+	if (d)
+		closedir(d);
+	if (n < 2) {
+		printf("RESULT multi_device_p2p SKIP %d device(s)\n", n);
+		return 0;
+	}
+	detail[0] = 0;
+	for (i = 0; i < n && !detail[0]; i++) {
+		for (j = 0; j < n && !detail[0]; j++) {
+			struct cxl_accel_alloc a, b;
+			uint8_t *pa, *pb;
+			uint32_t crc;
+			size_t len = 1 * MiB;
+			int r;
+
+			if (i == j)
+				continue;
+			if (cxla_alloc(fds[i], len, 0, &a) ||
+			    cxla_alloc(fds[j], len, 0, &b)) {
+				snprintf(detail, DETAIL_LEN, "alloc");
+				break;
+			}
+			pa = cxla_map(fds[i], &a);
+			pb = cxla_map(fds[j], &b);
+			if (!pa || !pb) {
+				snprintf(detail, DETAIL_LEN, "mmap");
+				break;
+			}
+			fill_random(pa, len, i * 16 + j);
+			memset(pb, 0, len);
+			/* device i pushes into device j's memory (its BAR) */
+			r = cxla_copy(fds[i], cxla_dev(a.handle, 0), cxla_user(pb),
+				      len, 0);
+			if (r) {
+				snprintf(detail, DETAIL_LEN, "%s -> %s copy: %s",
+					 paths[i], paths[j], strerror(-r));
+				break;
+			}
+			if (memcmp(pa, pb, len)) {
+				snprintf(detail, DETAIL_LEN, "%s -> %s: data differs",
+					 paths[i], paths[j]);
+				break;
+			}
+			r = cxla_checksum(fds[j], cxla_dev(b.handle, 0), len, 0, &crc);
+			if (r || crc != crc32c(0, pa, len)) {
+				snprintf(detail, DETAIL_LEN, "%s checksum: %d", paths[j], r);
+				break;
+			}
+			munmap(pa, len);
+			munmap(pb, len);
+			cxla_free(fds[i], a.handle);
+			cxla_free(fds[j], b.handle);
+		}
+	}
+	if (detail[0])
+		fails++;
+	printf("RESULT multi_device_p2p %s %s\n", fails ? "FAIL" : "PASS",
+	       fails ? detail : "every device copied 1 MiB into every other device's memory (peer BAR), checked by CPU and by the peer's checksum");
+	for (i = 0; i < n; i++)
+		close(fds[i]);
+	return fails;
+}
+
+int main(int argc, char **argv)
+{
+	const char *path = "/dev/cxl-accel0", *prefix = "";
+	const char *only[64];
+	int nonly = 0, i, k, failed = 0, passed = 0;
+	char *detail;
+
+	page_size = getpagesize();
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+			path = argv[++i];
+		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
+			prefix = argv[++i];
+		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
+			only[nonly++] = argv[++i];
+		} else if (!strcmp(argv[i], "-l")) {
+			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+				printf("%s\n", tests[k].name);
+			return 0;
+		} else if (!strcmp(argv[i], "--hold") && i + 1 < argc) {
+			return hold(argv[i + 1]);
+		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
+			return stall(atoi(argv[i + 1]), argv[i + 2]);
+		} else if (!strcmp(argv[i], "--multi")) {
+			return multi();
+		} else {
+			fprintf(stderr,
+				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev\n",
+				argv[0]);
+			return 2;
+		}
+	}
+
+	detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (detail == MAP_FAILED)
+		return 2;
+	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
+		int want = !nonly, rc;
+
+		for (i = 0; i < nonly; i++)
+			want |= !strcmp(only[i], tests[k].name);
+		if (!want)
+			continue;
+		rc = run_one(path, prefix, &tests[k], detail);
+		if (rc == FAIL)
+			failed++;
+		else if (rc == PASS)
+			passed++;
+	}
+	printf("# %s: %d passed, %d failed\n", path, passed, failed);
+	return failed ? 1 : 0;
+}

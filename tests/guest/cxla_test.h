@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Helpers shared by the cxl-accel guest test programs: device access,
+ * ioctl wrappers that return -errno, a software crc32c, timing.
+ */
+#ifndef CXLA_TEST_H
+#define CXLA_TEST_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "uapi/cxl_accel.h"
+
+static inline int cxla_ioctl(int fd, unsigned long req, void *arg)
+{
+	return ioctl(fd, req, arg) ? -errno : 0;
+}
+
+static inline int cxla_identify(int fd, struct cxl_accel_identify *id)
+{
+	memset(id, 0, sizeof(*id));
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_IDENTIFY, id);
+}
+
+static inline int cxla_alloc(int fd, uint64_t size, uint64_t align,
+			     struct cxl_accel_alloc *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->size = size;
+	a->align = align;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_ALLOC, a);
+}
+
+static inline int cxla_free(int fd, uint32_t handle)
+{
+	struct cxl_accel_free f = { .handle = handle };
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_FREE, &f);
+}
+
+/* Map a whole buffer; NULL on failure (errno set). */
+static inline void *cxla_map(int fd, const struct cxl_accel_alloc *a)
+{
+	void *p = mmap(NULL, a->alloc_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+		       fd, (off_t)a->mmap_offset);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static inline struct cxl_accel_mem cxla_user(const void *p)
+{
+	struct cxl_accel_mem m = { .addr = (uintptr_t)p, .handle = 0 };
+
+	return m;
+}
+
+static inline struct cxl_accel_mem cxla_dev(uint32_t handle, uint64_t off)
+{
+	struct cxl_accel_mem m = { .addr = off, .handle = handle };
+
+	return m;
+}
+
+static inline int cxla_copy(int fd, struct cxl_accel_mem src,
+			    struct cxl_accel_mem dst, uint64_t len, uint32_t flags)
+{
+	struct cxl_accel_copy c = {
+		.src = src, .dst = dst, .len = len, .flags = flags,
+	};
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_COPY, &c);
+}
+
+static inline int cxla_fill(int fd, struct cxl_accel_mem dst, uint64_t len,
+			    uint64_t pattern, uint32_t flags)
+{
+	struct cxl_accel_fill f = {
+		.dst = dst, .len = len, .pattern = pattern, .flags = flags,
+	};
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_FILL, &f);
+}
+
+static inline int cxla_checksum(int fd, struct cxl_accel_mem src, uint64_t len,
+				uint32_t seed, uint32_t *crc)
+{
+	struct cxl_accel_checksum c = { .src = src, .len = len, .seed = seed };
+	int ret = cxla_ioctl(fd, CXL_ACCEL_IOC_CHECKSUM, &c);
+
+	if (!ret)
+		*crc = c.crc;
+	return ret;
+}
+
+static inline int cxla_atomic(int fd, struct cxl_accel_mem target, uint16_t op,
+			      uint16_t width, uint64_t operand, uint64_t compare,
+			      uint64_t repeat, uint32_t timeout_ms,
+			      struct cxl_accel_atomic *out)
+{
+	struct cxl_accel_atomic a = {
+		.target = target, .op = op, .width = width, .operand = operand,
+		.compare = compare, .repeat = repeat, .timeout_ms = timeout_ms,
+	};
+	int ret = cxla_ioctl(fd, CXL_ACCEL_IOC_ATOMIC, &a);
+
+	if (out)
+		*out = a;
+	return ret;
+}
+
+static inline int cxla_stats(int fd, struct cxl_accel_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_STATS, st);
+}
+
+/* crc32c (Castagnoli, reflected), crc = ~update(~seed, data) */
+static uint32_t crc32c_table[256];
+
+static inline void crc32c_init(void)
+{
+	uint32_t i, j, c;
+
+	for (i = 0; i < 256; i++) {
+		c = i;
+		for (j = 0; j < 8; j++)
+			c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+		crc32c_table[i] = c;
+	}
+}
+
+static inline uint32_t crc32c(uint32_t seed, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+	uint32_t c = ~seed;
+
+	if (!crc32c_table[1])
+		crc32c_init();
+	while (len--)
+		c = crc32c_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+	return ~c;
+}
+
+static inline double now_sec(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* xorshift64*: fast deterministic pattern data */
+static inline uint64_t rnd64(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 0x2545F4914F6CDD1DULL;
+}
+
+static inline void fill_random(void *buf, size_t len, uint64_t seed)
+{
+	uint64_t s = seed | 1, v;
+	uint8_t *p = buf;
+	size_t i;
+
+	for (i = 0; i + 8 <= len; i += 8) {
+		v = rnd64(&s);
+		memcpy(p + i, &v, 8);
+	}
+	for (; i < len; i++)
+		p[i] = (uint8_t)rnd64(&s);
+}
+
+#endif /* CXLA_TEST_H */

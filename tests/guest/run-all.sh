@@ -1,0 +1,189 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Guest side of the cxl-accel driver tests (busybox sh). Loads cxl_accel.ko,
+# runs cxl-accel-tests on every device, the multi-device and demo programs,
+# then the removal tests: unbind a device while a process holds mapped
+# buffers, bind it again, unload and reload the module.
+#
+# Files are looked for next to this script, then in /cxl, then (programs) in
+# PATH and (module) in /lib/modules/extra: cxl_accel.ko, cxl-accel-tests,
+# cxl-accel-demo. If /init already loaded the module, it is used as it is.
+# Prints "RESULT <name> PASS|FAIL <detail>".
+# Environment: CXLA_TESTS="name ..." runs only these tests of the table;
+# CXLA_QUICK=1 skips the slow ones (exhaustion, timeout).
+
+D=$(cd "$(dirname "$0")" && pwd)
+RC=0
+result() { # name PASS|FAIL detail
+    echo "RESULT $1 $2 $3"
+    [ "$2" = PASS ] || RC=1
+}
+find_file() { # name [extra dirs...]
+    f=$1
+    shift
+    for d in "$D" /cxl "$@"; do
+        if [ -f "$d/$f" ]; then echo "$d/$f"; return 0; fi
+    done
+    command -v "$f" 2>/dev/null
+}
+KO=$(find_file cxl_accel.ko /lib/modules/extra)
+TESTS=$(find_file cxl-accel-tests)
+DEMO=$(find_file cxl-accel-demo)
+if [ -z "$TESTS" ] || [ -z "$DEMO" ]; then
+    result module_load FAIL "cxl-accel-tests or cxl-accel-demo not found"
+    exit 1
+fi
+
+# Virtio functions with our device ID (21 = 0x0015).
+expected=0
+for v in /sys/bus/virtio/devices/*; do
+    [ -f "$v/device" ] && [ "$(cat "$v/device")" = 0x0015 ] && expected=$((expected + 1))
+done
+
+ensure_nodes() {
+    for s in /sys/class/cxl-accel/*; do
+        [ -e "$s/dev" ] || continue
+        n=$(basename "$s")
+        if [ ! -e "/dev/$n" ]; then
+            mm=$(cat "$s/dev")
+            mknod "/dev/$n" c "${mm%%:*}" "${mm##*:}"
+        fi
+    done
+}
+
+device_list() {
+    for s in /sys/class/cxl-accel/*; do
+        [ -e "$s/dev" ] && basename "$s"
+    done
+}
+
+if [ -d /sys/module/cxl_accel ]; then
+    how="loaded by /init"
+elif [ -z "$KO" ]; then
+    result module_load FAIL "cxl_accel.ko not found and the module is not loaded"
+    exit 1
+else
+    how="insmod $KO"
+    # shellcheck disable=SC2086
+    insmod "$KO" ${CXLA_PARAMS:-} || how=
+fi
+if [ -n "$how" ]; then
+    ensure_nodes
+    n=$(device_list | wc -l)
+    if [ "$n" = "$expected" ] && [ "$n" -gt 0 ]; then
+        result module_load PASS "$how; $n device(s) bound: $(device_list | tr '\n' ' ')"
+    else
+        result module_load FAIL "$n device(s) bound, $expected virtio function(s) with ID 21"
+    fi
+else
+    result module_load FAIL "insmod failed"
+    dmesg | tail -n 20
+    exit 1
+fi
+dmesg | grep -i 'cxl.accel' | sed 's/^/  dmesg: /'
+
+# sysfs attributes agree with IDENTIFY's view
+for dev in $(device_list); do
+    s=/sys/class/cxl-accel/$dev
+    size=$(cat "$s/devmem_size")
+    free=$(cat "$s/devmem_free")
+    gpa=$(cat "$s/devmem_gpa")
+    subm=$(cat "$s/commands_submitted")
+    if [ "$size" -gt 0 ] && [ "$free" = "$size" ] && [ "$gpa" != 0x0 ] && [ "$subm" -gt 0 ]; then
+        result "$dev.sysfs" PASS "size $size free $free gpa $gpa mem_function $(cat "$s/mem_function") engines $(cat "$s/dma_engines") submitted $subm errors $(cat "$s/command_errors")"
+    else
+        result "$dev.sysfs" FAIL "size $size free $free gpa $gpa submitted $subm"
+    fi
+done
+
+select_tests() {
+    args=
+    if [ -n "${CXLA_TESTS:-}" ]; then
+        for t in $CXLA_TESTS; do args="$args -t $t"; done
+    elif [ -n "${CXLA_QUICK:-}" ]; then
+        for t in $("$TESTS" -l); do
+            case "$t" in
+            alloc_exhaustion | timeout_quarantine | kill_during_command) ;;
+            *) args="$args -t $t" ;;
+            esac
+        done
+    fi
+    echo "$args"
+}
+
+# the test table, on every device (in parallel when there are several)
+pids=
+for dev in $(device_list); do
+    # shellcheck disable=SC2046
+    "$TESTS" -d "/dev/$dev" -p "$dev." $(select_tests) >"/tmp/$dev.out" 2>&1 &
+    pids="$pids $!"
+done
+for p in $pids; do wait "$p" || RC=1; done
+for dev in $(device_list); do cat "/tmp/$dev.out"; done
+
+"$TESTS" --multi || RC=1
+
+echo "----- cxl-accel-demo"
+if "$DEMO" /dev/cxl-accel0 32 >/tmp/demo.out 2>&1; then
+    cat /tmp/demo.out
+    result demo PASS "$(grep -c . /tmp/demo.out) lines"
+else
+    cat /tmp/demo.out
+    result demo FAIL "exit status $?"
+fi
+echo "-----"
+
+# Removal while a process holds allocated, mapped buffers.
+dev=$(device_list | head -n 1)
+vdev=$(basename "$(readlink "/sys/class/cxl-accel/$dev/device")")
+"$TESTS" --hold "/dev/$dev" >/tmp/hold.out 2>&1 &
+holder=$!
+i=0
+while ! grep -q 'HOLD READY' /tmp/hold.out && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+t0=$(date +%s)
+echo "$vdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
+t1=$(date +%s)
+wait "$holder"
+hold_rc=$?
+sed 's/^/  /' /tmp/hold.out
+if [ $hold_rc = 0 ] && grep -q 'HOLD DONE ok' /tmp/hold.out && [ ! -e "/sys/class/cxl-accel/$dev" ]; then
+    result unbind_with_open_buffers PASS "unbind took $((t1 - t0)) s with 4 buffers (2 mapped) open; ioctls ENODEV, mapping SIGBUS"
+else
+    result unbind_with_open_buffers FAIL "holder rc $hold_rc"
+fi
+echo "$vdev" >/sys/bus/virtio/drivers/cxl_accel/bind
+ensure_nodes
+dev2=$(for s in /sys/class/cxl-accel/*; do
+    [ "$(basename "$(readlink "$s/device")")" = "$vdev" ] && basename "$s"
+done)
+if [ -n "$dev2" ] && [ "$(cat "/sys/class/cxl-accel/$dev2/devmem_free")" = \
+    "$(cat "/sys/class/cxl-accel/$dev2/devmem_size")" ]; then
+    result rebind PASS "$vdev is $dev2 again, all device memory free"
+    "$TESTS" -d "/dev/$dev2" -p "rebind.$dev2." -t copy_roundtrip \
+        -t atomics_devmem -t alloc_many || RC=1
+else
+    result rebind FAIL "device '$dev2' free $(cat "/sys/class/cxl-accel/$dev2/devmem_free" 2>/dev/null) of $(cat "/sys/class/cxl-accel/$dev2/devmem_size" 2>/dev/null)"
+fi
+
+# Unload (a process left buffers behind at exit: released on close), reload.
+"$TESTS" -d /dev/cxl-accel0 -p unload. -t exit_with_buffers || RC=1
+if rmmod cxl_accel && [ ! -d /sys/class/cxl-accel ]; then
+    if [ -n "$KO" ] && insmod "$KO" && ensure_nodes &&
+        [ "$(device_list | wc -l)" = "$expected" ] &&
+        "$TESTS" -d /dev/cxl-accel0 -p reload. -t identify -t crc_known >/tmp/reload.out &&
+        rmmod cxl_accel; then
+        cat /tmp/reload.out
+        result unload_reload PASS "rmmod, insmod, identify, rmmod"
+    else
+        cat /tmp/reload.out 2>/dev/null
+        result unload_reload FAIL "reload cycle failed"
+    fi
+else
+    result unload_reload FAIL "rmmod failed"
+fi
+dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 20 | sed 's/^/  dmesg: /'
+exit $RC

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Host side: a dead-then-alive device. Boots a guest with one device whose
+# daemon is stopped (SIGSTOP) for STOP_FOR seconds, STOP_AT seconds after
+# it started, then resumed; the guest keeps issuing commands meanwhile
+# (cxl-accel-tests --stall) and checks -ETIMEDOUT, recovery, the quarantine
+# and clean unload.
+#
+# Usage: tests/guest/run-stall.sh [ci/run-guest.sh options]
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+STOP_AT=${STOP_AT:-8}
+STOP_FOR=${STOP_FOR:-6}
+DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
+
+make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
+make -s -C "$HERE"
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cat >"$TMP/daemon" <<EOS
+#!/usr/bin/env bash
+# stops the real daemon for a while; passes --print-qemu-args through
+case " \$* " in *" --print-qemu-args "*) exec "$DAEMON" "\$@" ;; esac
+"$DAEMON" "\$@" &
+pid=\$!
+trap 'kill -CONT \$pid 2>/dev/null; kill \$pid 2>/dev/null; wait \$pid; exit 0' TERM INT
+( sleep $STOP_AT; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
+  sleep $STOP_FOR; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2 ) &
+wait \$pid
+EOS
+chmod +x "$TMP/daemon"
+cat >"$TMP/guest.sh" <<'EOS'
+#!/bin/sh
+insmod /cxl/cxl_accel.ko cmd_timeout_ms=2000 || exit 1
+/cxl/cxl-accel-tests --stall 25 /dev/cxl-accel0
+rc=$?
+cat /sys/class/cxl-accel/cxl-accel0/timeouts /sys/class/cxl-accel/cxl-accel0/quarantined
+if rmmod cxl_accel; then echo "RESULT stall_unload PASS rmmod after the stall"; else echo "RESULT stall_unload FAIL rmmod"; rc=1; fi
+exit $rc
+EOS
+exec "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$TMP/daemon" \
+    --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
+    --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --script "$TMP/guest.sh" "$@"
