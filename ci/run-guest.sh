@@ -6,6 +6,7 @@
 #   --devices N          cxl-accel devices (one daemon each; default 1, 0 = none)
 #   --devmem-size SIZE   device memory per device (default 256M)
 #   --guest-ram SIZE     guest RAM (default 1G)
+#   --attach bar|numa    device memory as a PCI BAR (default) or as a CPU-less NUMA node
 #   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm)
 #   --smp N              guest CPUs (default 2)
 #   --timeout SECS       wall-clock limit, QEMU is killed after it (default 300; 0 = none)
@@ -44,6 +45,7 @@ usage() {
 DEVICES=1
 DEVMEM=256M
 RAM=1G
+ATTACH=bar
 ACCEL=tcg
 SMP=2
 TIMEOUT=300
@@ -65,6 +67,7 @@ while [ $# -gt 0 ]; do
     --devices) need "$@"; DEVICES=$2; shift 2 ;;
     --devmem-size) need "$@"; DEVMEM=$2; shift 2 ;;
     --guest-ram) need "$@"; RAM=$2; shift 2 ;;
+    --attach) need "$@"; ATTACH=$2; shift 2 ;;
     --accel) need "$@"; ACCEL=$2; shift 2 ;;
     --smp) need "$@"; SMP=$2; shift 2 ;;
     --timeout) need "$@"; TIMEOUT=$2; shift 2 ;;
@@ -84,6 +87,7 @@ done
 
 [[ "$DEVICES" =~ ^[0-9]+$ ]] || die "run-guest: --devices wants a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "run-guest: --timeout wants seconds"
+case "$ATTACH" in bar | numa) ;; *) die "run-guest: --attach must be bar or numa" ;; esac
 case "$ACCEL" in
 tcg) CPU=max ;;
 kvm) CPU=host ;;
@@ -178,7 +182,8 @@ sys.stdout.write("".join(a + "\0" for a in shlex.split(text)))'
 DEV_ARGS=()
 start_daemon() {
     local i=$1 sock=$WORK/cxl$1.sock mem=$WORK/devmem$1 pid t
-    local common=(--socket-path "$sock" --memory-path "$mem" --memory-size "$DEVMEM" --index "$i")
+    local common=(--socket-path "$sock" --memory-path "$mem" --memory-size "$DEVMEM" --index "$i"
+        --attach "$ATTACH")
     # Every other device's memory is a peer: copies to it count as peer-to-peer.
     local peers=() j
     for ((j = 0; j < DEVICES; j++)); do
@@ -210,6 +215,11 @@ start_daemon() {
 }
 
 for ((i = 0; i < DEVICES; i++)); do start_daemon "$i"; done
+if [ "$ATTACH" = numa ] && [ "$DEVICES" -gt 1 ]; then
+    # NUMA nodes make up all of RAM: guest RAM plus every device's memory.
+    TOTAL=$(($(numfmt --from=iec "$RAM") + DEVICES * $(numfmt --from=iec "$DEVMEM")))
+    DEV_ARGS+=(-m "$((TOTAL >> 20))M")
+fi
 
 # ---------------------------------------------------------------- QEMU
 

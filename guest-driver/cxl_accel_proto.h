@@ -46,6 +46,7 @@ typedef uint64_t __le64;
 #define CXLA_F_COPY_PAGES		(1ULL << 4)
 #define CXLA_F_EVENTS			(1ULL << 5)
 #define CXLA_F_EXPORT			(1ULL << 6)
+#define CXLA_F_NUMA			(1ULL << 7)	/* memory is a CPU-less NUMA node, not a BAR */
 
 /* Limits */
 #define CXLA_MAX_SEGMENTS		4096	/* per scatter-gather list */

@@ -4,7 +4,16 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::device::Attach;
 use crate::protocol::{Config, NUM_QUEUES, VIRTIO_ID};
+
+fn parse_attach(s: &str) -> Result<Attach, String> {
+    match s {
+        "bar" => Ok(Attach::Bar),
+        "numa" => Ok(Attach::Numa),
+        _ => Err(format!("'{s}' is neither bar nor numa")),
+    }
+}
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -56,6 +65,11 @@ pub struct Args {
     /// as peer-to-peer memory in the device statistics.
     #[arg(long, value_name = "PATH")]
     pub peer_memory_path: Vec<PathBuf>,
+
+    /// How the guest sees device memory: "bar" (BAR2 of an ivshmem-plain function, managed by
+    /// the driver as coherent device pages) or "numa" (a CPU-less NUMA node of guest RAM).
+    #[arg(long, value_name = "bar|numa", default_value = "bar", value_parser = parse_attach)]
+    pub attach: Attach,
 
     /// Print the QEMU arguments that attach this device, then exit.
     #[arg(long)]
@@ -144,8 +158,19 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
                 qemu_size(ram)
             ),
         ));
-        v.push(("-m".into(), qemu_size(ram)));
-        v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
+        match args.attach {
+            Attach::Bar => {
+                v.push(("-m".into(), qemu_size(ram)));
+                v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
+            }
+            Attach::Numa => {
+                // With NUMA nodes, RAM is the sum of the nodes: this covers guest RAM and
+                // this device; with more NUMA-mode devices, -m must be raised to the total.
+                v.push(("-m".into(), qemu_size(ram + args.memory_size)));
+                v.push(("-machine".into(), "q35".into()));
+                v.push(("-numa".into(), "node,nodeid=0,memdev=cxl-guest-ram".into()));
+            }
+        }
     }
     let reconnect = match args.reconnect_ms {
         0 => String::new(),
@@ -176,10 +201,18 @@ num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0,multi
             qemu_size(args.memory_size)
         ),
     ));
-    v.push((
-        "-device".into(),
-        format!("ivshmem-plain,id=cxlacc{n}-bar,memdev=cxlacc{n}-mem,bus=pcie.0,addr={slot:#x}.1"),
-    ));
+    v.push(match args.attach {
+        Attach::Bar => (
+            "-device".into(),
+            format!(
+                "ivshmem-plain,id=cxlacc{n}-bar,memdev=cxlacc{n}-mem,bus=pcie.0,addr={slot:#x}.1"
+            ),
+        ),
+        Attach::Numa => (
+            "-numa".into(),
+            format!("node,nodeid={},memdev=cxlacc{n}-mem", n + 1),
+        ),
+    });
     Ok(v)
 }
 
@@ -238,5 +271,21 @@ mod tests {
             "none",
         ]);
         assert!(!render_qemu_args(&qemu_args(&none).unwrap()).contains("memfd"));
+        let numa = Args::parse_from([
+            "cxl-accel",
+            "--socket-path",
+            "s",
+            "--memory-path",
+            "m",
+            "--attach",
+            "numa",
+            "--index",
+            "1",
+        ]);
+        let text = render_qemu_args(&qemu_args(&numa).unwrap());
+        assert!(text.contains("-numa node,nodeid=0,memdev=cxl-guest-ram"));
+        assert!(text.contains("-numa node,nodeid=2,memdev=cxlacc1-mem"));
+        assert!(text.contains("-m 1280M"));
+        assert!(!text.contains("ivshmem"));
     }
 }

@@ -15,10 +15,22 @@ use crate::devmem::{DeviceMemory, FileId};
 use crate::engine::{Ctx, Moved};
 use crate::protocol::*;
 
+/// How the guest sees device memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attach {
+    /// BAR2 of an ivshmem-plain function: the driver manages it (MEMORY_DEVICE_COHERENT).
+    #[default]
+    Bar,
+    /// A CPU-less NUMA node: the guest kernel owns the memory, so the device neither
+    /// allocates it nor addresses it by offset.
+    Numa,
+}
+
 /// Static attributes of a device instance.
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
     pub index: u32,
+    pub attach: Attach,
     pub dma_engines: u32,
     pub read_latency_ns: u32,
     pub write_latency_ns: u32,
@@ -33,6 +45,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             index: 0,
+            attach: Attach::Bar,
             dma_engines: 2,
             read_latency_ns: 250,
             write_latency_ns: 250,
@@ -136,7 +149,40 @@ impl Device {
     }
 
     pub fn features(&self) -> u64 {
-        F_ATOMIC_DEVMEM | F_ATOMIC_GUEST | F_P2P | F_ALLOC | F_COPY_PAGES | F_EVENTS | F_EXPORT
+        match self.cfg.attach {
+            Attach::Bar => {
+                F_ATOMIC_DEVMEM
+                    | F_ATOMIC_GUEST
+                    | F_P2P
+                    | F_ALLOC
+                    | F_COPY_PAGES
+                    | F_EVENTS
+                    | F_EXPORT
+            }
+            Attach::Numa => F_ATOMIC_GUEST | F_P2P | F_COPY_PAGES | F_EVENTS | F_NUMA,
+        }
+    }
+
+    /// In NUMA mode the guest kernel allocates the memory: buffers and device offsets
+    /// would alias pages it hands out.
+    fn refuses(&self, cmd: &Command) -> bool {
+        if self.cfg.attach == Attach::Bar {
+            return false;
+        }
+        let devmem = |l: &[Sge]| l.iter().any(|s| s.space == SPACE_DEVMEM);
+        match cmd {
+            Command::Alloc { .. } | Command::Export { .. } => true,
+            Command::Copy { src, dst } => devmem(src) || devmem(dst),
+            Command::Fill { dst, .. } => devmem(dst),
+            Command::Checksum { src, .. } => devmem(src),
+            Command::Atomic(a) => a.space == SPACE_DEVMEM,
+            Command::CopyPages {
+                src_space,
+                dst_space,
+                ..
+            } => *src_space == SPACE_DEVMEM || *dst_space == SPACE_DEVMEM,
+            _ => false,
+        }
     }
 
     pub fn config(&self) -> Config {
@@ -320,6 +366,10 @@ impl Device {
             r.status = status as u32;
             r.detail = detail;
         };
+        if self.refuses(&req.cmd) {
+            fail(Status::Unsupported, 0);
+            return;
+        }
         match &req.cmd {
             Command::Nop | Command::Fence => {}
             Command::Identify => {

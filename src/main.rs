@@ -46,6 +46,7 @@ fn run(args: Args) -> Result<(), String> {
         DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
     let cfg = DeviceConfig {
         index: args.index,
+        attach: args.attach,
         dma_engines: args.dma_threads,
         peers: args.peer_memory_path.clone(),
         ..Default::default()

@@ -27,6 +27,8 @@ pub const F_ALLOC: u64 = 1 << 3;
 pub const F_COPY_PAGES: u64 = 1 << 4;
 pub const F_EVENTS: u64 = 1 << 5;
 pub const F_EXPORT: u64 = 1 << 6;
+/// Device memory is attached as a CPU-less NUMA node (guest RAM), not as a BAR.
+pub const F_NUMA: u64 = 1 << 7;
 
 pub const MAX_SEGMENTS: u32 = 4096;
 pub const MAX_PAGES: u32 = 4096;
@@ -237,6 +239,7 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_F_COPY_PAGES".into(), F_COPY_PAGES),
         ("CXLA_F_EVENTS".into(), F_EVENTS),
         ("CXLA_F_EXPORT".into(), F_EXPORT),
+        ("CXLA_F_NUMA".into(), F_NUMA),
         ("CXLA_MAX_SEGMENTS".into(), MAX_SEGMENTS as u64),
         ("CXLA_MAX_PAGES".into(), MAX_PAGES as u64),
         ("CXLA_MAX_REQUEST".into(), MAX_REQUEST as u64),

@@ -447,6 +447,35 @@ fn reset_releases_everything_a_previous_driver_left() {
 }
 
 #[test]
+fn numa_mode_refuses_buffers_and_device_offsets() {
+    let mut h = Harness::with(Options {
+        attach: cxl_accel::device::Attach::Numa,
+        ..Default::default()
+    });
+    let c = h.config();
+    assert_ne!(c.features & F_NUMA, 0);
+    assert_eq!(c.features & F_ALLOC, 0);
+    // The node's memory is found by file identity, as a BAR would be.
+    ok(&h.call(&hdr(OP_NOP, 0, 0)));
+    assert_eq!(h.device.layout().devmem_gpa, Some(DEVMEM_GPA));
+    let alloc = with(
+        hdr(OP_ALLOC, 0, 1),
+        &Alloc {
+            size: 4096,
+            align: 0,
+        },
+    );
+    assert_eq!(h.call(&alloc).status(), Status::Unsupported);
+    assert_eq!(
+        h.call(&fill(1, 0, &[dev(0, 64)])).status(),
+        Status::Unsupported
+    );
+    // Guest-physical addresses, including the node's, work.
+    ok(&h.call(&fill(1, 0x4242_4242_4242_4242, &[gpa(DEVMEM_GPA, 64)])));
+    assert_eq!(h.devmem_read(0, 64), vec![0x42u8; 64]);
+}
+
+#[test]
 fn stats_count_commands_and_errors() {
     let mut h = Harness::new();
     ok(&h.call(&hdr(OP_NOP, 0, 1)));

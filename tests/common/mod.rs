@@ -192,6 +192,7 @@ impl Reply {
 }
 
 pub struct Options {
+    pub attach: cxl_accel::device::Attach,
     pub map_devmem: bool,
     pub dma_threads: usize,
     pub peers: Vec<PathBuf>,
@@ -201,6 +202,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            attach: Default::default(),
             map_devmem: true,
             dma_threads: 2,
             peers: Vec::new(),
@@ -242,6 +244,7 @@ impl Harness {
         let devmem_path = dir.join("devmem");
         let devmem = DeviceMemory::open(&devmem_path, DEVMEM_SIZE).unwrap();
         let cfg = DeviceConfig {
+            attach: opts.attach,
             dma_engines: opts.dma_threads as u32,
             peers: opts.peers.clone(),
             ..Default::default()
