@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserSharedMsg, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -19,7 +22,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Device, Reply};
+use crate::device::{Device, ExportSink, Reply};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, MAX_REQUEST, NUM_QUEUES, QUEUE_CMD, QUEUE_EVENT,
@@ -278,6 +281,53 @@ fn deliver_events(device: &Device, vrings: &[VringRwLock], mem: &GuestMemoryMmap
     }
 }
 
+/// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
+/// A dedicated thread talks to the front-end, so a slow or silent front-end delays the
+/// announcements, never a command.
+struct SharedObjects {
+    tx: Mutex<std::sync::mpsc::Sender<(bool, [u8; 16])>>,
+}
+
+impl SharedObjects {
+    fn new(backend: Backend) -> io::Result<SharedObjects> {
+        let (tx, rx) = std::sync::mpsc::channel::<(bool, [u8; 16])>();
+        std::thread::Builder::new()
+            .name("shared-objects".into())
+            .spawn(move || {
+                // Ends when the sink (and with it the sender) is dropped.
+                for (add, uuid) in rx {
+                    let mut m = VhostUserSharedMsg::default();
+                    m.as_mut_slice().copy_from_slice(&uuid);
+                    let r = if add {
+                        backend.shared_object_add(&m)
+                    } else {
+                        backend.shared_object_remove(&m)
+                    };
+                    if let Err(e) = r {
+                        log::warn!("front-end refused shared object update: {e}");
+                    }
+                }
+            })?;
+        Ok(SharedObjects { tx: Mutex::new(tx) })
+    }
+
+    fn send(&self, add: bool, uuid: [u8; 16]) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send((add, uuid));
+        }
+    }
+}
+
+impl ExportSink for SharedObjects {
+    fn added(&self, uuid: [u8; 16]) {
+        self.send(true, uuid);
+    }
+
+    fn removed(&self, uuid: [u8; 16]) {
+        self.send(false, uuid);
+    }
+}
+
 impl VhostUserBackend for CxlBackend {
     type Bitmap = ();
     type Vring = VringRwLock;
@@ -301,6 +351,39 @@ impl VhostUserBackend for CxlBackend {
         VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::SHARED_OBJECT
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        match SharedObjects::new(backend) {
+            Ok(s) => self.device.set_export_sink(Some(Arc::new(s))),
+            Err(e) => log::error!("cannot start the shared-object thread: {e}"),
+        }
+    }
+
+    fn get_shared_object(&self, msg: VhostUserSharedMsg) -> io::Result<std::fs::File> {
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(msg.as_slice());
+        let Some((buf, _)) = self.device.exports().into_iter().find(|(_, u)| *u == uuid) else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no buffer exported under this UUID",
+            ));
+        };
+        // An fd covering exactly the buffer needs a host udmabuf over a sealed memfd; the
+        // device memory is a named file QEMU opens by path, so there is none to give.
+        log::warn!(
+            "GET_SHARED_OBJECT for buffer {} ({} bytes at {:#x}): not supported, device \
+             memory is a named file and cannot be sliced into a host dma-buf",
+            buf.id,
+            buf.size,
+            buf.offset
+        );
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "device memory cannot be exported as a host dma-buf",
+        ))
     }
 
     fn set_event_idx(&self, enabled: bool) {

@@ -118,6 +118,13 @@ impl RateLimitedLog {
 
 const MAX_PENDING_EVENTS: usize = 256;
 
+/// Told when a buffer gains or loses its UUID, so a transport can publish it to the host
+/// (vhost-user shared objects). Called outside the device's locks.
+pub trait ExportSink: Send + Sync {
+    fn added(&self, uuid: [u8; 16]);
+    fn removed(&self, uuid: [u8; 16]);
+}
+
 pub struct Device {
     cfg: DeviceConfig,
     devmem: DeviceMemory,
@@ -127,6 +134,7 @@ pub struct Device {
     events: Mutex<VecDeque<Event>>,
     event_seq: AtomicU64,
     errlog: RateLimitedLog,
+    export_sink: RwLock<Option<std::sync::Arc<dyn ExportSink>>>,
 }
 
 impl Device {
@@ -141,7 +149,44 @@ impl Device {
             events: Mutex::new(VecDeque::new()),
             event_seq: AtomicU64::new(0),
             errlog: RateLimitedLog::new(10),
+            export_sink: RwLock::new(None),
         }
+    }
+
+    /// Installs (or removes) the receiver of export changes; the current exports are
+    /// announced to a new sink.
+    pub fn set_export_sink(&self, sink: Option<std::sync::Arc<dyn ExportSink>>) {
+        if let Some(s) = &sink {
+            for (_, uuid) in self.exports() {
+                s.added(uuid);
+            }
+        }
+        if let Ok(mut cur) = self.export_sink.write() {
+            *cur = sink;
+        }
+    }
+
+    fn notify_export(&self, uuid: [u8; 16], added: bool) {
+        let sink = self.export_sink.read().ok().and_then(|s| s.clone());
+        if let Some(s) = sink {
+            if added {
+                s.added(uuid);
+            } else {
+                s.removed(uuid);
+            }
+        }
+    }
+
+    /// Exported buffers: (buffer, uuid).
+    pub fn exports(&self) -> Vec<(crate::allocator::Buffer, [u8; 16])> {
+        self.alloc
+            .lock()
+            .map(|a| {
+                a.buffers()
+                    .filter_map(|b| b.uuid.map(|u| (b.clone(), u)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn devmem(&self) -> &DeviceMemory {
@@ -403,9 +448,13 @@ impl Device {
             Command::Reset => {
                 // A driver starting afresh: whatever an earlier driver (or a crashed guest)
                 // left allocated or undelivered is gone.
+                let exported = self.exports();
                 if let Ok(mut a) = self.alloc.lock() {
                     r.result0 = a.len() as u64;
                     *a = Allocator::new(self.devmem.size());
+                }
+                for (_, uuid) in exported {
+                    self.notify_export(uuid, false);
                 }
                 if let Ok(mut q) = self.events.lock() {
                     q.clear();
@@ -474,28 +523,38 @@ impl Device {
                 },
                 Err(_) => fail(Status::Internal, 0),
             },
-            Command::Free { id } => match self.alloc.lock() {
-                Ok(mut a) => match a.free(*id) {
-                    Ok(b) => r.result0 = b.size,
-                    Err(e) => fail(alloc_status(e), 0),
-                },
-                Err(_) => fail(Status::Internal, 0),
-            },
-            Command::Export { id, uuid } => match self.alloc.lock() {
-                Ok(mut a) => {
-                    if let Err(e) = a.set_uuid(*id, *uuid) {
-                        fail(alloc_status(e), 0)
+            Command::Free { id } => {
+                let freed = self.alloc.lock().map(|mut a| a.free(*id));
+                match freed {
+                    Ok(Ok(b)) => {
+                        r.result0 = b.size;
+                        if let Some(uuid) = b.uuid {
+                            self.notify_export(uuid, false);
+                        }
                     }
+                    Ok(Err(e)) => fail(alloc_status(e), 0),
+                    Err(_) => fail(Status::Internal, 0),
                 }
-                Err(_) => fail(Status::Internal, 0),
-            },
-            Command::Unexport { uuid } => match self.alloc.lock() {
-                Ok(mut a) => match a.clear_uuid(*uuid) {
-                    Ok(id) => r.result0 = id,
-                    Err(e) => fail(alloc_status(e), 0),
-                },
-                Err(_) => fail(Status::Internal, 0),
-            },
+            }
+            Command::Export { id, uuid } => {
+                let done = self.alloc.lock().map(|mut a| a.set_uuid(*id, *uuid));
+                match done {
+                    Ok(Ok(())) => self.notify_export(*uuid, true),
+                    Ok(Err(e)) => fail(alloc_status(e), 0),
+                    Err(_) => fail(Status::Internal, 0),
+                }
+            }
+            Command::Unexport { uuid } => {
+                let done = self.alloc.lock().map(|mut a| a.clear_uuid(*uuid));
+                match done {
+                    Ok(Ok(id)) => {
+                        r.result0 = id;
+                        self.notify_export(*uuid, false);
+                    }
+                    Ok(Err(e)) => fail(alloc_status(e), 0),
+                    Err(_) => fail(Status::Internal, 0),
+                }
+            }
         }
     }
 

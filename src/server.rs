@@ -71,6 +71,8 @@ pub fn serve(
         for handler in daemon.get_epoll_handlers() {
             handler.send_exit_event();
         }
+        // The backend channel died with the session.
+        device.set_export_sink(None);
         if !dispatcher.drain(Duration::from_secs(30)) {
             log::warn!("commands still running after the session ended");
         }

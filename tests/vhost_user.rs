@@ -476,6 +476,69 @@ fn numa_mode_refuses_buffers_and_device_offsets() {
 }
 
 #[test]
+fn exported_buffers_become_vhost_user_shared_objects() {
+    let mut h = Harness::new();
+    let alloc = |h: &mut Harness| {
+        let r = h.call(&with(
+            hdr(OP_ALLOC, 0, 1),
+            &Alloc {
+                size: 8192,
+                align: 0,
+            },
+        ));
+        ok(&r);
+        r.resp.result0
+    };
+    let (a, b) = (alloc(&mut h), alloc(&mut h));
+    let (ua, ub) = ([0xaa; 16], [0xbb; 16]);
+    ok(&h.call(&with(hdr(OP_EXPORT, 0, 1), &Export { id: a, uuid: ua })));
+    ok(&h.call(&with(hdr(OP_EXPORT, 0, 1), &Export { id: b, uuid: ub })));
+    // Unexport removes a's object; freeing an exported buffer removes b's.
+    ok(&h.call(&with(hdr(OP_UNEXPORT, 0, 1), &Unexport { uuid: ua })));
+    ok(&h.call(&with(hdr(OP_FREE, 0, 1), &Free { id: b })));
+    // Announcements travel on their own thread.
+    for _ in 0..500 {
+        if h.shared.log.lock().unwrap().len() == 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        *h.shared.log.lock().unwrap(),
+        vec![(true, ua), (true, ub), (false, ua), (false, ub)]
+    );
+    // GET_SHARED_OBJECT cannot hand out a slice of a named file: a clean error, for an
+    // unknown UUID too, and the daemon carries on.
+    ok(&h.call(&with(hdr(OP_EXPORT, 0, 1), &Export { id: a, uuid: ua })));
+    let mut msg = vhost::vhost_user::message::VhostUserSharedMsg::default();
+    msg.as_mut_slice().copy_from_slice(&ua);
+    let fe = h.frontend.as_mut().unwrap();
+    use vhost::vhost_user::VhostUserFrontend;
+    assert!(fe.get_shared_object(&msg).is_err());
+    ok(&h.call(&hdr(OP_NOP, 0, 1)));
+}
+
+#[test]
+fn a_front_end_that_never_answers_does_not_stall_commands() {
+    let mut h = Harness::with(Options {
+        silent_frontend: true,
+        ..Default::default()
+    });
+    for i in 0..3u8 {
+        let r = h.call(&with(
+            hdr(OP_ALLOC, 0, 1),
+            &Alloc {
+                size: 4096,
+                align: 0,
+            },
+        ));
+        let id = r.resp.result0;
+        ok(&h.call(&with(hdr(OP_EXPORT, 0, 1), &Export { id, uuid: [i; 16] })));
+        ok(&h.call(&with(hdr(OP_FREE, 0, 1), &Free { id })));
+    }
+}
+
+#[test]
 fn stats_count_commands_and_errors() {
     let mut h = Harness::new();
     ok(&h.call(&hdr(OP_NOP, 0, 1)));

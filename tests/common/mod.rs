@@ -192,6 +192,8 @@ impl Reply {
 }
 
 pub struct Options {
+    /// The front-end never answers the daemon's backend requests.
+    pub silent_frontend: bool,
     pub attach: cxl_accel::device::Attach,
     pub map_devmem: bool,
     pub dma_threads: usize,
@@ -202,6 +204,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            silent_frontend: false,
             attach: Default::default(),
             map_devmem: true,
             dma_threads: 2,
@@ -211,7 +214,35 @@ impl Default for Options {
     }
 }
 
+/// What the daemon told the front-end about shared objects: (added?, uuid).
+#[derive(Default)]
+pub struct SharedObjectLog {
+    pub log: std::sync::Mutex<Vec<(bool, [u8; 16])>>,
+}
+
+impl vhost::vhost_user::VhostUserFrontendReqHandler for SharedObjectLog {
+    fn shared_object_add(
+        &self,
+        m: &vhost::vhost_user::message::VhostUserSharedMsg,
+    ) -> vhost::vhost_user::HandlerResult<u64> {
+        let mut u = [0u8; 16];
+        u.copy_from_slice(m.as_slice());
+        self.log.lock().unwrap().push((true, u));
+        Ok(0)
+    }
+    fn shared_object_remove(
+        &self,
+        m: &vhost::vhost_user::message::VhostUserSharedMsg,
+    ) -> vhost::vhost_user::HandlerResult<u64> {
+        let mut u = [0u8; 16];
+        u.copy_from_slice(m.as_slice());
+        self.log.lock().unwrap().push((false, u));
+        Ok(0)
+    }
+}
+
 pub struct Harness {
+    pub shared: Arc<SharedObjectLog>,
     pub guest: GuestMemoryMmap,
     pub devmem: MmapRegion,
     pub device: Arc<Device>,
@@ -314,6 +345,13 @@ impl Harness {
             })
             .collect();
         fe.set_mem_table(&infos).unwrap();
+        let shared = Arc::new(SharedObjectLog::default());
+        let mut req_handler = vhost::vhost_user::FrontendReqHandler::new(shared.clone()).unwrap();
+        req_handler.set_reply_ack_flag(!opts.silent_frontend);
+        fe.set_backend_request_fd(&req_handler.get_tx_raw_fd())
+            .unwrap();
+        // Answers the daemon's backend requests until the channel closes.
+        std::thread::spawn(move || while req_handler.handle_request().is_ok() {});
 
         let mut queues = [
             DriverQueue::new(RING_BASE[0], QUEUE_SIZE),
@@ -349,6 +387,7 @@ impl Harness {
         }
         let files = regions.into_iter().map(|(_, f, _)| f).collect();
         Harness {
+            shared,
             guest,
             devmem: devmem_map,
             device,
