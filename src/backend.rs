@@ -66,6 +66,8 @@ impl CxlBackend {
                 let mut state = vring.get_mut();
                 let iter = match state.get_queue_mut().iter(&*snapshot) {
                     Ok(it) => it,
+                    // Kicks may arrive before the queue is set up: nothing to do yet.
+                    Err(virtio_queue::Error::QueueNotReady) => return,
                     Err(e) => {
                         self.device
                             .reject(format_args!("command queue unusable: {e}"));
