@@ -48,6 +48,10 @@ cargo test --locked
 # The benchmark binary must keep working: run it in its quick form.
 cargo bench --locked --bench throughput -- --quick
 T_CARGO=$(elapsed "$T1")
+T3=$(now)
+# Coverage-guided fuzzing of request decoding and execution, bounded.
+"$HERE/fuzz.sh" "${CXL_ACCEL_FUZZ_SECONDS:-60}"
+T_FUZZ=$(elapsed "$T3")
 
 if [ "$SKIP_GUEST" = 1 ]; then
     log "guest suite skipped (--skip-guest)"
@@ -65,7 +69,7 @@ log "== guest: end-to-end suite"
 "$HERE/guest-suite.sh" | tee "$OUT"
 SUITE=$(tail -n 1 "$OUT")
 T_GUEST=$(elapsed "$T2")
-log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
+log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
 log "guest stall test: $STALL"
 # The last line is the guest suite's verdict ("N passed, N failed").
 echo "$SUITE"

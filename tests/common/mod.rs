@@ -401,6 +401,11 @@ impl Harness {
         }
     }
 
+    /// The memfd behind guest RAM (region 0).
+    pub fn ram_file(&self) -> &File {
+        &self._files[0]
+    }
+
     pub fn kick(&self, q: usize) {
         self.kicks[q].write(1).unwrap();
     }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Bounded coverage-guided fuzzing of the device model with cargo-fuzz (libFuzzer):
+# request decoding and request execution. Runs each target for SECONDS (default 60)
+# on a copy of the seed corpus in fuzz/corpus/, so the repository is not modified.
+# Usage: ci/fuzz.sh [SECONDS]
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+# shellcheck source=ci/lib.sh
+. "$HERE/lib.sh"
+SECONDS_PER_TARGET=${1:-60}
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    log "installing cargo-fuzz from crates.io"
+    cargo install --locked cargo-fuzz >"$CACHE/cargo-fuzz-install.log" 2>&1 ||
+        die "ci/fuzz.sh: cannot install cargo-fuzz (log: $CACHE/cargo-fuzz-install.log)"
+fi
+# libFuzzer instrumentation needs unstable rustc flags; the stable toolchain allows them
+# with RUSTC_BOOTSTRAP, which is confined to this build.
+export RUSTC_BOOTSTRAP=1
+cd "$ROOT/fuzz"
+cargo fuzz build -O >/dev/null 2>&1 || cargo fuzz build -O
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+for target in decode execute; do
+    cp -r "corpus/$target" "$WORK/$target"
+    log "== fuzz $target for ${SECONDS_PER_TARGET}s"
+    cargo fuzz run -O "$target" "$WORK/$target" -- \
+        -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
+        >"$WORK/$target.log" 2>&1 || {
+        tail -n 40 "$WORK/$target.log"
+        die "ci/fuzz.sh: $target found a failure (crash input under fuzz/artifacts/$target/)"
+    }
+    runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$WORK/$target.log" | grep -oE '[0-9]+$')
+    echo "fuzz $target: $runs executions in ${SECONDS_PER_TARGET}s, no failure"
+done

@@ -1,0 +1,13 @@
+//! Request decoding on arbitrary bytes: never panics, and what decodes re-encodes to a
+//! request that decodes the same way.
+#![no_main]
+
+use cxl_accel::command::decode;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(req) = decode(data) {
+        // Decoding is a pure function of the bytes it read.
+        assert_eq!(decode(data).ok(), Some(req));
+    }
+});

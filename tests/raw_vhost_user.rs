@@ -1,0 +1,231 @@
+//! A hostile or buggy front-end speaking raw vhost-user: malformed messages, bad file
+//! descriptors, requests out of order, rings outside memory, a memory table replaced under
+//! running queues. The daemon must reject them, end that session cleanly at worst, touch
+//! nothing it was not given, and serve the next front-end normally.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cxl_accel::device::{Device, DeviceConfig};
+use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::dispatch::Dispatcher;
+use cxl_accel::server;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::VhostBackend;
+
+const VERSION: u32 = 0x1;
+const GET_FEATURES: u32 = 1;
+const SET_FEATURES: u32 = 2;
+const SET_OWNER: u32 = 3;
+const SET_MEM_TABLE: u32 = 5;
+const SET_VRING_NUM: u32 = 8;
+const SET_VRING_ADDR: u32 = 9;
+const SET_VRING_BASE: u32 = 10;
+const SET_VRING_KICK: u32 = 12;
+const GET_CONFIG: u32 = 24;
+
+fn msg(request: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&request.to_le_bytes());
+    v.extend_from_slice(&VERSION.to_le_bytes());
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+fn u64s(vals: &[u64]) -> Vec<u8> {
+    vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+struct Daemon {
+    sock: std::path::PathBuf,
+    device: Arc<Device>,
+    dir: std::path::PathBuf,
+}
+
+fn start() -> Daemon {
+    let dir = common::temp_dir();
+    let sock = dir.join("raw.sock");
+    let devmem = DeviceMemory::open(&dir.join("devmem"), 4 << 20).unwrap();
+    let device = Arc::new(Device::new(DeviceConfig::default(), devmem));
+    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+    let mut listener = server::bind(&sock).unwrap();
+    let d2 = device.clone();
+    std::thread::spawn(move || {
+        let _ = server::serve(&mut listener, d2, dispatcher, 256, None);
+    });
+    Daemon { sock, device, dir }
+}
+
+fn connect(d: &Daemon) -> UnixStream {
+    let s = UnixStream::connect(&d.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// A well-behaved front-end still gets served.
+fn healthy(d: &Daemon) {
+    let mut fe = None;
+    for _ in 0..500 {
+        if let Ok(f) = Frontend::connect(&d.sock, 2) {
+            fe = Some(f);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut fe = fe.expect("daemon accepts a new front-end");
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    assert_ne!(features & (1 << 32), 0, "VERSION_1 offered");
+    fe.set_features(features).unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf).unwrap();
+    drop(fe);
+}
+
+/// Sends raw bytes; returns whether the daemon closed the connection.
+fn send_and_see_closed(s: &mut UnixStream, bytes: &[u8]) -> bool {
+    if s.write_all(bytes).is_err() {
+        return true;
+    }
+    let mut buf = [0u8; 256];
+    matches!(s.read(&mut buf), Ok(0) | Err(_))
+}
+
+#[test]
+fn malformed_messages_end_the_session_not_the_daemon() {
+    let d = start();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown request", msg(999, &[])),
+        ("size larger than any message", {
+            let mut m = msg(GET_FEATURES, &[]);
+            m[8..12].copy_from_slice(&0x1000_0000u32.to_le_bytes());
+            m
+        }),
+        ("wrong version flags", {
+            let mut m = msg(GET_FEATURES, &[]);
+            m[4..8].copy_from_slice(&0x7u32.to_le_bytes());
+            m
+        }),
+        ("features before owner, then garbage size", {
+            let mut m = msg(SET_FEATURES, &u64s(&[u64::MAX]));
+            m.extend(msg(SET_FEATURES, &[1, 2, 3]));
+            m
+        }),
+        ("memory table with regions but no fds", {
+            let mut m = msg(SET_OWNER, &[]);
+            let table = [u64s(&[1, 0]), u64s(&[0, 1 << 20, 0x7f00_0000_0000, 0])].concat();
+            m.extend(msg(SET_MEM_TABLE, &table));
+            m
+        }),
+        ("memory table claiming 1000 regions", {
+            let mut m = msg(SET_OWNER, &[]);
+            m.extend(msg(SET_MEM_TABLE, &u64s(&[1000, 0])));
+            m
+        }),
+        ("vring index beyond the queues", {
+            let mut m = msg(SET_OWNER, &[]);
+            m.extend(msg(
+                SET_VRING_NUM,
+                &[u32::to_le_bytes(77), u32::to_le_bytes(256)].concat(),
+            ));
+            m
+        }),
+        ("vring size zero and huge", {
+            let mut m = msg(SET_OWNER, &[]);
+            m.extend(msg(
+                SET_VRING_NUM,
+                &[0u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+            ));
+            m.extend(msg(
+                SET_VRING_NUM,
+                &[0u32.to_le_bytes(), 65535u32.to_le_bytes()].concat(),
+            ));
+            m
+        }),
+        ("vring addresses with no memory table", {
+            let mut m = msg(SET_OWNER, &[]);
+            let addr = [0u32.to_le_bytes(), 0u32.to_le_bytes()].concat();
+            let payload = [addr, u64s(&[0x1000, 0x2000, 0x3000, 0])].concat();
+            m.extend(msg(SET_VRING_ADDR, &payload));
+            m
+        }),
+        ("kick without a file descriptor", {
+            let mut m = msg(SET_OWNER, &[]);
+            m.extend(msg(
+                SET_VRING_BASE,
+                &[0u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+            ));
+            m.extend(msg(SET_VRING_KICK, &u64s(&[0])));
+            m
+        }),
+        ("config read past any size", {
+            let mut m = msg(SET_OWNER, &[]);
+            let hdr = [
+                0u32.to_le_bytes(),
+                0xffffu32.to_le_bytes(),
+                0u32.to_le_bytes(),
+            ]
+            .concat();
+            m.extend(msg(GET_CONFIG, &hdr));
+            m
+        }),
+        ("truncated header", msg(GET_FEATURES, &[])[..7].to_vec()),
+    ];
+    for (name, bytes) in &cases {
+        let mut s = connect(&d);
+        let _closed = send_and_see_closed(&mut s, bytes);
+        drop(s);
+        healthy(&d);
+        eprintln!("survived: {name}");
+    }
+    assert_eq!(d.device.stat(cxl_accel::protocol::STAT_COMMANDS), 0);
+    let _ = std::fs::remove_dir_all(&d.dir);
+}
+
+#[test]
+fn memory_table_replaced_under_running_queues() {
+    // A full session whose memory table is swapped (and shrunk) while requests run: the
+    // device keeps serving from the table it has and never faults.
+    let mut h = common::Harness::new();
+    let req = cxl_accel::command::encode::hdr(cxl_accel::protocol::OP_NOP, 0, 1);
+    assert_eq!(h.call(&req).resp.status, 0);
+    // Same RAM, device memory region dropped: BAR addresses become unknown.
+    let region = vhost::VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: common::GUEST_SIZE,
+        userspace_addr: vm_memory::GuestMemoryBackend::get_host_address(
+            &h.guest,
+            vm_memory::GuestAddress(0),
+        )
+        .unwrap() as u64,
+        mmap_offset: 0,
+        mmap_handle: std::os::fd::AsRawFd::as_raw_fd(h.ram_file()),
+    };
+    h.frontend
+        .as_mut()
+        .unwrap()
+        .set_mem_table(&[region])
+        .unwrap();
+    assert_eq!(h.call(&req).resp.status, 0);
+    let fill = cxl_accel::command::encode::fill(
+        1,
+        0,
+        &[cxl_accel::command::encode::sge(
+            cxl_accel::protocol::SPACE_GPA,
+            common::DEVMEM_GPA,
+            64,
+        )],
+    );
+    assert_eq!(
+        h.call(&fill).resp.status,
+        cxl_accel::protocol::Status::BadGpa as u32
+    );
+    assert_eq!(h.device.layout().devmem_gpa, None);
+    let fe = h.frontend.as_mut().unwrap();
+    assert!(fe.get_features().is_ok());
+}
