@@ -37,8 +37,8 @@ fn world() -> &'static World {
         let regions = [0u64, 0x1_0000_0000]
             .into_iter()
             .map(|gpa| {
-                let r = MmapRegion::from_file(FileOffset::new(memfd(RAM), 0), RAM as usize)
-                    .unwrap();
+                let r =
+                    MmapRegion::from_file(FileOffset::new(memfd(RAM), 0), RAM as usize).unwrap();
                 GuestRegionMmap::new(r, GuestAddress(gpa)).unwrap()
             })
             .collect();
