@@ -7,6 +7,20 @@ use clap::Parser;
 use crate::device::Attach;
 use crate::protocol::{Config, NUM_QUEUES, VIRTIO_ID};
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketMode {
+    Server,
+    Client,
+}
+
+fn parse_mode(s: &str) -> Result<SocketMode, String> {
+    match s {
+        "server" => Ok(SocketMode::Server),
+        "client" => Ok(SocketMode::Client),
+        _ => Err(format!("'{s}' is neither server nor client")),
+    }
+}
+
 fn parse_attach(s: &str) -> Result<Attach, String> {
     match s {
         "bar" => Ok(Attach::Bar),
@@ -31,6 +45,12 @@ pub struct Args {
     /// crashed daemon is replaced; a socket a live daemon is serving is an error.
     #[arg(long, value_name = "PATH")]
     pub socket_path: PathBuf,
+
+    /// "server": the daemon listens on --socket-path and QEMU connects. "client": QEMU
+    /// listens (its chardev has server=on) and the daemon connects, reconnecting whenever the
+    /// connection drops; a restarted daemon finds QEMU again this way.
+    #[arg(long, value_name = "server|client", default_value = "server", value_parser = parse_mode)]
+    pub socket_mode: SocketMode,
 
     /// Device memory file, shared with QEMU (memory-backend-file mem-path). Created and sized
     /// when missing; an existing file must have exactly --memory-size bytes. tmpfs (/dev/shm)
@@ -172,9 +192,11 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
             }
         }
     }
-    let reconnect = match args.reconnect_ms {
-        0 => String::new(),
-        ms => format!(",reconnect-ms={ms}"),
+    let reconnect = match (args.socket_mode, args.reconnect_ms) {
+        // QEMU listens and waits for the daemon before starting the guest.
+        (SocketMode::Client, _) => ",server=on,wait=on".to_string(),
+        (SocketMode::Server, 0) => String::new(),
+        (SocketMode::Server, ms) => format!(",reconnect-ms={ms}"),
     };
     v.push((
         "-chardev".into(),

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use cxl_accel::cli::{qemu_args, render_qemu_args, Args};
+use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
 use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::devmem::DeviceMemory;
 use cxl_accel::dispatch::Dispatcher;
@@ -34,8 +34,10 @@ fn fail(msg: &str) -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    // First, so that every thread started later inherits the blocked signal mask.
-    signals::exit_on_termination(args.socket_path.clone())?;
+    // First, so that every thread started later inherits the blocked signal mask. In client
+    // mode the socket is QEMU's and stays.
+    let own_socket = (args.socket_mode == SocketMode::Server).then(|| args.socket_path.clone());
+    signals::exit_on_termination(own_socket)?;
     if args.virtio_id != VIRTIO_ID {
         log::warn!(
             "virtio ID {} differs from {VIRTIO_ID}, which the cxl_accel guest driver binds",
@@ -56,16 +58,23 @@ fn run(args: Args) -> Result<(), String> {
         Dispatcher::new(args.dma_threads as usize)
             .map_err(|e| format!("cannot start DMA engines: {e}"))?,
     );
-    let mut listener = server::bind(&args.socket_path)?;
+    let mut listener = match args.socket_mode {
+        SocketMode::Server => Some(server::bind(&args.socket_path)?),
+        SocketMode::Client => None,
+    };
     log::info!(
-        "cxl-accel {} serving {} ({} bytes of device memory in {}, {} DMA engines)",
+        "cxl-accel {} on {} ({} bytes of device memory in {}, {} DMA engines)",
         env!("CARGO_PKG_VERSION"),
         args.socket_path.display(),
         args.memory_size,
         args.memory_path.display(),
         args.dma_threads
     );
-    server::serve(&mut listener, device, dispatcher, args.queue_size, None)
+    let endpoint = match listener.as_mut() {
+        Some(l) => server::Endpoint::Listen(l),
+        None => server::Endpoint::Connect(args.socket_path.clone()),
+    };
+    server::serve_endpoint(endpoint, device, dispatcher, args.queue_size, None)
         .map_err(|e| e.to_string())
 }
 
@@ -74,7 +83,7 @@ mod signals {
 
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
-    pub fn exit_on_termination(socket: PathBuf) -> Result<(), String> {
+    pub fn exit_on_termination(socket: Option<PathBuf>) -> Result<(), String> {
         // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
         // runs before the worker threads that inherit the mask are created.
         let set = unsafe {
@@ -96,7 +105,9 @@ mod signals {
                 if rc == 0 {
                     log::info!("signal {sig} received, shutting down");
                 }
-                let _ = std::fs::remove_file(&socket);
+                if let Some(s) = &socket {
+                    let _ = std::fs::remove_file(s);
+                }
                 std::process::exit(0);
             })
             .map_err(|e| format!("cannot start signal thread: {e}"))?;

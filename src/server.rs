@@ -35,10 +35,33 @@ pub fn bind(path: &Path) -> Result<Listener, String> {
     Ok(listener)
 }
 
+/// Where sessions come from: our listening socket, or QEMU's (QEMU as the server, so a
+/// restarted daemon finds it again: `-chardev socket,server=on`).
+pub enum Endpoint<'a> {
+    Listen(&'a mut Listener),
+    Connect(std::path::PathBuf),
+}
+
 /// Serves front-end connections one after another; returns after `max_sessions` sessions
 /// (None: forever) or on a listener error.
 pub fn serve(
     listener: &mut Listener,
+    device: Arc<Device>,
+    dispatcher: Arc<Dispatcher>,
+    queue_size: u16,
+    max_sessions: Option<usize>,
+) -> io::Result<()> {
+    serve_endpoint(
+        Endpoint::Listen(listener),
+        device,
+        dispatcher,
+        queue_size,
+        max_sessions,
+    )
+}
+
+pub fn serve_endpoint(
+    mut endpoint: Endpoint,
     device: Arc<Device>,
     dispatcher: Arc<Dispatcher>,
     queue_size: u16,
@@ -57,9 +80,12 @@ pub fn serve(
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| io::Error::other(format!("cannot create vhost-user daemon: {e}")))?;
-        daemon
-            .start(listener)
-            .map_err(|e| io::Error::other(format!("cannot accept a connection: {e}")))?;
+        match &mut endpoint {
+            Endpoint::Listen(listener) => daemon
+                .start(listener)
+                .map_err(|e| io::Error::other(format!("cannot accept a connection: {e}")))?,
+            Endpoint::Connect(path) => connect(&mut daemon, path)?,
+        }
         log::info!("front-end connected");
         match daemon.wait() {
             Ok(())
@@ -79,4 +105,34 @@ pub fn serve(
         sessions += 1;
     }
     Ok(())
+}
+
+/// Connects to the front-end's socket, waiting for it to appear (QEMU restarting, or not
+/// started yet).
+fn connect<T>(daemon: &mut VhostUserDaemon<T>, path: &Path) -> io::Result<()>
+where
+    T: vhost_user_backend::VhostUserBackend + Clone + 'static,
+    T::Bitmap: vhost_user_backend::bitmap::BitmapReplace
+        + vm_memory::bitmap::NewBitmap
+        + Clone
+        + Send
+        + Sync,
+    T::Vring: Clone + Send + Sync,
+{
+    let p = path
+        .to_str()
+        .ok_or_else(|| io::Error::other("socket path is not UTF-8"))?;
+    let mut said = false;
+    loop {
+        match daemon.start_client(p) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                if !said {
+                    log::info!("waiting for the front-end at {} ({e})", path.display());
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
 }

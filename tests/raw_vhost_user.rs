@@ -229,3 +229,34 @@ fn memory_table_replaced_under_running_queues() {
     let fe = h.frontend.as_mut().unwrap();
     assert!(fe.get_features().is_ok());
 }
+
+#[test]
+fn client_mode_connects_to_a_listening_front_end_and_reconnects() {
+    let dir = common::temp_dir();
+    let sock = dir.join("qemu.sock");
+    let devmem = DeviceMemory::open(&dir.join("devmem"), 4 << 20).unwrap();
+    let device = Arc::new(Device::new(DeviceConfig::default(), devmem));
+    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+    let path = sock.clone();
+    // The daemon starts first and waits for the front-end's socket to appear.
+    let daemon = std::thread::spawn(move || {
+        server::serve_endpoint(
+            server::Endpoint::Connect(path),
+            device,
+            dispatcher,
+            256,
+            Some(2),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    for _ in 0..2 {
+        let (stream, _) = listener.accept().unwrap();
+        let fe = Frontend::from_stream(stream, 2);
+        fe.set_owner().unwrap();
+        assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+        drop(fe); // the daemon connects again for its second session
+    }
+    daemon.join().unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
