@@ -2,7 +2,7 @@
 //! delivers replies and events. Everything guest-specific is validated here or in the model.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueOwnedT;
 use vm_memory::{
-    ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
+    ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -25,7 +26,8 @@ use vmm_sys_util::event::{
 use crate::device::{Device, ExportSink, Reply};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{
-    CmdHdr, Resp, Status, EVENT_ERROR, MAX_REQUEST, NUM_QUEUES, QUEUE_CMD, QUEUE_EVENT,
+    CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
+    QUEUE_EVENT,
 };
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -33,77 +35,111 @@ type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 /// How long GET_VRING_BASE waits for commands in flight before giving up on them.
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub struct CxlBackend {
+/// State shared by a session's vhost-user handler and the jobs it hands to the DMA engines.
+struct Session {
     device: Arc<Device>,
     dispatcher: Arc<Dispatcher>,
     mem: Mutex<Option<Mem>>,
     queue_size: u16,
-    event_idx: Arc<AtomicBool>,
+    event_idx: AtomicBool,
+    /// Requests taken from the command queue and not yet returned: never more than the
+    /// queue size, so a guest cannot make the daemon buffer without bound.
+    in_flight: AtomicUsize,
+    /// Bumped when the front-end stops the command queue: completions of requests taken
+    /// before that are not written to a ring that may have been reset or moved.
+    generation: AtomicU64,
+    /// The memory table was refused: guest memory is not touched again in this session.
+    poisoned: AtomicBool,
+}
+
+pub struct CxlBackend {
+    s: Arc<Session>,
 }
 
 impl CxlBackend {
     pub fn new(device: Arc<Device>, dispatcher: Arc<Dispatcher>, queue_size: u16) -> Self {
         CxlBackend {
-            device,
-            dispatcher,
-            mem: Mutex::new(None),
-            queue_size,
-            event_idx: Arc::new(AtomicBool::new(false)),
+            s: Arc::new(Session {
+                device,
+                dispatcher,
+                mem: Mutex::new(None),
+                queue_size,
+                event_idx: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                generation: AtomicU64::new(0),
+                poisoned: AtomicBool::new(false),
+            }),
         }
     }
+}
 
+impl Session {
     fn memory(&self) -> Option<Mem> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
         self.mem.lock().ok()?.clone()
     }
+}
 
-    fn process_commands(&self, vrings: &[VringRwLock]) {
-        let Some(mem) = self.memory() else { return };
-        let vring = &vrings[QUEUE_CMD];
-        loop {
-            let _ = vring.disable_notification();
-            let snapshot = mem.memory().into_inner();
-            let requests = {
-                let mut state = vring.get_mut();
-                let iter = match state.get_queue_mut().iter(&*snapshot) {
-                    Ok(it) => it,
-                    // Kicks may arrive before the queue is set up: nothing to do yet.
-                    Err(virtio_queue::Error::QueueNotReady) => return,
-                    Err(e) => {
-                        self.device
-                            .reject(format_args!("command queue unusable: {e}"));
-                        return;
-                    }
-                };
-                iter.map(|chain| ChainRequest::parse(&chain, &snapshot))
-                    .collect::<Vec<_>>()
+/// Takes requests from the command queue (up to the in-flight limit) and hands them to the
+/// DMA engines. Runs on the vring thread after a kick, and on an engine after a completion
+/// when requests were left waiting.
+fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
+    let Some(mem) = s.memory() else { return };
+    let vring = &vrings[QUEUE_CMD];
+    loop {
+        let _ = vring.disable_notification();
+        let snapshot = mem.memory().into_inner();
+        {
+            let mut state = vring.get_mut();
+            let room = (s.queue_size as usize).saturating_sub(s.in_flight.load(Ordering::Acquire));
+            if room == 0 {
+                // A completion calls us again.
+                return;
+            }
+            let iter = match state.get_queue_mut().iter(&*snapshot) {
+                Ok(it) => it,
+                // Kicks may arrive before the queue is set up: nothing to do yet.
+                Err(virtio_queue::Error::QueueNotReady) => return,
+                Err(e) => {
+                    s.device.reject(format_args!("command queue unusable: {e}"));
+                    return;
+                }
             };
-            for req in requests {
-                self.submit(req, vrings, snapshot.clone());
+            // Submitted under the vring lock, so that a queue stop (which takes the lock
+            // first) always sees them in flight.
+            for chain in iter.take(room) {
+                let req = ChainRequest::parse(&chain, &snapshot);
+                submit(s, req, vrings, snapshot.clone());
             }
-            match vring.enable_notification() {
-                Ok(true) => continue,
-                _ => break,
-            }
+        }
+        match vring.enable_notification() {
+            Ok(true) => continue,
+            _ => break,
         }
     }
+}
 
-    fn submit(&self, req: ChainRequest, vrings: &[VringRwLock], mem: Arc<GuestMemoryMmap>) {
-        let fence = Device::request_flags(&req.bytes) & crate::protocol::FLAG_FENCE != 0;
-        let device = self.device.clone();
-        let vrings: Vec<VringRwLock> = vrings.to_vec();
-        let event_idx = self.event_idx.clone();
-        let queued = self.dispatcher.submit(fence, move || {
-            complete(
-                &device,
-                &vrings,
-                &mem,
-                req,
-                event_idx.load(Ordering::Relaxed),
-            );
-        });
-        if !queued {
-            log::error!("DMA engines stopped; request dropped");
+fn submit(s: &Arc<Session>, req: ChainRequest, vrings: &[VringRwLock], mem: Arc<GuestMemoryMmap>) {
+    let (opcode, flags) = Device::request_opcode_flags(&req.bytes);
+    // FENCE itself waits for everything before it, as the flag does.
+    let fence = flags & FLAG_FENCE != 0 || opcode == OP_FENCE;
+    s.in_flight.fetch_add(1, Ordering::AcqRel);
+    let generation = s.generation.load(Ordering::Acquire);
+    let session = s.clone();
+    let vrings: Vec<VringRwLock> = vrings.to_vec();
+    let queued = s.dispatcher.submit(fence, move || {
+        complete(&session, &vrings, &mem, req, generation);
+        let before = session.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if before >= session.queue_size as usize {
+            // We were at the limit: requests may be waiting in the ring.
+            process_commands(&session, &vrings);
         }
+    });
+    if !queued {
+        s.in_flight.fetch_sub(1, Ordering::AcqRel);
+        log::error!("DMA engines stopped; request dropped");
     }
 }
 
@@ -169,46 +205,57 @@ fn chain_error_reply(status: Status, bytes: &[u8]) -> Reply {
 
 /// Runs on a DMA engine: executes the request, writes the reply, returns the chain.
 fn complete(
-    device: &Device,
+    s: &Session,
     vrings: &[VringRwLock],
     mem: &GuestMemoryMmap,
     req: ChainRequest,
-    event_idx: bool,
+    generation: u64,
 ) {
-    let mut reply = match req.error {
-        None => device.execute(mem, &req.bytes),
-        Some(status) => {
-            device.reject(format_args!(
-                "malformed descriptor chain (head {}): {}",
-                req.head,
-                status.name()
-            ));
-            chain_error_reply(status, &req.bytes)
-        }
-    };
+    let device = &s.device;
     let room: u64 = req.writable.iter().map(|&(_, l)| l as u64).sum();
     let resp_len = std::mem::size_of::<Resp>() as u64;
+    // Nothing runs unless its response can be delivered: a command whose result the
+    // driver cannot see must not take effect (or leak a buffer).
+    let answerable = room >= resp_len
+        && req
+            .writable
+            .iter()
+            .all(|&(a, l)| mem.check_range(GuestAddress(a), l as usize));
     let mut written = 0u32;
-    if room < resp_len {
+    if !answerable {
+        let (opcode, _) = Device::request_opcode_flags(&req.bytes);
         device.reject(format_args!(
-            "request (head {}) has {room} writable bytes, no room for a response",
+            "request (head {}) has no usable response buffer ({room} writable bytes); not executed",
             req.head
         ));
-        device.post_event(EVENT_ERROR, reply.opcode as u64, Status::BadChain as u64);
+        device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
     } else {
+        let mut reply = match req.error {
+            None => device.execute(mem, &req.bytes),
+            Some(status) => {
+                device.reject(format_args!(
+                    "malformed descriptor chain (head {}): {}",
+                    req.head,
+                    status.name()
+                ));
+                chain_error_reply(status, &req.bytes)
+            }
+        };
         if room < resp_len + reply.payload.len() as u64 {
+            // Only IDENTIFY and STATS carry payloads, and they change nothing.
             reply.payload.clear();
             reply.resp.status = Status::BadChain as u32;
         }
         written = write_out(mem, &req.writable, &reply.bytes());
-        if (written as u64) < resp_len {
-            device.reject(format_args!(
-                "response buffer of request (head {}) outside guest memory",
-                req.head
-            ));
-            written = 0;
-        }
     }
+    if s.generation.load(Ordering::Acquire) != generation {
+        log::warn!(
+            "request (head {}) finished after the front-end stopped the queue; not returned",
+            req.head
+        );
+        return;
+    }
+    let event_idx = s.event_idx.load(Ordering::Relaxed);
     let vring = &vrings[QUEUE_CMD];
     {
         let mut state = vring.get_mut();
@@ -223,6 +270,31 @@ fn complete(
     if device.has_events() {
         deliver_events(device, vrings, mem, event_idx);
     }
+}
+
+/// Every region must lie within its file: mapping past the end of a file maps pages whose
+/// access raises SIGBUS, which would take the daemon down.
+fn check_regions(mem: &GuestMemoryMmap) -> Result<(), String> {
+    for region in mem.iter() {
+        let Some(fo) = region.file_offset() else {
+            continue;
+        };
+        let size = fo
+            .file()
+            .metadata()
+            .map_err(|e| format!("cannot stat a region's file: {e}"))?
+            .len();
+        let end = fo.start().checked_add(region.len());
+        if end.is_none_or(|end| end > size) {
+            return Err(format!(
+                "region at {:#x} ({} bytes at file offset {:#x}) runs past the end of its {size}-byte file",
+                region.start_addr().0,
+                region.len(),
+                fo.start()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Writes `data` across the writable descriptors; returns the bytes written.
@@ -269,9 +341,15 @@ fn deliver_events(device: &Device, vrings: &[VringRwLock], mem: &GuestMemoryMmap
         let mut written = 0;
         if room >= std::mem::size_of_val(&ev) as u64 {
             written = write_out(mem, &writable, ev.as_slice());
+        }
+        if written as usize == std::mem::size_of_val(&ev) {
             device.event_delivered();
         } else {
-            device.reject(format_args!("event buffer too small ({room} bytes)"));
+            written = 0;
+            device.event_dropped();
+            device.reject(format_args!(
+                "unusable event buffer ({room} bytes); event dropped"
+            ));
         }
         if state.add_used(chain.head_index(), written).is_err() {
             break;
@@ -281,6 +359,9 @@ fn deliver_events(device: &Device, vrings: &[VringRwLock], mem: &GuestMemoryMmap
     if used && (!event_idx || state.needs_notification().unwrap_or(true)) {
         let _ = state.signal_used_queue();
     }
+    // Ask to be kicked when the driver posts more buffers (with EVENT_IDX this publishes
+    // avail_event; without it, it clears the no-notify flag).
+    let _ = state.enable_notification();
 }
 
 /// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
@@ -339,7 +420,7 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn max_queue_size(&self) -> usize {
-        self.queue_size as usize
+        self.s.queue_size as usize
     }
 
     fn features(&self) -> u64 {
@@ -359,7 +440,7 @@ impl VhostUserBackend for CxlBackend {
 
     fn set_backend_req_fd(&self, backend: Backend) {
         match SharedObjects::new(backend) {
-            Ok(s) => self.device.set_export_sink(Some(Arc::new(s))),
+            Ok(s) => self.s.device.set_export_sink(Some(Arc::new(s))),
             Err(e) => log::error!("cannot start the shared-object thread: {e}"),
         }
     }
@@ -367,7 +448,13 @@ impl VhostUserBackend for CxlBackend {
     fn get_shared_object(&self, msg: VhostUserSharedMsg) -> io::Result<std::fs::File> {
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(msg.as_slice());
-        let Some((buf, _)) = self.device.exports().into_iter().find(|(_, u)| *u == uuid) else {
+        let Some((buf, _)) = self
+            .s
+            .device
+            .exports()
+            .into_iter()
+            .find(|(_, u)| *u == uuid)
+        else {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "no buffer exported under this UUID",
@@ -389,11 +476,11 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        self.event_idx.store(enabled, Ordering::Relaxed);
+        self.s.event_idx.store(enabled, Ordering::Relaxed);
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let cfg = self.device.config();
+        let cfg = self.s.device.config();
         let bytes = cfg.as_slice();
         let start = (offset as usize).min(bytes.len());
         let end = start.saturating_add(size as usize).min(bytes.len());
@@ -409,8 +496,17 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
-        self.device.update_memory(&mem.memory());
-        if let Ok(mut m) = self.mem.lock() {
+        // A region larger than its file would raise SIGBUS on access: refuse the table and
+        // stop touching guest memory in this session.
+        if let Err(e) = check_regions(&mem.memory()) {
+            self.s.poisoned.store(true, Ordering::Release);
+            self.s
+                .device
+                .reject(format_args!("memory table refused: {e}"));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+        }
+        self.s.device.update_memory(&mem.memory());
+        if let Ok(mut m) = self.s.mem.lock() {
             *m = Some(mem);
         }
         Ok(())
@@ -421,11 +517,15 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if queue_index as usize == QUEUE_CMD && !self.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
-            log::warn!(
-                "{} commands still running when the front-end stopped the queue",
-                self.dispatcher.in_flight()
-            );
+        if queue_index as usize == QUEUE_CMD {
+            if !self.s.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
+                log::warn!(
+                    "{} commands still running when the front-end stopped the queue",
+                    self.s.dispatcher.in_flight()
+                );
+            }
+            // Whatever still finishes must not write to the stopped (maybe reused) ring.
+            self.s.generation.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -441,15 +541,16 @@ impl VhostUserBackend for CxlBackend {
             return Ok(());
         }
         match device_event as usize {
-            QUEUE_CMD => self.process_commands(vrings),
+            QUEUE_CMD => process_commands(&self.s, vrings),
             QUEUE_EVENT => {
-                if let Some(mem) = self.memory() {
+                if let Some(mem) = self.s.memory() {
                     let snapshot = mem.memory().into_inner();
+                    let _ = vrings[QUEUE_EVENT].disable_notification();
                     deliver_events(
-                        &self.device,
+                        &self.s.device,
                         vrings,
                         &snapshot,
-                        self.event_idx.load(Ordering::Relaxed),
+                        self.s.event_idx.load(Ordering::Relaxed),
                     );
                 }
             }

@@ -186,6 +186,9 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         }
         OP_FILL => {
             let p: Fill = c.read()?;
+            if p.nr_dst == 0 {
+                return Err(Status::Invalid);
+            }
             Command::Fill {
                 pattern: p.pattern,
                 dst: c.sges(p.nr_dst)?,
@@ -193,6 +196,9 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         }
         OP_CHECKSUM => {
             let p: Checksum = c.read()?;
+            if p.nr_src == 0 {
+                return Err(Status::Invalid);
+            }
             Command::Checksum {
                 seed: p.seed,
                 src: c.sges(p.nr_src)?,
@@ -229,6 +235,9 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
             if !p.page_size.is_power_of_two()
                 || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&p.page_size)
             {
+                return Err(Status::Invalid);
+            }
+            if p.nr_pages == 0 {
                 return Err(Status::Invalid);
             }
             if p.nr_pages > MAX_PAGES || p.nr_pages as u64 * p.page_size as u64 > MAX_TRANSFER {

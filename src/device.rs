@@ -156,9 +156,13 @@ impl Device {
     /// Installs (or removes) the receiver of export changes; the current exports are
     /// announced to a new sink.
     pub fn set_export_sink(&self, sink: Option<std::sync::Arc<dyn ExportSink>>) {
+        // Under the allocator lock: no export can slip between the snapshot and the switch.
+        let Ok(alloc) = self.alloc.lock() else { return };
         if let Some(s) = &sink {
-            for (_, uuid) in self.exports() {
-                s.added(uuid);
+            for b in alloc.buffers() {
+                if let Some(uuid) = b.uuid {
+                    s.added(uuid);
+                }
             }
         }
         if let Ok(mut cur) = self.export_sink.write() {
@@ -311,14 +315,15 @@ impl Device {
 
     /// Queues an event for the driver; the transport delivers it.
     pub fn post_event(&self, kind: u32, value0: u64, value1: u64) {
-        let ev = Event {
-            kind,
-            reserved: 0,
-            seq: self.event_seq.fetch_add(1, Ordering::Relaxed),
-            value0,
-            value1,
-        };
         if let Ok(mut q) = self.events.lock() {
+            // Numbered under the lock, so the queue is in sequence order.
+            let ev = Event {
+                kind,
+                reserved: 0,
+                seq: self.event_seq.fetch_add(1, Ordering::Relaxed),
+                value0,
+                value1,
+            };
             if q.len() >= MAX_PENDING_EVENTS {
                 q.pop_front();
                 self.add_stat(STAT_EVENTS_DROPPED, 1);
@@ -346,21 +351,25 @@ impl Device {
         self.add_stat(STAT_EVENTS_SENT, 1);
     }
 
+    pub fn event_dropped(&self) {
+        self.add_stat(STAT_EVENTS_DROPPED, 1);
+    }
+
     /// Counts and logs a request that failed before it could be executed.
     pub fn reject(&self, what: std::fmt::Arguments) {
         self.add_stat(STAT_ERRORS, 1);
         self.errlog.warn(what);
     }
 
-    /// Peeks at the header flags of raw request bytes, for ordering decisions.
-    pub fn request_flags(bytes: &[u8]) -> u16 {
-        match CmdHdr::from_slice(bytes.get(..16).unwrap_or(&[])) {
-            Some(h) => h.flags,
-            None => bytes
-                .get(2..4)
+    /// Peeks at the opcode and flags of raw request bytes, for ordering decisions.
+    pub fn request_opcode_flags(bytes: &[u8]) -> (u16, u16) {
+        let word = |i: usize| {
+            bytes
+                .get(i..i + 2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .unwrap_or(0),
-        }
+                .unwrap_or(0)
+        };
+        (word(0), word(2))
     }
 
     /// Decodes and executes one request against a snapshot of guest memory.
@@ -405,6 +414,7 @@ impl Device {
             guest,
             devmem: &self.devmem,
             peers: &layout.peers,
+            devmem_gpa: layout.devmem_gpa,
         };
         let r = &mut reply.resp;
         let mut fail = |status: Status, detail: u32| {
@@ -448,13 +458,15 @@ impl Device {
             Command::Reset => {
                 // A driver starting afresh: whatever an earlier driver (or a crashed guest)
                 // left allocated or undelivered is gone.
-                let exported = self.exports();
                 if let Ok(mut a) = self.alloc.lock() {
                     r.result0 = a.len() as u64;
+                    // Announced under the lock, so announcements keep the device's order.
+                    for b in a.buffers() {
+                        if let Some(uuid) = b.uuid {
+                            self.notify_export(uuid, false);
+                        }
+                    }
                     *a = Allocator::new(self.devmem.size());
-                }
-                for (_, uuid) in exported {
-                    self.notify_export(uuid, false);
                 }
                 if let Ok(mut q) = self.events.lock() {
                     q.clear();
@@ -523,38 +535,37 @@ impl Device {
                 },
                 Err(_) => fail(Status::Internal, 0),
             },
-            Command::Free { id } => {
-                let freed = self.alloc.lock().map(|mut a| a.free(*id));
-                match freed {
-                    Ok(Ok(b)) => {
+            // Export announcements are made under the allocator lock (they only queue a
+            // message), so the front-end hears them in the order the device applied them.
+            Command::Free { id } => match self.alloc.lock() {
+                Ok(mut a) => match a.free(*id) {
+                    Ok(b) => {
                         r.result0 = b.size;
                         if let Some(uuid) = b.uuid {
                             self.notify_export(uuid, false);
                         }
                     }
-                    Ok(Err(e)) => fail(alloc_status(e), 0),
-                    Err(_) => fail(Status::Internal, 0),
-                }
-            }
-            Command::Export { id, uuid } => {
-                let done = self.alloc.lock().map(|mut a| a.set_uuid(*id, *uuid));
-                match done {
-                    Ok(Ok(())) => self.notify_export(*uuid, true),
-                    Ok(Err(e)) => fail(alloc_status(e), 0),
-                    Err(_) => fail(Status::Internal, 0),
-                }
-            }
-            Command::Unexport { uuid } => {
-                let done = self.alloc.lock().map(|mut a| a.clear_uuid(*uuid));
-                match done {
-                    Ok(Ok(id)) => {
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
+            Command::Export { id, uuid } => match self.alloc.lock() {
+                Ok(mut a) => match a.set_uuid(*id, *uuid) {
+                    Ok(()) => self.notify_export(*uuid, true),
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
+            Command::Unexport { uuid } => match self.alloc.lock() {
+                Ok(mut a) => match a.clear_uuid(*uuid) {
+                    Ok(id) => {
                         r.result0 = id;
                         self.notify_export(*uuid, false);
                     }
-                    Ok(Err(e)) => fail(alloc_status(e), 0),
-                    Err(_) => fail(Status::Internal, 0),
-                }
-            }
+                    Err(e) => fail(alloc_status(e), 0),
+                },
+                Err(_) => fail(Status::Internal, 0),
+            },
         }
     }
 

@@ -19,6 +19,9 @@ pub struct Ctx<'a> {
     pub guest: &'a GuestMemoryMmap,
     pub devmem: &'a DeviceMemory,
     pub peers: &'a [(u64, u64)],
+    /// Where the guest maps our own device memory: such ranges are served from our own
+    /// mapping, so the same bytes named by offset and by address are recognised as one.
+    pub devmem_gpa: Option<u64>,
 }
 
 /// A piece of a resolved range that is contiguous in our address space.
@@ -45,6 +48,11 @@ impl<'a> Ctx<'a> {
             .any(|&(start, len)| gpa >= start && gpa - start < len)
     }
 
+    fn own_devmem(&self, gpa: u64, len: u64) -> Option<VolatileSlice<'a>> {
+        let off = gpa.checked_sub(self.devmem_gpa?)?;
+        self.devmem.slice(off, len)
+    }
+
     /// Resolves `len` bytes at `addr` in `space` into chunks, or fails without side effects.
     pub fn resolve(&self, space: u16, addr: u64, len: u64) -> Result<Vec<Chunk<'a>>, Status> {
         addr.checked_add(len).ok_or(Status::Overflow)?;
@@ -61,8 +69,11 @@ impl<'a> Ctx<'a> {
                 let mut out = Vec::new();
                 let mut gpa = addr;
                 for s in self.guest.get_slices(GuestAddress(addr), len_usize) {
-                    let slice = s.map_err(|_| Status::BadGpa)?;
+                    let mut slice = s.map_err(|_| Status::BadGpa)?;
                     let peer = self.is_peer(gpa);
+                    if let Some(own) = self.own_devmem(gpa, slice.len() as u64) {
+                        slice = own;
+                    }
                     gpa += slice.len() as u64;
                     out.push(Chunk { slice, peer });
                 }
@@ -184,7 +195,9 @@ impl<'a> Ctx<'a> {
                 return Err((Status::Unaligned, i as u32));
             }
             let sc = self.resolve(src_space, s, ps).map_err(|e| (e, i as u32))?;
-            let dc = self.resolve(dst_space, d, ps).map_err(|e| (e, i as u32))?;
+            let dc = self
+                .resolve(dst_space, d, ps)
+                .map_err(|e| (e, (src.len() + i) as u32))?;
             pairs.push((sc, dc));
         }
         let mut moved = Moved::default();
@@ -201,21 +214,16 @@ impl<'a> Ctx<'a> {
 fn copy_chunks(src: &[Chunk], dst: &[Chunk]) -> Moved {
     let mut moved = Moved::default();
     let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
-    let mut bounce = Vec::new();
     while i < src.len() && j < dst.len() {
         let s = &src[i];
         let d = &dst[j];
         let n = (s.slice.len() - si).min(d.slice.len() - dj);
         if n > 0 {
             // Offsets and lengths stay within both slices by construction.
+            // vm-memory copies with ptr::copy (memmove), so overlapping pieces of the same
+            // mapping come out right.
             if let (Ok(from), Ok(to)) = (s.slice.subslice(si, n), d.slice.subslice(dj, n)) {
-                if overlaps(&from, &to) {
-                    bounce.resize(n, 0);
-                    from.copy_to(&mut bounce[..]);
-                    to.copy_from(&bounce[..]);
-                } else {
-                    from.copy_to_volatile_slice(to);
-                }
+                from.copy_to_volatile_slice(to);
             }
             moved.bytes += n as u64;
             if s.peer || d.peer {
@@ -234,12 +242,6 @@ fn copy_chunks(src: &[Chunk], dst: &[Chunk]) -> Moved {
         }
     }
     moved
-}
-
-fn overlaps(a: &VolatileSlice, b: &VolatileSlice) -> bool {
-    let a0 = a.ptr_guard().as_ptr() as usize;
-    let b0 = b.ptr_guard().as_ptr() as usize;
-    a0 < b0 + b.len() && b0 < a0 + a.len()
 }
 
 trait AtomicWord {

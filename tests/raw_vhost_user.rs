@@ -231,6 +231,40 @@ fn memory_table_replaced_under_running_queues() {
 }
 
 #[test]
+fn a_memory_region_larger_than_its_file_is_refused() {
+    // Mapped past the end of the file, the region would raise SIGBUS on access.
+    let d = start();
+    let small = common::memfd("short", 4096);
+    let mut fe = Frontend::connect(&d.sock, 2).unwrap();
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_features(features).unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(pf).unwrap();
+    let map = vm_memory::MmapRegion::<()>::from_file(
+        vm_memory::FileOffset::new(small.try_clone().unwrap(), 0),
+        4096,
+    )
+    .unwrap();
+    let region = vhost::VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: 1 << 20,
+        userspace_addr: map.as_ptr() as u64,
+        mmap_offset: 0,
+        mmap_handle: std::os::fd::AsRawFd::as_raw_fd(&small),
+    };
+    // Without a requested ack the refusal shows in the daemon's state: the table counted
+    // as an error, and the daemon alive for the next front-end.
+    let _ = fe.set_mem_table(&[region]);
+    let _ = fe.get_features();
+    drop(fe);
+    healthy(&d);
+    assert_eq!(d.device.stat(cxl_accel::protocol::STAT_ERRORS), 1);
+    assert_eq!(d.device.layout().devmem_gpa, None);
+    let _ = std::fs::remove_dir_all(&d.dir);
+}
+
+#[test]
 fn client_mode_connects_to_a_listening_front_end_and_reconnects() {
     let dir = common::temp_dir();
     let sock = dir.join("qemu.sock");

@@ -539,6 +539,122 @@ fn a_front_end_that_never_answers_does_not_stall_commands() {
 }
 
 #[test]
+fn a_command_without_room_for_its_response_is_not_executed() {
+    let mut h = Harness::new();
+    h.post_event_buffers(0xC0000, 4, 32);
+    h.queues[1]
+        .wait_used(&h.guest, Duration::from_secs(5))
+        .unwrap(); // DEVMEM_MAPPED
+    let alloc = with(
+        hdr(OP_ALLOC, 0, 1),
+        &Alloc {
+            size: 4096,
+            align: 0,
+        },
+    );
+    // 16 writable bytes cannot hold a response: no buffer may be allocated (and leaked).
+    let r = h.call_with_room(&alloc, 16);
+    assert_eq!(r.used_len, 0);
+    // A response buffer outside guest memory: same, and the driver hears of both.
+    h.guest.write_slice(&alloc, GuestAddress(DATA)).unwrap();
+    h.queues[0].push(
+        &h.guest,
+        &[
+            (DATA, alloc.len() as u32, false),
+            (GUEST_SIZE + 4096, 64, true),
+        ],
+    );
+    h.kick(0);
+    let (_, len) = h.queues[0]
+        .wait_used(&h.guest, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(len, 0);
+    let ident = Identify::from_slice(&h.call(&hdr(OP_IDENTIFY, 0, 1)).payload)
+        .copied()
+        .unwrap();
+    assert_eq!(ident.buffers, 0);
+    for i in 1..3 {
+        h.queues[1]
+            .wait_used(&h.guest, Duration::from_secs(5))
+            .unwrap();
+        let ev: Event = h.guest.read_obj(GuestAddress(0xC0000 + 64 * i)).unwrap();
+        assert_eq!((ev.kind, ev.value0), (EVENT_ERROR, OP_ALLOC as u64));
+    }
+}
+
+#[test]
+fn requests_in_flight_are_bounded_by_the_queue_size() {
+    let mut h = Harness::with(Options {
+        dma_threads: 1,
+        ..Default::default()
+    });
+    // One slow command occupies the only engine...
+    let slow = atomic(
+        1,
+        atomic_cmd(ATOMIC_FETCH_ADD, 8, SPACE_DEVMEM, 0, 1, 0, 20_000_000),
+    );
+    h.post(&slow, 1, 64);
+    std::thread::sleep(Duration::from_millis(20));
+    // ...while the guest keeps publishing NOPs as fast as the device takes them, which
+    // without a limit would pile up requests inside the daemon.
+    h.guest
+        .write_slice(&hdr(OP_NOP, 0, 2), GuestAddress(DATA))
+        .unwrap();
+    let head = h.queues[0].push(&h.guest, &[(DATA, 16, false), (DATA + 4096, 32, true)]);
+    let rounds = 2;
+    for _ in 0..rounds {
+        for _ in 0..200 {
+            h.queues[0].publish(&h.guest, head);
+        }
+        h.kick(0);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    // The daemon takes at most a queue's worth; the rest waits in the ring. Once the slow
+    // command is done, the throttled requests must still all be served.
+    assert_eq!(h.queues[0].used_idx(&h.guest), 0);
+    for _ in 0..rounds * 200 + 2 {
+        h.queues[0]
+            .wait_used(&h.guest, Duration::from_secs(30))
+            .expect("every published request completes");
+    }
+    assert_eq!(h.device.stat(STAT_COMMANDS), rounds as u64 * 200 + 2);
+}
+
+#[test]
+fn the_fence_opcode_waits_for_earlier_commands() {
+    let mut h = Harness::with(Options {
+        dma_threads: 2,
+        ..Default::default()
+    });
+    let slow = atomic(
+        1,
+        atomic_cmd(ATOMIC_FETCH_ADD, 8, SPACE_DEVMEM, 0, 1, 0, 5_000_000),
+    );
+    h.post(&slow, 1, 64);
+    h.post(&hdr(OP_FENCE, 0, 2), 2, 64);
+    let (first, _) = h.queues[0]
+        .wait_used(&h.guest, Duration::from_secs(30))
+        .unwrap();
+    // The slow command's chain (descriptors 0-1) completes before the FENCE (2-3).
+    assert_eq!(first, 0);
+    h.queues[0]
+        .wait_used(&h.guest, Duration::from_secs(30))
+        .unwrap();
+}
+
+#[test]
+fn bar_addresses_and_device_offsets_are_the_same_bytes_for_overlap() {
+    let mut h = Harness::new();
+    let data = pattern(3 * 4096, 4);
+    h.devmem_write(0, &data);
+    // Source through the BAR, destination by offset, overlapping: memmove semantics.
+    ok(&h.call(&copy(1, &[gpa(DEVMEM_GPA, 8192)], &[dev(4096, 8192)])));
+    let mut expect = data.clone();
+    expect.copy_within(0..8192, 4096);
+    assert_eq!(h.devmem_read(0, 3 * 4096), expect);
+}
+
+#[test]
 fn stats_count_commands_and_errors() {
     let mut h = Harness::new();
     ok(&h.call(&hdr(OP_NOP, 0, 1)));
