@@ -65,11 +65,22 @@ T2=$(now)
 log "== guest: stalled device"
 tests/guest/run-stall.sh --quiet | tee "$OUT"
 STALL=$(tail -n 1 "$OUT")
+log "== guest: migration while the device stalls"
+tests/guest/run-hmm-stall.sh --quiet | tee "$OUT"
+HMM_STALL=$(tail -n 1 "$OUT")
+log "== guest: NUMA attach mode"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+"$HERE/run-guest.sh" --attach numa --devices 2 --quiet --timeout 600 \
+    --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
+    --add tests/guest/out/hmm-tests:/bin/ --add tests/guest/out/hmm-bench:/bin/ \
+    --script tests/guest/run-numa.sh | tee "$OUT"
+NUMA=$(tail -n 1 "$OUT")
 log "== guest: end-to-end suite"
 "$HERE/guest-suite.sh" | tee "$OUT"
 SUITE=$(tail -n 1 "$OUT")
 T_GUEST=$(elapsed "$T2")
 log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
-log "guest stall test: $STALL"
+log "guest stall test: $STALL; migration stall test: $HMM_STALL; NUMA mode: $NUMA"
 # The last line is the guest suite's verdict ("N passed, N failed").
 echo "$SUITE"

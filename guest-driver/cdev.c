@@ -138,6 +138,7 @@ static int cxla_open(struct inode *inode, struct file *filp)
 	cf->filp = filp;
 	mutex_init(&cf->lock);
 	xa_init_flags(&cf->bufs, XA_FLAGS_ALLOC1);
+	cxla_dmabuf_file_init(cf);
 	spin_lock_irq(&cd->evt_lock);
 	cf->evt_pos = cd->evt_head;
 	spin_unlock_irq(&cd->evt_lock);
@@ -162,6 +163,8 @@ static int cxla_release(struct inode *inode, struct file *filp)
 	struct cxla_buf *buf;
 	unsigned long idx;
 
+	cxla_dmabuf_file_release(cf);
+	cxla_svm_release(cf);		/* svm.c: device mirrors */
 	/* mappings are gone already: they hold the file */
 	xa_for_each(&cf->bufs, idx, buf) {
 		xa_erase(&cf->bufs, idx);
@@ -209,8 +212,11 @@ int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *out,
 	out->page_size = cd->page_size;
 	out->max_request = cd->max_request;
 	out->minor = cd->minor;
-	out->numa_node = cd->mem_pdev ? dev_to_node(&cd->mem_pdev->dev) :
-					NUMA_NO_NODE;
+	if (cd->mig->mem_end)	/* migrate.c: the node in NUMA mode */
+		out->numa_node = cd->mig->node;
+	else
+		out->numa_node = cd->mem_pdev ? dev_to_node(&cd->mem_pdev->dev) :
+						NUMA_NO_NODE;
 	return 0;
 }
 
@@ -285,6 +291,8 @@ static long cxla_ioc_free(struct cxla_file *cf, void __user *arg)
 		return -EINVAL;
 	if (!f.handle)
 		return -ENOENT;
+	if (f.handle & CXL_ACCEL_HANDLE_IMPORTED)
+		return cxla_import_free(cf, f.handle);	/* dmabuf.c */
 	mutex_lock(&cf->lock);
 	buf = xa_erase(&cf->bufs, f.handle);
 	mutex_unlock(&cf->lock);
@@ -440,6 +448,20 @@ static long cxla_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return cxla_ioc_wait_event(cf, uarg);
 	case CXL_ACCEL_IOC_STATS:
 		return cxla_ioc_stats(cf, uarg);
+	/* DMA-BUF (dmabuf.c) */
+	case CXL_ACCEL_IOC_EXPORT_DMABUF:
+		return cxla_ioc_export_dmabuf(cf, uarg);
+	case CXL_ACCEL_IOC_IMPORT_DMABUF:
+		return cxla_ioc_import_dmabuf(cf, uarg);
+	/* page migration and shared virtual memory (migrate.c, svm.c) */
+	case CXL_ACCEL_IOC_MIGRATE_TO_DEV:
+	case CXL_ACCEL_IOC_MIGRATE_TO_RAM:
+	case CXL_ACCEL_IOC_EVICT:
+	case CXL_ACCEL_IOC_HMM_INFO:
+	case CXL_ACCEL_IOC_SVM:
+	case CXL_ACCEL_IOC_SNAPSHOT:
+	case CXL_ACCEL_IOC_PIN_CHECKSUM:
+		return cxla_hmm_ioctl(cf, cmd, uarg);
 	default:
 		return -ENOTTY;
 	}

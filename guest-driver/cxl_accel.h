@@ -27,6 +27,7 @@
 #define CXLA_MAX_HANDLE		((1U << 23) - 1)
 #define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
 #define CXLA_DEVMEM_ALIGN	SZ_2M	/* memremap_pages granularity */
+#define CXLA_DMABUF_NSTATS	10	/* counters of dmabuf.c */
 
 /* ivshmem-plain, the function that carries the device memory BAR */
 #define CXLA_IVSHMEM_VENDOR	0x1af4
@@ -92,7 +93,15 @@ struct cxla_dev {
 	struct mutex files_lock;	/* files */
 	struct list_head files;
 
+	/* DMA-BUF exports and imports (dmabuf.c) */
+	struct mutex dmabuf_lock;	/* exports, imports */
+	struct list_head exports;
+	struct list_head imports;
+	atomic_t dmabuf_stat[CXLA_DMABUF_NSTATS];
+
 	atomic64_t dstat[CXL_ACCEL_DSTAT_COUNT];
+
+	struct cxla_mig *mig;		/* migration pool, counters (migrate.c) */
 };
 
 /* A device-memory buffer */
@@ -110,6 +119,7 @@ struct cxla_buf {
 	atomic_long_t pages_out;
 	struct work_struct release_work;	/* last reference, deferred */
 	struct work_struct finish_work;		/* last page back, deferred */
+	struct cxla_chunk *chunk;	/* migration pool chunk (migrate.c) */
 };
 
 struct cxla_file {
@@ -120,6 +130,8 @@ struct cxla_file {
 	struct xarray bufs;		/* handle -> cxla_buf */
 	u64 evt_pos;			/* next event index to read */
 	u32 evt_lost;
+	struct cxla_svm_file *svm;	/* device mirrors (svm.c) */
+	struct xarray imports;		/* handle -> cxla_import (dmabuf.c) */
 };
 
 /* Pinned user pages attached to a request */
@@ -127,6 +139,7 @@ struct cxla_pin {
 	struct page **pages;
 	unsigned int npages;
 	bool write;
+	struct cxla_import *imp;	/* imported DMA-BUF in use (dmabuf.c) */
 };
 
 #define CXLA_REQ_PINS	2
@@ -153,6 +166,9 @@ struct cxla_req {
 	u32 used_len;
 	struct cxla_pin pins[CXLA_REQ_PINS];
 	struct cxla_buf *bufs[CXLA_REQ_BUFS];
+	/* owner's clean-up when the request is freed, also after quarantine */
+	void (*release)(struct cxla_req *req);
+	void *release_data;
 };
 
 /* vq.c */
@@ -229,6 +245,25 @@ struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
 int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *id,
 		  bool intr);
 
+/* dmabuf.c */
+struct cxla_import;
+void cxla_dmabuf_init_dev(struct cxla_dev *cd);
+void cxla_dmabuf_revoke_exports(struct cxla_dev *cd);
+void cxla_dmabuf_detach_imports(struct cxla_dev *cd);
+void cxla_dmabuf_file_init(struct cxla_file *cf);
+void cxla_dmabuf_file_release(struct cxla_file *cf);
+long cxla_ioc_export_dmabuf(struct cxla_file *cf, void __user *arg);
+long cxla_ioc_import_dmabuf(struct cxla_file *cf, void __user *arg);
+int cxla_import_free(struct cxla_file *cf, u32 handle);
+int cxla_import_operand_get(struct cxla_file *cf, u32 handle, u64 addr,
+			    u64 len, struct cxla_import **out);
+void cxla_import_put(struct cxla_import *imp);
+int cxla_import_sges(struct cxla_dev *cd, struct cxla_import *imp, u64 off,
+		     u64 len, struct cxla_pin *pin, struct cxla_sge *sge,
+		     unsigned int max);
+void cxla_import_unpin(struct cxla_pin *pin);
+extern const struct attribute_group cxla_dmabuf_group;
+
 /* sysfs.c */
 extern const struct attribute_group *cxla_groups[];
 
@@ -246,5 +281,7 @@ static inline struct cxla_dev *to_cxla_dev(struct device *dev)
 {
 	return container_of(dev, struct cxla_dev, dev);
 }
+
+#include "migrate.h"	/* page migration, SVM */
 
 #endif /* CXL_ACCEL_H */

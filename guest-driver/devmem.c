@@ -96,6 +96,10 @@ static void cxla_page_free(struct page *page)
 {
 	struct cxla_buf *buf = page->zone_device_data;
 
+	if (buf && buf->chunk) {	/* a migration page: back to its pool */
+		cxla_pool_page_free(buf, page);
+		return;
+	}
 	page->zone_device_data = NULL;
 	if (WARN_ON_ONCE(!buf))
 		return;
@@ -187,6 +191,8 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 	u64 id, off;
 	int ret;
 
+	if (!(cd->features & CXLA_F_ALLOC))
+		return -EOPNOTSUPP;	/* NUMA mode: the kernel owns the memory */
 	buf = kzalloc(sizeof(*buf), GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
@@ -374,7 +380,8 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	cd->pgmap.range.end = start + cd->devmem_size - 1;
 	cd->pgmap.nr_range = 1;
 	cd->pgmap.ops = &cxla_pgmap_ops;
-	cd->pgmap.owner = cd;
+	/* shared by all devices: migration moves pages between them (migrate.c) */
+	cd->pgmap.owner = &cxla_pgmap_owner;
 	addr = memremap_pages(&cd->pgmap, dev_to_node(&pdev->dev));
 	if (IS_ERR(addr)) {
 		ret = PTR_ERR(addr);
@@ -383,6 +390,8 @@ int cxla_devmem_init(struct cxla_dev *cd)
 		goto err_release;
 	}
 	cd->pgmap_live = true;
+	cxla_mig_register(cd, start, cd->devmem_size, true,
+			  dev_to_node(&pdev->dev));
 	return 0;
 
 err_release:

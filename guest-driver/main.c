@@ -30,6 +30,7 @@ static void cxla_dev_release(struct device *dev)
 	struct cxla_dev *cd = to_cxla_dev(dev);
 
 	cancel_work_sync(&cd->reap_work);
+	cxla_mig_free(cd);
 	kfree(cd->evt_bufs);
 	if (cd->minor >= 0)
 		ida_free(&cxla_ida, cd->minor);
@@ -84,7 +85,8 @@ static int cxla_read_config(struct cxla_dev *cd)
 	}
 	if (!cd->num_dma_engines)
 		cd->num_dma_engines = 1;
-	if (!(cd->features & CXLA_F_ALLOC)) {
+	/* NUMA mode: the kernel owns device memory, the device allocates none */
+	if (!(cd->features & (CXLA_F_ALLOC | CXLA_F_NUMA))) {
 		dev_err(&vdev->dev, "device cannot allocate its memory (features %#llx)\n",
 			cd->features);
 		return -ENODEV;
@@ -124,7 +126,11 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	WRITE_ONCE(cd->dead, true);
 	up_write(&cd->map_sem);
 	wake_up_all(&cd->evt_wait);
+	/* DMA-BUFs of this memory: importers told, CPU mappings zapped */
+	cxla_dmabuf_revoke_exports(cd);
 	cxla_zap_mappings(cd);
+	/* migrated process pages back to system RAM while the device copies */
+	cxla_mig_evict_all(cd);
 	cxla_devmem_free_all(cd);
 
 	spin_lock_irq(&cd->cmd_lock);
@@ -134,6 +140,10 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	/* the device touches no request any more: wake waiters, reap */
 	cxla_cancel_all(cd);
 	flush_work(&cd->reap_work);
+	/* no request uses an import any more: release the attachments */
+	cxla_dmabuf_detach_imports(cd);
+	/* migrated pages that were busy: CPU copy, then the pool's chunks go */
+	cxla_mig_teardown(cd);
 
 	cxla_devmem_teardown(cd);
 	vdev->config->del_vqs(vdev);
@@ -169,6 +179,10 @@ static int cxla_probe(struct virtio_device *vdev)
 	INIT_LIST_HEAD(&cd->bufs);
 	mutex_init(&cd->files_lock);
 	INIT_LIST_HEAD(&cd->files);
+	cxla_dmabuf_init_dev(cd);
+	ret = cxla_mig_init(cd);
+	if (ret)
+		goto err_put;
 
 	ret = cxla_read_config(cd);
 	if (ret)
@@ -208,7 +222,10 @@ static int cxla_probe(struct virtio_device *vdev)
 			goto err_shutdown;
 	}
 
-	ret = cxla_devmem_init(cd);
+	if (cd->features & CXLA_F_NUMA)
+		ret = cxla_numa_init(cd);	/* migrate.c: no ivshmem function */
+	else
+		ret = cxla_devmem_init(cd);
 	if (ret)
 		goto err_shutdown;
 
@@ -233,11 +250,18 @@ static int cxla_probe(struct virtio_device *vdev)
 		goto err_shutdown;
 	}
 
-	dev_info(&cd->dev,
-		 "%llu MiB coherent device memory at %#llx (%s BAR%d), %u DMA engines, features %#llx, device index %u\n",
-		 cd->devmem_size >> 20, (u64)cd->devmem_gpa,
-		 pci_name(cd->mem_pdev), CXLA_IVSHMEM_BAR, cd->num_dma_engines,
-		 cd->features, cd->device_index);
+	if (cd->features & CXLA_F_NUMA)
+		dev_info(&cd->dev,
+			 "%llu MiB device memory at %#llx is NUMA node %d, %u DMA engines, features %#llx, device index %u\n",
+			 cd->devmem_size >> 20, (u64)cd->devmem_gpa,
+			 cd->mig->node, cd->num_dma_engines, cd->features,
+			 cd->device_index);
+	else
+		dev_info(&cd->dev,
+			 "%llu MiB coherent device memory at %#llx (%s BAR%d), %u DMA engines, features %#llx, device index %u\n",
+			 cd->devmem_size >> 20, (u64)cd->devmem_gpa,
+			 pci_name(cd->mem_pdev), CXLA_IVSHMEM_BAR,
+			 cd->num_dma_engines, cd->features, cd->device_index);
 	return 0;
 
 err_shutdown:

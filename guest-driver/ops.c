@@ -24,6 +24,7 @@
 
 struct cxla_operand {
 	struct cxla_buf *buf;	/* NULL: user memory */
+	struct cxla_import *imp;	/* imported DMA-BUF (dmabuf.c) */
 	u64 addr;		/* user address, or offset in buf */
 };
 
@@ -42,6 +43,8 @@ void cxla_pin_release(struct cxla_pin *pin)
 {
 	unsigned int i;
 
+	if (pin->imp)
+		cxla_import_unpin(pin);
 	if (!pin->pages)
 		return;
 	for (i = 0; i < pin->npages; i++) {
@@ -62,9 +65,13 @@ static int cxla_operand_get(struct cxla_file *cf, const struct cxl_accel_mem *m,
 			    u64 len, struct cxla_operand *op)
 {
 	op->buf = NULL;
+	op->imp = NULL;
 	op->addr = m->addr;
 	if (m->reserved)
 		return -EINVAL;
+	if (m->handle & CXL_ACCEL_HANDLE_IMPORTED)
+		return cxla_import_operand_get(cf, m->handle, m->addr, len,
+					       &op->imp);
 	if (!m->handle) {
 		if (m->addr + len < m->addr ||
 		    !access_ok(u64_to_user_ptr(m->addr), len))
@@ -87,6 +94,9 @@ static void cxla_operand_put(struct cxla_operand *op)
 	if (op->buf)
 		cxla_buf_put(op->buf);
 	op->buf = NULL;
+	if (op->imp)
+		cxla_import_put(op->imp);
+	op->imp = NULL;
 }
 
 static void cxla_sge_set(struct cxla_sge *sge, u64 addr, u32 len, u16 space)
@@ -115,6 +125,9 @@ static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
 			     CXLA_SPACE_DEVMEM);
 		return 1;
 	}
+	if (op->imp)
+		return cxla_import_sges(cd, op->imp, op->addr + pos, len, pin,
+					sge, max);
 
 	start = op->addr + pos;
 	first = start & PAGE_MASK;

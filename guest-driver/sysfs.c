@@ -176,5 +176,7 @@ static const struct attribute_group cxla_group = {
 
 const struct attribute_group *cxla_groups[] = {
 	&cxla_group,
+	&cxla_dmabuf_group,	/* dmabuf/ (dmabuf.c) */
+	&cxla_mig_group,	/* numa_node, migration (migrate.c) */
 	NULL,
 };

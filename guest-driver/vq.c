@@ -100,6 +100,8 @@ void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 
 	if (!req)
 		return;
+	if (req->release)
+		req->release(req);
 	for (i = 0; i < CXLA_REQ_PINS; i++)
 		cxla_pin_release(&req->pins[i]);
 	for (i = 0; i < CXLA_REQ_BUFS; i++)

@@ -214,4 +214,220 @@ struct cxl_accel_stats {
 #define CXL_ACCEL_IOC_WAIT_EVENT _IOWR(CXL_ACCEL_IOC_MAGIC, 0x48, struct cxl_accel_wait_event)
 #define CXL_ACCEL_IOC_STATS	_IOR(CXL_ACCEL_IOC_MAGIC, 0x49, struct cxl_accel_stats)
 
+/*
+ * DMA-BUF export and import (ioctl numbers 0x60-0x6F).
+ *
+ * EXPORT_DMABUF makes a buffer of this file a DMA-BUF file descriptor. The
+ * DMA-BUF keeps the buffer alive: FREE of the handle, close of this file
+ * and exit do not free the device memory while the DMA-BUF, a mapping of
+ * it or an importer lives. The fd supports mmap() (MAP_SHARED, coherent
+ * like the mmap of the handle; DMA_BUF_IOCTL_SYNC is accepted and not
+ * needed), lseek(SEEK_END) for the size, and passing to other processes.
+ * Each buffer has one DMA-BUF: exporting it again gives another fd of the
+ * same DMA-BUF, with the same UUID. The UUID is told to the device
+ * (EXPORT); it is the name of the buffer outside the guest.
+ *
+ * IMPORT_DMABUF takes any DMA-BUF fd (another cxl-accel device's, this
+ * device's own, udmabuf, a DMA heap, ...) and returns a handle with
+ * CXL_ACCEL_HANDLE_IMPORTED set. That handle is a memory operand of COPY,
+ * FILL, CHECKSUM and ATOMIC like a buffer handle (addr = byte offset in the
+ * DMA-BUF); FREE releases it. The import holds the DMA-BUF: closing the
+ * exporter's fd does not end it. Memory of another cxl-accel device is
+ * reached peer-to-peer, by bus address, without a copy through system RAM.
+ *
+ * When the exporting device is removed (unbind), its DMA-BUFs are revoked:
+ * their mappings are zapped (SIGBUS), and commands on imports of them fail
+ * with -ENODEV, as do new imports and DMA_BUF_IOCTL_SYNC. The fds stay
+ * valid until closed. The module cannot be unloaded while a DMA-BUF it
+ * exported lives (each one holds a module reference).
+ *
+ * Errors: -EBADF fd is not open, -EINVAL fd is not a DMA-BUF (or bad
+ * flags, reserved fields, offsets or sizes), -ENOENT unknown handle,
+ * -ENODEV device or exporter removed, -EOPNOTSUPP device without EXPORT
+ * (export) or an IOMMU translating for the device (import).
+ */
+#define CXL_ACCEL_DMABUF_CLOEXEC	(1U << 0) /* export: fd gets FD_CLOEXEC */
+
+struct cxl_accel_dmabuf_export {
+	__u32 handle;			/* in: buffer handle */
+	__u32 flags;			/* in: CXL_ACCEL_DMABUF_* */
+	__s32 fd;			/* out: DMA-BUF file descriptor */
+	__u32 reserved;			/* 0 */
+	__u64 size;			/* out: bytes */
+	__u8 uuid[16];			/* out: UUID of the exported buffer */
+};
+
+/* Set in every handle of an imported DMA-BUF */
+#define CXL_ACCEL_HANDLE_IMPORTED	(1U << 31)
+
+/* cxl_accel_dmabuf_import.kind: who exported the DMA-BUF */
+#define CXL_ACCEL_IMPORT_SELF		1	/* this device (its own memory) */
+#define CXL_ACCEL_IMPORT_PEER		2	/* another cxl-accel device */
+#define CXL_ACCEL_IMPORT_OTHER		3	/* another exporter (system memory) */
+
+/* cxl_accel_dmabuf_import.attach_flags */
+#define CXL_ACCEL_IMPORT_P2P		(1U << 0) /* exporter gave bus addresses: peer-to-peer */
+#define CXL_ACCEL_IMPORT_DYNAMIC	(1U << 1) /* exporter may move or revoke it */
+
+struct cxl_accel_dmabuf_import {
+	__s32 fd;			/* in: DMA-BUF file descriptor */
+	__u32 flags;			/* in: 0 */
+	__u32 handle;			/* out: operand handle, CXL_ACCEL_HANDLE_IMPORTED set */
+	__u32 kind;			/* out: CXL_ACCEL_IMPORT_SELF/PEER/OTHER */
+	__u64 size;			/* out: bytes */
+	__u8 uuid[16];			/* out: exporter's UUID (virtio DMA-BUFs), else 0 */
+	__u32 attach_flags;		/* out: CXL_ACCEL_IMPORT_P2P, _DYNAMIC */
+	__u32 nr_segments;		/* out: DMA segments of the mapping */
+	__u64 reserved[2];		/* 0 */
+};
+
+#define CXL_ACCEL_IOC_EXPORT_DMABUF _IOWR(CXL_ACCEL_IOC_MAGIC, 0x60, struct cxl_accel_dmabuf_export)
+#define CXL_ACCEL_IOC_IMPORT_DMABUF _IOWR(CXL_ACCEL_IOC_MAGIC, 0x61, struct cxl_accel_dmabuf_import)
+/* end of the DMA-BUF block */
+
+/*
+ * Page migration and shared virtual memory (HMM): ioctl numbers 0x50-0x5F.
+ *
+ * MIGRATE_TO_DEV moves the private anonymous pages of [addr, addr + len) of
+ * the calling process into this device's memory; holes of anonymous
+ * memory get zero-filled device pages. The pages stay mapped at the same
+ * addresses (MEMORY_DEVICE_COHERENT): the CPU keeps reading and writing
+ * them in place, without faults. MIGRATE_TO_RAM moves every page of the
+ * range that lies on the memory of any cxl-accel device back to system
+ * RAM. The data is copied by the device's DMA engine (COPY_PAGES, FILL),
+ * from a peer device's memory peer-to-peer. Pages that cannot move are
+ * counted, not failed: shared mappings (MAP_SHARED, shmem), page-cache
+ * pages of file mappings, mappings without access, special mappings and
+ * hugetlbfs are refused; pinned pages and pages another migration holds
+ * are busy. The range must be mapped (else -EFAULT); THP is split first.
+ *
+ * EVICT moves every page of this device's memory that holds process data
+ * back to system RAM, whoever maps it (migrate_device_range), and returns
+ * the pool's device buffers to the device. Unbind and module unload do the
+ * same: no process data is left on a device that goes away.
+ *
+ * SVM lets the device read and write the calling process's virtual memory
+ * directly, any alignment: the pages are resolved with hmm_range_fault()
+ * (faulting them in like a CPU access would, with the same permission
+ * checks) and kept in a device mirror per (file, process), invalidated by
+ * an mmu_interval_notifier on munmap, mprotect, COW, migration, reclaim
+ * and exit. An invalidation waits for device accesses in flight to its
+ * range. Errors: -EFAULT unmapped or no access, -EPERM write to read-only
+ * memory, -EBUSY the range kept changing (retries exhausted).
+ *
+ * SNAPSHOT reports one CXL_ACCEL_SNAP_* byte per page of the calling
+ * process's range, without faulting anything in. PIN_CHECKSUM pins a range
+ * with FOLL_LONGTERM (which moves device pages to RAM first) and lets the
+ * device checksum it. HMM_INFO reports the migration pool and counters.
+ */
+#define CXL_ACCEL_F_NUMA		(1ULL << 7) /* device memory is a NUMA node */
+
+struct cxl_accel_migrate {
+	__u64 addr;			/* in: page aligned */
+	__u64 len;			/* in: bytes, page multiple, > 0 */
+	__u32 flags;			/* in: 0 */
+	__u32 timeout_ms;		/* in: per device command, 0 = default */
+	__u64 migrated;			/* out: pages moved by this call */
+	__u64 already;			/* out: already there (to RAM: not on device, or busy) */
+	__u64 refused;			/* out: pages that cannot move (see above) */
+	__u64 busy;			/* out: pinned, locked, racing, or copy failed */
+	__u64 no_space;			/* out: left behind, device memory full */
+	__u64 reserved[3];		/* 0 */
+};
+
+struct cxl_accel_evict {
+	__u32 flags;			/* in: 0 */
+	__u32 timeout_ms;		/* in: per device command, 0 = default */
+	__u64 evicted;			/* out: pages moved back to system RAM */
+	__u64 remaining;		/* out: pages still on device memory (pinned) */
+	__u64 chunks_freed;		/* out: pool buffers returned to the device */
+	__u64 reserved[4];		/* 0 */
+};
+
+#define CXL_ACCEL_HMM_COHERENT		(1U << 0) /* ZONE_DEVICE coherent pages: migration ioctls */
+#define CXL_ACCEL_HMM_NUMA		(1U << 1) /* device memory is a CPU-less NUMA node */
+
+struct cxl_accel_hmm_info {
+	__u32 flags;			/* CXL_ACCEL_HMM_* */
+	__s32 numa_node;		/* node of device memory (NUMA mode), else -1 */
+	__u64 mem_start;		/* guest-physical range of device memory */
+	__u64 mem_size;
+	__u64 chunk_size;		/* bytes of one pool buffer */
+	__u64 pool_chunks;		/* pool buffers held now */
+	__u64 pool_pages_used;		/* pool pages holding process data */
+	__u64 pool_pages_free;
+	__u64 migrated_to_dev;		/* pages since probe */
+	__u64 migrated_to_ram;
+	__u64 evicted;			/* by EVICT or removal */
+	__u64 cpu_evicted;		/* of those, copied by the CPU (device dead) */
+	__u64 copy_commands;		/* COPY_PAGES and FILL commands of migrations */
+	__u64 copy_failures;
+	__u64 svm_faults;		/* hmm_range_fault() calls */
+	__u64 svm_retries;		/* -EBUSY or notifier sequence changed */
+	__u64 svm_mirror_hits;		/* windows served from a mirror */
+	__u64 svm_invalidations;	/* notifier callbacks that dropped entries */
+	__u64 svm_invalidate_waits;	/* callbacks that waited for the device */
+	__u64 svm_mirrors;		/* live mirrors (file, process) */
+	__u64 reserved[8];
+};
+
+#define CXL_ACCEL_SVM_READ		0 /* device copies the user range into the buffer */
+#define CXL_ACCEL_SVM_WRITE		1 /* device copies the buffer into the user range */
+#define CXL_ACCEL_SVM_CHECKSUM		2 /* crc32c of the user range; seed in value, crc out */
+#define CXL_ACCEL_SVM_FILL		3 /* device fills the user range with the value pattern */
+
+struct cxl_accel_svm {
+	__u64 addr;			/* in: user virtual address */
+	__u64 len;			/* in: bytes, > 0 */
+	__u32 op;			/* in: CXL_ACCEL_SVM_* */
+	__u32 handle;			/* in: READ/WRITE: device buffer */
+	__u64 offset;			/* in: READ/WRITE: byte offset in the buffer */
+	__u64 value;			/* in: FILL pattern, CHECKSUM seed; out: crc */
+	__u32 flags;			/* in: 0 */
+	__u32 timeout_ms;		/* in: per device command, 0 = default */
+	__u64 faults;			/* out: hmm_range_fault() calls */
+	__u64 mirror_hits;		/* out: windows served from the mirror */
+	__u64 retries;			/* out: sequence retries */
+	__u64 reserved[2];		/* 0 */
+};
+
+/* SNAPSHOT: one byte per page; 0 = not present */
+#define CXL_ACCEL_SNAP_PRESENT		(1U << 0) /* mapped in the CPU page table */
+#define CXL_ACCEL_SNAP_WRITE		(1U << 1) /* writable, else read-only */
+#define CXL_ACCEL_SNAP_ZERO		(1U << 2) /* the shared (huge) zero page */
+#define CXL_ACCEL_SNAP_HUGE		(1U << 3) /* mapped by a PMD (THP) */
+#define CXL_ACCEL_SNAP_LOCAL		(1U << 4) /* on this device's memory */
+#define CXL_ACCEL_SNAP_REMOTE		(1U << 5) /* on another cxl-accel device's memory */
+#define CXL_ACCEL_SNAP_MIRRORED		(1U << 6) /* held by this file's device mirror */
+#define CXL_ACCEL_SNAP_ERROR		(1U << 7) /* no access (PROT_NONE) or not mapped */
+
+struct cxl_accel_snapshot {
+	__u64 addr;			/* in: page aligned */
+	__u64 len;			/* in: bytes, page multiple, at most 1 GiB */
+	__u64 flags_ptr;		/* in: user buffer of len / page size bytes */
+	__u32 flags;			/* in: 0 */
+	__u32 reserved;			/* 0 */
+};
+
+struct cxl_accel_pin_checksum {
+	__u64 addr;			/* in: user virtual address */
+	__u64 len;			/* in: bytes, > 0, at most 256 MiB */
+	__u32 seed;			/* in */
+	__u32 crc;			/* out: crc32c */
+	__u32 flags;			/* in: 0 */
+	__u32 timeout_ms;		/* in: per device command, 0 = default */
+	__u64 pages;			/* out: pages pinned */
+	__u64 on_device;		/* out: pinned pages on cxl-accel memory (expect 0) */
+	__u64 reserved[2];		/* 0 */
+};
+
+#define CXL_ACCEL_IOC_MIGRATE_TO_DEV _IOWR(CXL_ACCEL_IOC_MAGIC, 0x50, struct cxl_accel_migrate)
+#define CXL_ACCEL_IOC_MIGRATE_TO_RAM _IOWR(CXL_ACCEL_IOC_MAGIC, 0x51, struct cxl_accel_migrate)
+#define CXL_ACCEL_IOC_EVICT	_IOWR(CXL_ACCEL_IOC_MAGIC, 0x52, struct cxl_accel_evict)
+#define CXL_ACCEL_IOC_HMM_INFO	_IOR(CXL_ACCEL_IOC_MAGIC, 0x53, struct cxl_accel_hmm_info)
+#define CXL_ACCEL_IOC_SVM	_IOWR(CXL_ACCEL_IOC_MAGIC, 0x54, struct cxl_accel_svm)
+#define CXL_ACCEL_IOC_SNAPSHOT	_IOW(CXL_ACCEL_IOC_MAGIC, 0x55, struct cxl_accel_snapshot)
+#define CXL_ACCEL_IOC_PIN_CHECKSUM _IOWR(CXL_ACCEL_IOC_MAGIC, 0x56, struct cxl_accel_pin_checksum)
+/* end of the migration / SVM block */
+
 #endif /* _UAPI_CXL_ACCEL_H */

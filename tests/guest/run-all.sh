@@ -124,6 +124,103 @@ for dev in $(device_list); do cat "/tmp/$dev.out"; done
 
 "$TESTS" --multi || RC=1
 
+# DMA-BUF export/import, peer-to-peer, revocation (tests/guest/dmabuf-tests.c),
+# then the quick form of its benchmark (P2P copy next to a bounce through RAM).
+DMABUF=$(find_file dmabuf-tests)
+if [ -n "$DMABUF" ]; then
+    "$DMABUF" || RC=1
+    "$DMABUF" --bench || RC=1
+else
+    result dmabuf FAIL "dmabuf-tests not found"
+fi
+
+# Page migration and shared virtual memory (tests/guest/hmm-tests.c): the
+# table on every device in parallel, the two-device tests, the quick form of
+# the migration benchmark, then unbind and module unload while a process has
+# pages on device memory (they must come back to system RAM intact).
+HMM=$(find_file hmm-tests)
+HMMBENCH=$(find_file hmm-bench)
+if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
+    pids=
+    for dev in $(device_list); do
+        "$HMM" -d "/dev/$dev" -p "$dev.hmm." -s 6 >"/tmp/$dev.hmm.out" 2>&1 &
+        pids="$pids $!"
+    done
+    for p in $pids; do wait "$p" || RC=1; done
+    for dev in $(device_list); do cat "/tmp/$dev.hmm.out"; done
+    # shellcheck disable=SC2046
+    set -- $(device_list)
+    if [ $# -ge 2 ]; then
+        "$HMM" -d "/dev/$1" -P "/dev/$2" --peer-only -p "hmm." || RC=1
+    fi
+    "$HMMBENCH" -d "/dev/$1" --quick || RC=1
+
+    # unbind the last device while a process has 8 MiB on its memory
+    hdev=$(device_list | tail -n 1)
+    hvdev=$(basename "$(readlink "/sys/class/cxl-accel/$hdev/device")")
+    rm -f /tmp/hmm-go
+    "$HMM" --hold-migrated "/dev/$hdev" >/tmp/hmm-hold.out 2>&1 &
+    holder=$!
+    i=0
+    while ! grep -q 'HOLD READY' /tmp/hmm-hold.out && [ $i -lt 300 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
+    # the holder closes its dead file first, so the device keeps its name
+    i=0
+    while ! grep -q 'HOLD ioctl after removal' /tmp/hmm-hold.out && [ $i -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    sleep 0.2
+    echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/bind
+    ensure_nodes
+    touch /tmp/hmm-go
+    wait "$holder"
+    hold_rc=$?
+    sed 's/^/  /' /tmp/hmm-hold.out
+    moved=$(dmesg | grep -o '[0-9]* migrated pages moved back to system RAM at removal, [0-9]* of them by CPU copy' | tail -n 1)
+    if [ $hold_rc = 0 ] && grep -q 'HOLD DONE ok' /tmp/hmm-hold.out; then
+        result hmm.unbind_with_migrated_pages PASS "unbind of $hdev: ${moved:-no eviction message}; data intact, process went on"
+    else
+        result hmm.unbind_with_migrated_pages FAIL "holder rc $hold_rc"
+    fi
+
+    # unload the module while a process (file closed) has pages on devices
+    if [ -n "$KO" ]; then
+        rm -f /tmp/hmm-go
+        "$HMM" --hold-migrated "/dev/$1" --close >/tmp/hmm-hold.out 2>&1 &
+        holder=$!
+        i=0
+        while ! grep -q 'HOLD READY' /tmp/hmm-hold.out && [ $i -lt 300 ]; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        if rmmod cxl_accel; then
+            # shellcheck disable=SC2086
+            insmod "$KO" ${CXLA_PARAMS:-}
+            ensure_nodes
+            touch /tmp/hmm-go
+            wait "$holder"
+            hold_rc=$?
+            sed 's/^/  /' /tmp/hmm-hold.out
+            if [ $hold_rc = 0 ] && grep -q 'HOLD DONE ok' /tmp/hmm-hold.out &&
+                [ "$(device_list | wc -l)" = "$expected" ]; then
+                result hmm.unload_with_migrated_pages PASS "rmmod with 8 MiB of a live process on /dev/$1: data intact in RAM; insmod again"
+            else
+                result hmm.unload_with_migrated_pages FAIL "holder rc $hold_rc, $(device_list | wc -l) devices after insmod"
+            fi
+        else
+            touch /tmp/hmm-go
+            wait "$holder"
+            result hmm.unload_with_migrated_pages FAIL "rmmod failed"
+        fi
+    fi
+else
+    result hmm FAIL "hmm-tests or hmm-bench not found"
+fi
+
 echo "----- cxl-accel-demo"
 if "$DEMO" /dev/cxl-accel0 32 >/tmp/demo.out 2>&1; then
     cat /tmp/demo.out

@@ -45,7 +45,9 @@ cat /sys/class/cxl-accel/cxl-accel0/timeouts /sys/class/cxl-accel/cxl-accel0/qua
 if rmmod cxl_accel; then echo "RESULT stall_unload PASS rmmod after the stall"; else echo "RESULT stall_unload FAIL rmmod"; rc=1; fi
 exit $rc
 EOS
+# cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
 exec "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$TMP/daemon" \
+    --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
     --script "$TMP/guest.sh" "$@"

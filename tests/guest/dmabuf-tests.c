@@ -1,0 +1,1614 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel DMA-BUF tests: export, import, peer-to-peer between devices,
+ * udmabuf and DMA heap imports, lifetime and revocation. A table of named
+ * tests, each in its own child process, one line per test:
+ *
+ *   RESULT dmabuf.<name> PASS|FAIL|SKIP <detail>
+ *
+ * Usage: dmabuf-tests [-t name]... [-l]
+ *        dmabuf-tests --bench [--full] [SIZE_MiB...]
+ *
+ * Devices are every /dev/cxl-accelN (sorted); "dev0" exports and "dev1"
+ * imports. Tests that need two devices are skipped with one. The revocation
+ * test unbinds dev0 from the driver and binds it again.
+ *
+ * --bench: copy bandwidth from a buffer of dev0 to a buffer of dev1,
+ * peer-to-peer through an imported DMA-BUF (push by dev0, pull by dev1),
+ * next to the same copy bounced through system RAM (dev0 -> RAM, RAM ->
+ * dev1) and a CPU memcpy between the two mappings. Default sizes 2 and 32
+ * MiB (3 runs each); --full: 2 and 256 MiB, 5 runs (give the devices 1 GiB:
+ * ci/run-guest.sh --devmem-size 1G).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-heap.h>
+#include <linux/udmabuf.h>
+
+#include "cxla_test.h"
+
+#define KiB		1024ULL
+#define MiB		(1024 * KiB)
+#define TEST_TIMEOUT_S	240
+#define MAX_DEVS	8
+
+enum { PASS, FAIL, SKIP };
+
+struct ctx {
+	int ndev;
+	char path[MAX_DEVS][64];
+	char name[MAX_DEVS][32];	/* cxl-accelN */
+	int fd[MAX_DEVS];
+	struct cxl_accel_identify id[MAX_DEVS];
+	char *detail;			/* shared with the parent */
+};
+
+#define DETAIL_LEN	500
+#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
+#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
+#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
+#define OK(expr) do {							\
+	int __r = (expr);						\
+	if (__r)							\
+		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
+		      __r, strerror(-__r));				\
+} while (0)
+#define EXPECT_ERR(expr, err) do {					\
+	int __r = (expr);						\
+	if (__r != -(err))						\
+		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
+		      __func__, __LINE__, #expr, __r,			\
+		      __r ? strerror(-__r) : "ok", #err);		\
+} while (0)
+#define NEED2() do {							\
+	if (c->ndev < 2) {						\
+		DETAIL("needs two devices, found %d", c->ndev);		\
+		return SKIP;						\
+	}								\
+} while (0)
+
+/* ------------------------------------------------------------ helpers */
+
+static int export_buf(int fd, uint32_t handle, uint32_t flags,
+		      struct cxl_accel_dmabuf_export *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->handle = handle;
+	e->flags = flags;
+	e->fd = -1;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_EXPORT_DMABUF, e);
+}
+
+/* export with FD_CLOEXEC; the fd or -errno */
+static int export_fd(int fd, uint32_t handle)
+{
+	struct cxl_accel_dmabuf_export e;
+	int r = export_buf(fd, handle, CXL_ACCEL_DMABUF_CLOEXEC, &e);
+
+	return r ? r : e.fd;
+}
+
+static int import_buf(int fd, int dmabuf, struct cxl_accel_dmabuf_import *im)
+{
+	memset(im, 0, sizeof(*im));
+	im->fd = dmabuf;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_IMPORT_DMABUF, im);
+}
+
+static bool uuid_zero(const uint8_t *u)
+{
+	int i;
+
+	for (i = 0; i < 16; i++)
+		if (u[i])
+			return false;
+	return true;
+}
+
+static void uuid_str(const uint8_t *u, char *out)
+{
+	int i, n = 0;
+
+	for (i = 0; i < 16; i++)
+		n += sprintf(out + n, "%s%02x",
+			     (i == 4 || i == 6 || i == 8 || i == 10) ? "-" : "",
+			     u[i]);
+}
+
+static long sysfs_long(const char *dev, const char *attr)
+{
+	char p[256], buf[64];
+	FILE *f;
+	long v = -1;
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/dmabuf/%s", dev, attr);
+	f = fopen(p, "r");
+	if (!f)
+		return -1;
+	if (fgets(buf, sizeof(buf), f))
+		v = strtol(buf, NULL, 0);
+	fclose(f);
+	return v;
+}
+
+/* module-wide live exports, attachments, imports: "E A I" */
+static int module_live(const struct ctx *c, long v[3])
+{
+	char p[256];
+	FILE *f;
+	int n;
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/dmabuf/module_live",
+		 c->name[0]);
+	f = fopen(p, "r");
+	if (!f)
+		return -1;
+	n = fscanf(f, "%ld %ld %ld", &v[0], &v[1], &v[2]);
+	fclose(f);
+	return n == 3 ? 0 : -1;
+}
+
+/* DMA-BUFs in the kernel's list whose exporter is this driver */
+static int bufinfo_count(void)
+{
+	FILE *f = fopen("/sys/kernel/debug/dma_buf/bufinfo", "r");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "cxl_accel"))
+			n++;
+	fclose(f);
+	return n;
+}
+
+static uint64_t dev_free(int fd)
+{
+	struct cxl_accel_identify id;
+
+	if (cxla_identify(fd, &id))
+		return ~0ULL;
+	return id.devmem_free;
+}
+
+static uint64_t p2p_bytes(int fd)
+{
+	struct cxl_accel_stats st;
+
+	if (cxla_stats(fd, &st))
+		return ~0ULL;
+	return st.device[CXL_ACCEL_STAT_BYTES_P2P];
+}
+
+static void *map_fd(int fd, size_t len, off_t off)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int sync_buf(int fd, uint64_t flags)
+{
+	struct dma_buf_sync s = { .flags = flags };
+
+	return ioctl(fd, DMA_BUF_IOCTL_SYNC, &s) ? -errno : 0;
+}
+
+static int mmap_err(int fd, size_t len, off_t off, int flags)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, fd, off);
+
+	if (p != MAP_FAILED) {
+		munmap(p, len);
+		return 0;
+	}
+	return -errno;
+}
+
+static bool pattern_ok(const uint8_t *p, size_t len, uint64_t pat)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (p[i] != (uint8_t)(pat >> (8 * (i % 8))))
+			return false;
+	return true;
+}
+
+static uint32_t pattern_crc(size_t len, uint64_t pat)
+{
+	uint8_t *b = malloc(len);
+	uint32_t crc;
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		b[i] = (uint8_t)(pat >> (8 * (i % 8)));
+	crc = crc32c(0, b, len);
+	free(b);
+	return crc;
+}
+
+static int discover(struct ctx *c)
+{
+	struct dirent **list;
+	int n, i;
+
+	c->ndev = 0;
+	n = scandir("/sys/class/cxl-accel", &list, NULL, versionsort);
+	for (i = 0; i < n; i++) {
+		if (!strncmp(list[i]->d_name, "cxl-accel", 9) &&
+		    c->ndev < MAX_DEVS) {
+			snprintf(c->name[c->ndev], sizeof(c->name[0]), "%s",
+				 list[i]->d_name);
+			snprintf(c->path[c->ndev], sizeof(c->path[0]), "/dev/%s",
+				 list[i]->d_name);
+			c->ndev++;
+		}
+		free(list[i]);
+	}
+	if (n >= 0)
+		free(list);
+	for (i = 0; i < c->ndev; i++) {
+		c->fd[i] = open(c->path[i], O_RDWR | O_CLOEXEC);
+		if (c->fd[i] < 0 || cxla_identify(c->fd[i], &c->id[i]))
+			return -1;
+	}
+	return c->ndev ? 0 : -1;
+}
+
+/* the importing device: dev1, or dev0 itself with one device */
+static int imp_dev(const struct ctx *c)
+{
+	return c->ndev > 1 ? 1 : 0;
+}
+
+/* ------------------------------------------------------------ tests */
+
+static int test_export_basic(struct ctx *c)
+{
+	struct cxl_accel_dmabuf_export e, e2, e3;
+	struct cxl_accel_alloc a;
+	long ex0 = sysfs_long(c->name[0], "exports");
+	long tot0 = sysfs_long(c->name[0], "exports_total");
+	struct stat st, st2;
+	char us[40];
+	int bi;
+
+	OK(cxla_alloc(c->fd[0], 1 * MiB + 4096, 0, &a));
+	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	CHECK(e.fd >= 0, "fd %d", e.fd);
+	CHECK(e.size == a.alloc_size, "size %llu, buffer %llu",
+	      (unsigned long long)e.size, (unsigned long long)a.alloc_size);
+	CHECK(!uuid_zero(e.uuid), "zero uuid");
+	CHECK(fcntl(e.fd, F_GETFD) & FD_CLOEXEC, "no FD_CLOEXEC");
+	CHECK(lseek(e.fd, 0, SEEK_END) == (off_t)e.size, "lseek(SEEK_END) %lld",
+	      (long long)lseek(e.fd, 0, SEEK_END));
+	CHECK(lseek(e.fd, 0, SEEK_SET) == 0, "lseek(SEEK_SET)");
+	CHECK((fcntl(e.fd, F_GETFL) & O_ACCMODE) == O_RDWR, "not O_RDWR");
+
+	/* exporting again: the same DMA-BUF, the same UUID */
+	OK(export_buf(c->fd[0], a.handle, 0, &e2));
+	CHECK(!(fcntl(e2.fd, F_GETFD) & FD_CLOEXEC), "FD_CLOEXEC without flag");
+	CHECK(!fstat(e.fd, &st) && !fstat(e2.fd, &st2) && st.st_ino == st2.st_ino,
+	      "second export is another DMA-BUF (ino %lu vs %lu)",
+	      (unsigned long)st.st_ino, (unsigned long)st2.st_ino);
+	CHECK(!memcmp(e.uuid, e2.uuid, 16), "second export has another uuid");
+	CHECK(sysfs_long(c->name[0], "exports") == ex0 + 1, "exports %ld, was %ld",
+	      sysfs_long(c->name[0], "exports"), ex0);
+	CHECK(sysfs_long(c->name[0], "exports_total") == tot0 + 1,
+	      "exports_total %ld, was %ld",
+	      sysfs_long(c->name[0], "exports_total"), tot0);
+	bi = bufinfo_count();
+	CHECK(bi >= 1, "debugfs dma_buf/bufinfo lists %d cxl_accel buffers", bi);
+	close(e.fd);
+	CHECK(sysfs_long(c->name[0], "exports") == ex0 + 1, "closed one of two fds");
+	close(e2.fd);
+	CHECK(sysfs_long(c->name[0], "exports") == ex0, "exports %ld after close, was %ld",
+	      sysfs_long(c->name[0], "exports"), ex0);
+
+	/* a new export after release: the device accepted UNEXPORT */
+	OK(export_buf(c->fd[0], a.handle, 0, &e3));
+	CHECK(memcmp(e.uuid, e3.uuid, 16), "same uuid after release");
+	close(e3.fd);
+	OK(cxla_free(c->fd[0], a.handle));
+	uuid_str(e.uuid, us);
+	DETAIL("size %llu, uuid %s, re-export same inode and uuid, FD_CLOEXEC, lseek, bufinfo %d",
+	       (unsigned long long)e.size, us, bi);
+	return PASS;
+}
+
+static int test_self_import(struct ctx *c)
+{
+	const size_t len = 2 * MiB;
+	struct cxl_accel_dmabuf_export e;
+	struct cxl_accel_dmabuf_import im;
+	struct cxl_accel_alloc a;
+	uint8_t *p, *ram = malloc(len);
+	uint32_t crc;
+	long imps0 = sysfs_long(c->name[0], "imports");
+
+	CHECK(ram, "malloc");
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	p = cxla_map(c->fd[0], &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	OK(import_buf(c->fd[0], e.fd, &im));
+	CHECK(im.kind == CXL_ACCEL_IMPORT_SELF, "kind %u", im.kind);
+	CHECK(im.handle & CXL_ACCEL_HANDLE_IMPORTED, "handle %#x", im.handle);
+	CHECK(im.size == len, "size %llu", (unsigned long long)im.size);
+	CHECK(!memcmp(im.uuid, e.uuid, 16), "importer sees another uuid");
+	CHECK(im.attach_flags & CXL_ACCEL_IMPORT_DYNAMIC, "flags %#x",
+	      im.attach_flags);
+	CHECK(sysfs_long(c->name[0], "imports") == imps0 + 1, "imports %ld",
+	      sysfs_long(c->name[0], "imports"));
+	CHECK(sysfs_long(c->name[0], "attachments") >= 1, "attachments %ld",
+	      sysfs_long(c->name[0], "attachments"));
+
+	fill_random(p, len, 11);
+	OK(cxla_checksum(c->fd[0], cxla_dev(im.handle, 0), len, 0, &crc));
+	CHECK(crc == crc32c(0, p, len), "checksum through import %#x, cpu %#x",
+	      crc, crc32c(0, p, len));
+	OK(cxla_fill(c->fd[0], cxla_dev(im.handle, 4096 + 13), 100000,
+		     0x1122334455667788ULL, 0));
+	CHECK(pattern_ok(p + 4096 + 13, 100000, 0x1122334455667788ULL),
+	      "fill through import not seen by the CPU");
+	fill_random(ram, len, 12);
+	OK(cxla_copy(c->fd[0], cxla_user(ram), cxla_dev(im.handle, 0), len, 0));
+	CHECK(!memcmp(p, ram, len), "copy into import differs");
+	memset(ram, 0, len);
+	OK(cxla_copy(c->fd[0], cxla_dev(im.handle, 8192), cxla_user(ram), len - 8192, 0));
+	CHECK(!memcmp(p + 8192, ram, len - 8192), "copy out of import differs");
+	close(e.fd);	/* the import keeps the DMA-BUF */
+	OK(cxla_checksum(c->fd[0], cxla_dev(im.handle, 0), len, 0, &crc));
+	OK(cxla_free(c->fd[0], im.handle));
+	CHECK(sysfs_long(c->name[0], "imports") == imps0, "imports %ld after FREE",
+	      sysfs_long(c->name[0], "imports"));
+	EXPECT_ERR(cxla_free(c->fd[0], im.handle), ENOENT);
+	munmap(p, len);
+	OK(cxla_free(c->fd[0], a.handle));
+	free(ram);
+	DETAIL("%s imports its own 2 MiB: checksum, fill, copy in and out; flags %#x, %u segments",
+	       c->name[0], im.attach_flags, im.nr_segments);
+	return PASS;
+}
+
+static int test_cross_device_p2p(struct ctx *c)
+{
+	const size_t len = 4 * MiB;
+	struct cxl_accel_dmabuf_export ea, eb;
+	struct cxl_accel_dmabuf_import ia, ib;
+	struct cxl_accel_alloc a, b;
+	struct cxl_accel_atomic at;
+	uint64_t p2p1, p2p0, d1, d0;
+	uint8_t *pa, *pb;
+	uint32_t crc;
+
+	NEED2();
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	OK(cxla_alloc(c->fd[1], len, 0, &b));
+	pa = cxla_map(c->fd[0], &a);
+	pb = cxla_map(c->fd[1], &b);
+	CHECK(pa && pb, "mmap");
+	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &ea));
+	OK(import_buf(c->fd[1], ea.fd, &ia));
+	CHECK(ia.kind == CXL_ACCEL_IMPORT_PEER, "kind %u", ia.kind);
+	CHECK(ia.attach_flags & CXL_ACCEL_IMPORT_P2P,
+	      "exporter refused a peer-to-peer attachment (flags %#x)",
+	      ia.attach_flags);
+	CHECK(!memcmp(ia.uuid, ea.uuid, 16), "uuid differs");
+	CHECK(sysfs_long(c->name[0], "p2p_attachments") >= 1,
+	      "exporter counts %ld p2p attachments",
+	      sysfs_long(c->name[0], "p2p_attachments"));
+
+	/* dev1 pushes its buffer into dev0's memory through the import */
+	fill_random(pb, len, 21);
+	p2p1 = p2p_bytes(c->fd[1]);
+	OK(cxla_copy(c->fd[1], cxla_dev(b.handle, 0), cxla_dev(ia.handle, 0), len, 0));
+	d1 = p2p_bytes(c->fd[1]) - p2p1;
+	CHECK(!memcmp(pa, pb, len), "dev1 -> dev0 (import): data differs");
+	CHECK(d1 == len, "dev1 counted %llu peer-to-peer bytes for a %zu byte copy",
+	      (unsigned long long)d1, len);
+
+	/* dev1 pulls from dev0's memory */
+	fill_random(pa, len, 22);
+	p2p1 = p2p_bytes(c->fd[1]);
+	OK(cxla_copy(c->fd[1], cxla_dev(ia.handle, 0), cxla_dev(b.handle, 0), len, 0));
+	CHECK(!memcmp(pa, pb, len), "dev0 (import) -> dev1: data differs");
+	CHECK(p2p_bytes(c->fd[1]) - p2p1 == len, "pull counted %llu p2p bytes",
+	      (unsigned long long)(p2p_bytes(c->fd[1]) - p2p1));
+
+	/* checksum and atomics on the peer's memory */
+	OK(cxla_checksum(c->fd[1], cxla_dev(ia.handle, 12345), 1 * MiB, 0, &crc));
+	CHECK(crc == crc32c(0, pa + 12345, 1 * MiB), "peer checksum %#x", crc);
+	*(volatile uint64_t *)(pa + 4096) = 40;
+	OK(cxla_atomic(c->fd[1], cxla_dev(ia.handle, 4096),
+		       CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 2, 0, 1, 0, &at));
+	CHECK(at.result == 40 && *(volatile uint64_t *)(pa + 4096) == 42,
+	      "peer atomic: old %llu, now %llu", (unsigned long long)at.result,
+	      (unsigned long long)*(volatile uint64_t *)(pa + 4096));
+
+	/* and the other way: dev0 pushes into dev1's exported buffer */
+	OK(export_buf(c->fd[1], b.handle, CXL_ACCEL_DMABUF_CLOEXEC, &eb));
+	OK(import_buf(c->fd[0], eb.fd, &ib));
+	CHECK(ib.kind == CXL_ACCEL_IMPORT_PEER && (ib.attach_flags & CXL_ACCEL_IMPORT_P2P),
+	      "reverse import kind %u flags %#x", ib.kind, ib.attach_flags);
+	fill_random(pa, len, 23);
+	p2p0 = p2p_bytes(c->fd[0]);
+	OK(cxla_copy(c->fd[0], cxla_dev(a.handle, 0), cxla_dev(ib.handle, 0), len, 0));
+	d0 = p2p_bytes(c->fd[0]) - p2p0;
+	CHECK(!memcmp(pa, pb, len), "dev0 -> dev1 (import): data differs");
+	CHECK(d0 == len, "dev0 counted %llu p2p bytes", (unsigned long long)d0);
+
+	OK(cxla_free(c->fd[1], ia.handle));
+	OK(cxla_free(c->fd[0], ib.handle));
+	close(ea.fd);
+	close(eb.fd);
+	munmap(pa, len);
+	munmap(pb, len);
+	OK(cxla_free(c->fd[0], a.handle));
+	OK(cxla_free(c->fd[1], b.handle));
+	DETAIL("4 MiB each way by bus address (%u and %u segments): push, pull, checksum, atomic; BYTES_P2P +%llu on %s, +%llu on %s",
+	       ia.nr_segments, ib.nr_segments, (unsigned long long)d1,
+	       c->name[1], (unsigned long long)d0, c->name[0]);
+	return PASS;
+}
+
+static int test_mmap_coherency(struct ctx *c)
+{
+	const size_t len = 1 * MiB;
+	struct cxl_accel_alloc a;
+	uint8_t *p, *q, *r;
+	uint32_t crc;
+	int fd;
+
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	p = map_fd(fd, len, 0);			/* the DMA-BUF */
+	q = cxla_map(c->fd[0], &a);		/* the driver's own mmap */
+	r = map_fd(fd, 64 * KiB, 64 * KiB);	/* a window at an offset */
+	CHECK(p && q && r, "mmap: %s", strerror(errno));
+
+	OK(sync_buf(fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW));
+	fill_random(p, len, 31);
+	OK(sync_buf(fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_RW));
+	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), len, 0, &crc));
+	CHECK(crc == crc32c(0, p, len), "device crc %#x of CPU writes through the DMA-BUF, cpu %#x",
+	      crc, crc32c(0, p, len));
+	CHECK(!memcmp(p, q, len), "DMA-BUF and driver mappings differ");
+
+	/* no sync at all: coherent */
+	OK(cxla_fill(c->fd[0], cxla_dev(a.handle, 0), len, 0xa5a5a5a55a5a5a5aULL, 0));
+	CHECK(pattern_ok(p, len, 0xa5a5a5a55a5a5a5aULL), "device fill not seen through the DMA-BUF");
+	CHECK(pattern_ok(r, 64 * KiB, 0xa5a5a5a55a5a5a5aULL), "window mapping");
+	q[100] = 0x77;
+	CHECK(p[100] == 0x77, "CPU store through one mapping not seen in the other");
+	r[5] = 0x66;
+	CHECK(p[64 * KiB + 5] == 0x66, "window maps the wrong offset");
+
+	CHECK(sync_buf(fd, DMA_BUF_SYNC_START | 0x100) == -EINVAL, "bad sync flags accepted");
+	CHECK(mmap_err(fd, len + 4096, 0, MAP_SHARED) == -EINVAL, "mmap beyond the size");
+	CHECK(mmap_err(fd, 4096, len, MAP_SHARED) == -EINVAL, "mmap at the end");
+	CHECK(mmap_err(fd, 4096, 0, MAP_PRIVATE) == -EINVAL, "MAP_PRIVATE accepted");
+	munmap(r, 64 * KiB);
+	munmap(q, len);
+	munmap(p, len);
+	close(fd);
+	OK(cxla_free(c->fd[0], a.handle));
+	DETAIL("CPU writes through the DMA-BUF mmap seen by the device and by the driver's mmap, device fill seen at once, offset window; bad mmaps EINVAL");
+	return PASS;
+}
+
+static int test_close_while_mapped(struct ctx *c)
+{
+	const size_t len = 2 * MiB;
+	long ex0 = sysfs_long(c->name[0], "exports");
+	uint64_t free0 = dev_free(c->fd[0]), f;
+	struct cxl_accel_alloc a;
+	int dfd, fd;
+	uint8_t *p;
+
+	dfd = open(c->path[0], O_RDWR);
+	CHECK(dfd >= 0, "open");
+	OK(cxla_alloc(dfd, len, 0, &a));
+	fd = export_fd(dfd, a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	p = map_fd(fd, len, 0);
+	CHECK(p, "mmap");
+	fill_random(p, len, 41);
+	close(fd);
+	OK(cxla_free(dfd, a.handle));
+	close(dfd);
+
+	/* only the mapping is left */
+	CHECK(crc32c(0, p, len) == ({ uint8_t *t = malloc(len); uint32_t x;
+		fill_random(t, len, 41); x = crc32c(0, t, len); free(t); x; }),
+	      "data changed after close and FREE");
+	memset(p, 0x3c, len);
+	f = dev_free(c->fd[0]);
+	CHECK(f == free0 - len, "device memory free %llu, expected %llu while mapped",
+	      (unsigned long long)f, (unsigned long long)(free0 - len));
+	CHECK(sysfs_long(c->name[0], "exports") == ex0 + 1, "exports %ld",
+	      sysfs_long(c->name[0], "exports"));
+	munmap(p, len);
+	f = dev_free(c->fd[0]);
+	CHECK(f == free0, "device memory free %llu after munmap, expected %llu",
+	      (unsigned long long)f, (unsigned long long)free0);
+	CHECK(sysfs_long(c->name[0], "exports") == ex0, "exports %ld after munmap",
+	      sysfs_long(c->name[0], "exports"));
+	DETAIL("fd closed, handle freed, device file closed: mapping still works; munmap returned the 2 MiB");
+	return PASS;
+}
+
+static int test_importer_keeps_alive(struct ctx *c)
+{
+	const size_t len = 1 * MiB;
+	struct cxl_accel_dmabuf_import im;
+	int i = imp_dev(c), dfd, fd;
+	uint64_t free0 = dev_free(c->fd[0]), f;
+	struct cxl_accel_alloc a;
+	uint32_t crc;
+
+	dfd = open(c->path[0], O_RDWR);
+	CHECK(dfd >= 0, "open");
+	OK(cxla_alloc(dfd, len, 0, &a));
+	fd = export_fd(dfd, a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	OK(import_buf(c->fd[i], fd, &im));
+	close(fd);
+	OK(cxla_free(dfd, a.handle));
+	close(dfd);
+
+	OK(cxla_fill(c->fd[i], cxla_dev(im.handle, 0), len, 0x0102030405060708ULL, 0));
+	OK(cxla_checksum(c->fd[i], cxla_dev(im.handle, 0), len, 0, &crc));
+	CHECK(crc == pattern_crc(len, 0x0102030405060708ULL), "crc %#x", crc);
+	f = dev_free(c->fd[0]);
+	CHECK(f == free0 - len, "exporter free %llu, expected %llu",
+	      (unsigned long long)f, (unsigned long long)(free0 - len));
+	OK(cxla_free(c->fd[i], im.handle));
+	f = dev_free(c->fd[0]);
+	CHECK(f == free0, "exporter free %llu after the import went, expected %llu",
+	      (unsigned long long)f, (unsigned long long)free0);
+	DETAIL("exporter closed fd, handle and device file; %s kept using the import; memory back after FREE of the import",
+	       c->name[i]);
+	return PASS;
+}
+
+#define NBUFS	64
+
+static int test_many_buffers(struct ctx *c)
+{
+	struct cxl_accel_dmabuf_import im[NBUFS];
+	struct cxl_accel_alloc a[NBUFS];
+	int i = imp_dev(c), k;
+	long ex0 = sysfs_long(c->name[0], "exports");
+	long at0 = sysfs_long(c->name[0], "attachments");
+	long ip0 = sysfs_long(c->name[i], "imports");
+	uint64_t free0 = dev_free(c->fd[0]);
+	const size_t len = 64 * KiB;
+	uint32_t crc;
+
+	for (k = 0; k < NBUFS; k++) {
+		int fd;
+
+		OK(cxla_alloc(c->fd[0], len, 0, &a[k]));
+		fd = export_fd(c->fd[0], a[k].handle);
+		CHECK(fd >= 0, "export %d: %s", k, strerror(-fd));
+		OK(import_buf(c->fd[i], fd, &im[k]));
+		close(fd);
+	}
+	CHECK(sysfs_long(c->name[0], "exports") == ex0 + NBUFS, "exports %ld",
+	      sysfs_long(c->name[0], "exports"));
+	CHECK(sysfs_long(c->name[0], "attachments") == at0 + NBUFS,
+	      "attachments %ld", sysfs_long(c->name[0], "attachments"));
+	CHECK(sysfs_long(c->name[i], "imports") == ip0 + NBUFS, "imports %ld",
+	      sysfs_long(c->name[i], "imports"));
+	for (k = 0; k < NBUFS; k++)
+		OK(cxla_fill(c->fd[i], cxla_dev(im[k].handle, 0), len,
+			     0x0101010101010101ULL * (k + 1), 0));
+	for (k = 0; k < NBUFS; k++) {
+		OK(cxla_checksum(c->fd[0], cxla_dev(a[k].handle, 0), len, 0, &crc));
+		CHECK(crc == pattern_crc(len, 0x0101010101010101ULL * (k + 1)),
+		      "buffer %d: crc %#x", k, crc);
+	}
+	for (k = 0; k < NBUFS; k++) {
+		OK(cxla_free(c->fd[i], im[k].handle));
+		OK(cxla_free(c->fd[0], a[k].handle));
+	}
+	CHECK(sysfs_long(c->name[0], "exports") == ex0 &&
+	      sysfs_long(c->name[0], "attachments") == at0 &&
+	      sysfs_long(c->name[i], "imports") == ip0,
+	      "after release: exports %ld attachments %ld imports %ld",
+	      sysfs_long(c->name[0], "exports"),
+	      sysfs_long(c->name[0], "attachments"),
+	      sysfs_long(c->name[i], "imports"));
+	CHECK(dev_free(c->fd[0]) == free0, "device memory not all back");
+	DETAIL("%d buffers exported by %s, imported and filled by %s, checked, released; counters back",
+	       NBUFS, c->name[0], c->name[i]);
+	return PASS;
+}
+
+static int send_fd(int sock, int fd, const void *data, size_t len)
+{
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
+	struct msghdr msg = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = ctl, .msg_controllen = sizeof(ctl),
+	};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+	memset(ctl, 0, sizeof(ctl));
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	return sendmsg(sock, &msg, 0) == (ssize_t)len ? 0 : -1;
+}
+
+static int recv_fd(int sock, void *data, size_t len)
+{
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = data, .iov_len = len };
+	struct msghdr msg = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = ctl, .msg_controllen = sizeof(ctl),
+	};
+	struct cmsghdr *cm;
+	int fd = -1;
+
+	if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) <= 0)
+		return -1;
+	cm = CMSG_FIRSTHDR(&msg);
+	if (cm && cm->cmsg_type == SCM_RIGHTS)
+		memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	return fd;
+}
+
+/* the receiving process: import on its own device file, fill, CPU marker */
+static int fd_child(int sock, const char *path)
+{
+	struct cxl_accel_dmabuf_import im;
+	uint8_t uuid[16];
+	char msg[200] = "ok";
+	int fd, dfd;
+	uint8_t *p;
+
+	fd = recv_fd(sock, uuid, sizeof(uuid));
+	dfd = open(path, O_RDWR);
+	if (fd < 0 || dfd < 0) {
+		snprintf(msg, sizeof(msg), "child: no fd (%d) or device (%d)", fd, dfd);
+	} else if (import_buf(dfd, fd, &im)) {
+		snprintf(msg, sizeof(msg), "child: import: %s", strerror(errno));
+	} else if (memcmp(im.uuid, uuid, 16)) {
+		snprintf(msg, sizeof(msg), "child: uuid differs");
+	} else if (cxla_fill(dfd, cxla_dev(im.handle, 0), im.size - 4096,
+			     0x5151515151515151ULL, 0)) {
+		snprintf(msg, sizeof(msg), "child: fill: %s", strerror(errno));
+	} else if (!(p = map_fd(fd, im.size, 0))) {
+		snprintf(msg, sizeof(msg), "child: mmap: %s", strerror(errno));
+	} else {
+		memset(p + im.size - 4096, 0xc4, 4096);
+		munmap(p, im.size);
+	}
+	if (write(sock, msg, strlen(msg) + 1) < 0)
+		return 1;
+	return 0;
+}
+
+static int test_fd_passing(struct ctx *c)
+{
+	const size_t len = 1 * MiB;
+	struct cxl_accel_dmabuf_export e;
+	struct cxl_accel_alloc a;
+	uint64_t free0 = dev_free(c->fd[0]);
+	int sv[2], st;
+	char msg[200] = "";
+	uint8_t *p;
+	pid_t pid;
+
+	CHECK(!socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), "socketpair");
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	p = cxla_map(c->fd[0], &a);
+	CHECK(p, "mmap");
+	memset(p, 0, len);
+	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (!pid) {
+		close(sv[0]);
+		_exit(fd_child(sv[1], c->path[imp_dev(c)]));
+	}
+	close(sv[1]);
+	CHECK(!send_fd(sv[0], e.fd, e.uuid, sizeof(e.uuid)), "sendmsg: %s",
+	      strerror(errno));
+	/* the sender lets go of everything but its mapping */
+	close(e.fd);
+	OK(cxla_free(c->fd[0], a.handle));
+	CHECK(read(sv[0], msg, sizeof(msg) - 1) > 0, "no answer from the child");
+	waitpid(pid, &st, 0);
+	CHECK(!strcmp(msg, "ok"), "%s", msg);
+	CHECK(WIFEXITED(st) && !WEXITSTATUS(st), "child status %#x", st);
+	CHECK(pattern_ok(p, len - 4096, 0x5151515151515151ULL),
+	      "the receiver's device fill is not in the buffer");
+	CHECK(p[len - 1] == 0xc4 && p[len - 4096] == 0xc4,
+	      "the receiver's CPU writes are not in the buffer");
+	munmap(p, len);
+	CHECK(dev_free(c->fd[0]) == free0, "device memory not back after all users left");
+	close(sv[0]);
+	DETAIL("DMA-BUF sent over a unix socket, sender closed and freed; receiver imported it on %s, filled it and wrote through its own mmap",
+	       c->name[imp_dev(c)]);
+	return PASS;
+}
+
+static int test_udmabuf_import(struct ctx *c)
+{
+	const size_t len = 4 * MiB, alen = 1 * MiB;
+	struct udmabuf_create uc = { 0 };
+	struct cxl_accel_dmabuf_import im;
+	struct cxl_accel_alloc a;
+	int memfd, ufd, dfd, i = imp_dev(c);
+	uint64_t p2p;
+	uint8_t *m, *q;
+	uint32_t crc;
+
+	memfd = memfd_create("cxla-udmabuf", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+	CHECK(memfd >= 0, "memfd_create: %s", strerror(errno));
+	CHECK(!ftruncate(memfd, len), "ftruncate");
+	CHECK(!fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), "seal: %s", strerror(errno));
+	dfd = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+	CHECK(dfd >= 0, "/dev/udmabuf: %s", strerror(errno));
+	uc.memfd = memfd;
+	uc.flags = UDMABUF_FLAGS_CLOEXEC;
+	uc.offset = 0;
+	uc.size = len;
+	ufd = ioctl(dfd, UDMABUF_CREATE, &uc);
+	CHECK(ufd >= 0, "UDMABUF_CREATE: %s", strerror(errno));
+	m = map_fd(memfd, len, 0);
+	CHECK(m, "mmap memfd");
+	fill_random(m, len, 51);
+
+	OK(import_buf(c->fd[i], ufd, &im));
+	CHECK(im.kind == CXL_ACCEL_IMPORT_OTHER, "kind %u", im.kind);
+	CHECK(im.size == len, "size %llu", (unsigned long long)im.size);
+	p2p = p2p_bytes(c->fd[i]);
+	OK(cxla_checksum(c->fd[i], cxla_dev(im.handle, 0), len, 0, &crc));
+	CHECK(crc == crc32c(0, m, len), "device crc of the udmabuf %#x, cpu %#x",
+	      crc, crc32c(0, m, len));
+	OK(cxla_fill(c->fd[i], cxla_dev(im.handle, 12345), 300000, 0xdeadbeefcafef00dULL, 0));
+	CHECK(pattern_ok(m + 12345, 300000, 0xdeadbeefcafef00dULL),
+	      "device fill of the udmabuf not in the memfd");
+
+	OK(cxla_alloc(c->fd[i], alen, 0, &a));
+	q = cxla_map(c->fd[i], &a);
+	CHECK(q, "mmap");
+	fill_random(q, alen, 52);
+	OK(cxla_copy(c->fd[i], cxla_dev(a.handle, 0), cxla_dev(im.handle, 2 * MiB + 4096), alen, 0));
+	CHECK(!memcmp(m + 2 * MiB + 4096, q, alen), "device memory -> udmabuf differs");
+	fill_random(m, len, 53);
+	OK(cxla_copy(c->fd[i], cxla_dev(im.handle, 3 * MiB - 7), cxla_dev(a.handle, 0), alen, 0));
+	CHECK(!memcmp(q, m + 3 * MiB - 7, alen), "udmabuf -> device memory differs");
+	CHECK(p2p_bytes(c->fd[i]) == p2p, "system memory counted as peer-to-peer");
+	OK(cxla_free(c->fd[i], im.handle));
+	munmap(q, alen);
+	munmap(m, len);
+	close(ufd);
+	close(dfd);
+	close(memfd);
+	OK(cxla_free(c->fd[i], a.handle));
+	DETAIL("4 MiB memfd through /dev/udmabuf on %s (%u segments): checksum, fill, copies both ways at odd offsets",
+	       c->name[i], im.nr_segments);
+	return PASS;
+}
+
+static int test_heap_import(struct ctx *c)
+{
+	const size_t len = 8 * MiB, alen = 2 * MiB;
+	struct dma_heap_allocation_data hd = { 0 };
+	struct cxl_accel_dmabuf_import im0, im1;
+	struct cxl_accel_alloc a;
+	int hfd, i = imp_dev(c);
+	uint8_t *m, *q;
+	uint32_t crc;
+
+	hfd = open("/dev/dma_heap/system", O_RDWR | O_CLOEXEC);
+	CHECK(hfd >= 0, "/dev/dma_heap/system: %s", strerror(errno));
+	hd.len = len;
+	hd.fd_flags = O_RDWR | O_CLOEXEC;
+	CHECK(!ioctl(hfd, DMA_HEAP_IOCTL_ALLOC, &hd), "DMA_HEAP_IOCTL_ALLOC: %s",
+	      strerror(errno));
+	m = map_fd(hd.fd, len, 0);
+	CHECK(m, "mmap heap buffer: %s", strerror(errno));
+	OK(sync_buf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_WRITE));
+	fill_random(m, len, 61);
+	OK(sync_buf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_WRITE));
+
+	OK(import_buf(c->fd[0], hd.fd, &im0));
+	OK(import_buf(c->fd[i], hd.fd, &im1));
+	CHECK(im0.kind == CXL_ACCEL_IMPORT_OTHER, "kind %u", im0.kind);
+	OK(cxla_checksum(c->fd[0], cxla_dev(im0.handle, 0), len, 0, &crc));
+	CHECK(crc == crc32c(0, m, len), "device crc of the heap buffer %#x, cpu %#x",
+	      crc, crc32c(0, m, len));
+	OK(cxla_fill(c->fd[i], cxla_dev(im1.handle, 5 * MiB), 1 * MiB, 0x4848484848484848ULL, 0));
+	OK(sync_buf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ));
+	CHECK(pattern_ok(m + 5 * MiB, 1 * MiB, 0x4848484848484848ULL), "device fill of the heap buffer");
+	OK(sync_buf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ));
+
+	OK(cxla_alloc(c->fd[0], alen, 0, &a));
+	q = cxla_map(c->fd[0], &a);
+	CHECK(q, "mmap");
+	fill_random(q, alen, 62);
+	OK(cxla_copy(c->fd[0], cxla_dev(a.handle, 0), cxla_dev(im0.handle, 1 * MiB), alen, 0));
+	CHECK(!memcmp(m + 1 * MiB, q, alen), "device memory -> heap buffer differs");
+	OK(cxla_free(c->fd[0], im0.handle));
+	OK(cxla_free(c->fd[i], im1.handle));
+	munmap(q, alen);
+	munmap(m, len);
+	close(hd.fd);
+	close(hfd);
+	OK(cxla_free(c->fd[0], a.handle));
+	DETAIL("8 MiB from /dev/dma_heap/system (%u segments) imported by %s and %s: checksum, fill, copy",
+	       im0.nr_segments, c->name[0], c->name[i]);
+	return PASS;
+}
+
+static int test_errors(struct ctx *c)
+{
+	struct cxl_accel_dmabuf_export e;
+	struct cxl_accel_dmabuf_import im, bad;
+	struct cxl_accel_alloc a;
+	struct cxl_accel_atomic at;
+	char *big;
+	int fd, nul, memfd, n = 0;
+	uint32_t crc;
+	uint64_t sz;
+
+	/* import: not a file, not a DMA-BUF */
+	EXPECT_ERR(import_buf(c->fd[0], -1, &im), EBADF); n++;
+	EXPECT_ERR(import_buf(c->fd[0], 9999, &im), EBADF); n++;
+	nul = open("/dev/null", O_RDWR);
+	EXPECT_ERR(import_buf(c->fd[0], nul, &im), EINVAL); n++;
+	close(nul);
+	memfd = memfd_create("x", 0);
+	EXPECT_ERR(import_buf(c->fd[0], memfd, &im), EINVAL); n++;
+	close(memfd);
+	EXPECT_ERR(import_buf(c->fd[0], c->fd[0], &im), EINVAL); n++;
+
+	/* export: handles, flags, reserved */
+	EXPECT_ERR(export_buf(c->fd[0], 0, 0, &e), ENOENT); n++;
+	EXPECT_ERR(export_buf(c->fd[0], 12345, 0, &e), ENOENT); n++;
+	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
+	EXPECT_ERR(export_buf(c->fd[0], a.handle, 2, &e), EINVAL); n++;
+	memset(&e, 0, sizeof(e));
+	e.handle = a.handle;
+	e.reserved = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd[0], CXL_ACCEL_IOC_EXPORT_DMABUF, &e), EINVAL); n++;
+
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	memset(&bad, 0, sizeof(bad));
+	bad.fd = fd;
+	bad.flags = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd[0], CXL_ACCEL_IOC_IMPORT_DMABUF, &bad), EINVAL); n++;
+	bad.flags = 0;
+	bad.reserved[1] = 7;
+	EXPECT_ERR(cxla_ioctl(c->fd[0], CXL_ACCEL_IOC_IMPORT_DMABUF, &bad), EINVAL); n++;
+	OK(import_buf(c->fd[imp_dev(c)], fd, &im));
+	sz = im.size;
+	/* an import cannot be exported again by the importer */
+	EXPECT_ERR(export_buf(c->fd[imp_dev(c)], im.handle, 0, &e), EINVAL); n++;
+
+	/* offsets and sizes */
+	big = malloc(2 * sz);
+	CHECK(big, "malloc");
+	EXPECT_ERR(cxla_copy(c->fd[imp_dev(c)], cxla_user(big), cxla_dev(im.handle, sz), 1, 0), EINVAL); n++;
+	EXPECT_ERR(cxla_copy(c->fd[imp_dev(c)], cxla_user(big), cxla_dev(im.handle, sz - 4096), 8192, 0), EINVAL); n++;
+	EXPECT_ERR(cxla_copy(c->fd[imp_dev(c)], cxla_dev(im.handle, 0), cxla_user(big), sz + 1, 0), EINVAL); n++;
+	EXPECT_ERR(cxla_copy(c->fd[imp_dev(c)], cxla_dev(im.handle, ~0ULL - 10), cxla_user(big), 100, 0), EINVAL); n++;
+	EXPECT_ERR(cxla_fill(c->fd[imp_dev(c)], cxla_dev(im.handle, 0), 0, 0, 0), EINVAL); n++;
+	EXPECT_ERR(cxla_checksum(c->fd[imp_dev(c)], cxla_dev(im.handle, 1), sz, 0, &crc), EINVAL); n++;
+	EXPECT_ERR(cxla_atomic(c->fd[imp_dev(c)], cxla_dev(im.handle, 4), CXL_ACCEL_ATOMIC_FETCH_ADD,
+			       8, 1, 0, 1, 0, &at), EINVAL); n++;
+	/* unknown import handles */
+	EXPECT_ERR(cxla_fill(c->fd[imp_dev(c)], cxla_dev(CXL_ACCEL_HANDLE_IMPORTED | 777, 0), 8, 0, 0), ENOENT); n++;
+	EXPECT_ERR(cxla_fill(c->fd[imp_dev(c)], cxla_dev(CXL_ACCEL_HANDLE_IMPORTED, 0), 8, 0, 0), ENOENT); n++;
+	/* import handles are per file */
+	if (c->ndev > 1)
+		EXPECT_ERR(cxla_fill(c->fd[0], cxla_dev(im.handle, 0), 8, 0, 0), ENOENT);
+	/* a user range that is not mapped */
+	EXPECT_ERR(cxla_copy(c->fd[imp_dev(c)], cxla_dev(im.handle, 0), cxla_user((void *)4096), 4096, 0), EFAULT); n++;
+	/* an import handle is not something to mmap from the device file */
+	CHECK(mmap_err(c->fd[imp_dev(c)], 4096, (off_t)(uint64_t)(im.handle & ~CXL_ACCEL_HANDLE_IMPORTED) << CXL_ACCEL_MMAP_SHIFT,
+		       MAP_SHARED) != 0, "mmap of an import handle's number through the device file");
+	OK(cxla_free(c->fd[imp_dev(c)], im.handle));
+	EXPECT_ERR(cxla_free(c->fd[imp_dev(c)], im.handle), ENOENT); n++;
+	/* and what works at the edges */
+	OK(import_buf(c->fd[imp_dev(c)], fd, &im));
+	OK(cxla_copy(c->fd[imp_dev(c)], cxla_user(big), cxla_dev(im.handle, sz - 1), 1, 0));
+	OK(cxla_free(c->fd[imp_dev(c)], im.handle));
+	close(fd);
+	free(big);
+	OK(cxla_free(c->fd[0], a.handle));
+	DETAIL("%d error cases: bad fd EBADF, non-DMA-BUF fds EINVAL, bad handles ENOENT, flags/reserved/offsets/sizes EINVAL, unmapped user memory EFAULT",
+	       n);
+	return PASS;
+}
+
+/* -------------------------------------------------- revocation (unbind) */
+
+static sigjmp_buf bus_jmp;
+
+static void on_sigbus(int sig)
+{
+	siglongjmp(bus_jmp, 1);
+}
+
+struct copier {
+	int fd;
+	uint32_t handle;
+	void *ram;
+	volatile int stop;
+	int err;
+	long n;
+};
+
+static void *copier_thread(void *arg)
+{
+	struct copier *k = arg;
+
+	while (!k->stop) {
+		int r = cxla_copy(k->fd, cxla_user(k->ram), cxla_dev(k->handle, 0),
+				  256 * KiB, 0);
+
+		if (r) {
+			k->err = r;
+			break;
+		}
+		k->n++;
+	}
+	return NULL;
+}
+
+static int write_str(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, s, strlen(s)) < 0)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+static int vdev_of(const char *name, char *out, size_t len)
+{
+	char p[256], t[256];
+	ssize_t n;
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/device", name);
+	n = readlink(p, t, sizeof(t) - 1);
+	if (n <= 0)
+		return -1;
+	t[n] = 0;
+	snprintf(out, len, "%s", strrchr(t, '/') ? strrchr(t, '/') + 1 : t);
+	return 0;
+}
+
+/* the cxl-accel name bound to virtio device vdev, after a rebind */
+static int name_of_vdev(const char *vdev, char *out, size_t len)
+{
+	struct dirent *de;
+	DIR *d = opendir("/sys/class/cxl-accel");
+	char v[64];
+	int r = -1;
+
+	while (d && (de = readdir(d))) {
+		if (strncmp(de->d_name, "cxl-accel", 9))
+			continue;
+		if (!vdev_of(de->d_name, v, sizeof(v)) && !strcmp(v, vdev)) {
+			snprintf(out, len, "%s", de->d_name);
+			r = 0;
+		}
+	}
+	if (d)
+		closedir(d);
+	return r;
+}
+
+static int test_revoke_unbind(struct ctx *c)
+{
+	const size_t len = 2 * MiB;
+	struct cxl_accel_dmabuf_export e;
+	struct cxl_accel_dmabuf_import im, im2;
+	struct cxl_accel_alloc a, b;
+	struct copier k = { 0 };
+	char vdev[64], again[32], p[300];
+	volatile uint8_t *map;
+	pthread_t th;
+	double t0, t_unbind, t_stop;
+	long live[3], mn0;
+	int i, r, fd2, bus = 0;
+	uint64_t size;
+	struct stat st;
+
+	NEED2();
+	CHECK(!vdev_of(c->name[0], vdev, sizeof(vdev)), "no virtio device for %s",
+	      c->name[0]);
+	mn0 = sysfs_long(c->name[1], "move_notify");
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	map = map_fd(e.fd, len, 0);
+	CHECK(map, "mmap");
+	map[0] = 1;
+	OK(import_buf(c->fd[1], e.fd, &im));
+	OK(cxla_alloc(c->fd[1], 1 * MiB, 0, &b));
+	k.fd = c->fd[1];
+	k.handle = im.handle;
+	k.ram = malloc(256 * KiB);
+	CHECK(k.ram, "malloc");
+	memset(k.ram, 0x42, 256 * KiB);
+	OK(cxla_copy(c->fd[1], cxla_user(k.ram), cxla_dev(im.handle, 0), 256 * KiB, 0));
+	CHECK(!pthread_create(&th, NULL, copier_thread, &k), "pthread_create");
+	usleep(200000);
+
+	/* pull the exporter away while dev1 copies into its memory */
+	t0 = now_sec();
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
+	t_unbind = now_sec() - t0;
+	for (i = 0; i < 200 && !k.err; i++)
+		usleep(50000);
+	t_stop = now_sec() - t0;
+	k.stop = 1;
+	pthread_join(th, NULL);
+	CHECK(!r, "unbind %s: %s", vdev, strerror(-r));
+	CHECK(k.err == -ENODEV, "copier ended with %d (%s) after %ld copies",
+	      k.err, strerror(-k.err), k.n);
+
+	/* importer: clean errors, its own work goes on */
+	EXPECT_ERR(cxla_copy(c->fd[1], cxla_user(k.ram), cxla_dev(im.handle, 0), 4096, 0), ENODEV);
+	EXPECT_ERR(cxla_copy(c->fd[1], cxla_dev(im.handle, 0), cxla_dev(b.handle, 0), 4096, 0), ENODEV);
+	EXPECT_ERR(cxla_fill(c->fd[1], cxla_dev(im.handle, 0), 4096, 0, 0), ENODEV);
+	OK(cxla_fill(c->fd[1], cxla_dev(b.handle, 0), 1 * MiB, 7, 0));
+	EXPECT_ERR(import_buf(c->fd[1], e.fd, &im2), ENODEV);
+	CHECK(sysfs_long(c->name[1], "move_notify") > mn0, "importer got no move_notify");
+	CHECK(sysfs_long(c->name[1], "imports_mapped") == 0, "import still mapped");
+	/* the DMA-BUF fd: still an fd, but revoked */
+	CHECK(lseek(e.fd, 0, SEEK_END) == (off_t)len, "lseek on the revoked DMA-BUF");
+	CHECK(sync_buf(e.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW) == -ENODEV,
+	      "DMA_BUF_IOCTL_SYNC on a revoked buffer: %d", sync_buf(e.fd, DMA_BUF_SYNC_START));
+	CHECK(mmap_err(e.fd, 4096, 0, MAP_SHARED) == -ENODEV, "new mmap of a revoked buffer");
+	signal(SIGBUS, on_sigbus);
+	if (!sigsetjmp(bus_jmp, 1))
+		(void)map[4096];
+	else
+		bus = 1;
+	signal(SIGBUS, SIG_DFL);
+	CHECK(bus, "the revoked mapping is still readable");
+	EXPECT_ERR(cxla_free(c->fd[0], a.handle), ENODEV);
+
+	/* let go of everything: nothing may stay behind */
+	OK(cxla_free(c->fd[1], im.handle));
+	munmap((void *)map, len);
+	close(e.fd);
+	close(c->fd[0]);
+	c->fd[0] = -1;
+	OK(cxla_free(c->fd[1], b.handle));
+	size = c->id[0].devmem_size;
+
+	/* bind again: all device memory free */
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
+	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
+	for (i = 0; i < 100 && name_of_vdev(vdev, again, sizeof(again)); i++)
+		usleep(50000);
+	CHECK(i < 100, "%s did not come back", vdev);
+	snprintf(p, sizeof(p), "/dev/%s", again);
+	for (i = 0; i < 100 && stat(p, &st); i++)
+		usleep(50000);
+	fd2 = open(p, O_RDWR);
+	CHECK(fd2 >= 0, "open %s: %s", p, strerror(errno));
+	CHECK(dev_free(fd2) == size, "%s: %llu of %llu bytes free after rebind", again,
+	      (unsigned long long)dev_free(fd2), (unsigned long long)size);
+	close(fd2);
+	snprintf(c->name[0], sizeof(c->name[0]), "%s", again);
+	CHECK(!module_live(c, live), "module_live");
+	CHECK(live[0] == 0 && live[1] == 0 && live[2] == 0,
+	      "module-wide live exports %ld attachments %ld imports %ld", live[0],
+	      live[1], live[2]);
+	DETAIL("unbind of %s took %.2f s; %ld copies into its memory by %s, then ENODEV within %.2f s; importer's own commands fine; SYNC/mmap ENODEV, mapping SIGBUS; no leftovers; rebound as %s",
+	       vdev, t_unbind, k.n, c->name[1], t_stop, again);
+	return PASS;
+}
+
+/*
+ * With dmabuf_p2p=0 the exporter maps its coherent pages through the DMA
+ * API instead of handing out bus addresses: the other path of the exporter.
+ */
+#define P2P_PARAM "/sys/module/cxl_accel/parameters/dmabuf_p2p"
+
+static int no_p2p_body(struct ctx *c)
+{
+	const size_t len = 2 * MiB;
+	struct cxl_accel_dmabuf_import im;
+	struct cxl_accel_alloc a, b;
+	long pa0 = sysfs_long(c->name[0], "p2p_attachments");
+	uint8_t *pa, *pb;
+	uint64_t p2p;
+	int fd;
+
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	OK(cxla_alloc(c->fd[1], len, 0, &b));
+	pa = cxla_map(c->fd[0], &a);
+	pb = cxla_map(c->fd[1], &b);
+	CHECK(pa && pb, "mmap");
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	OK(import_buf(c->fd[1], fd, &im));
+	CHECK(im.kind == CXL_ACCEL_IMPORT_PEER && !(im.attach_flags & CXL_ACCEL_IMPORT_P2P),
+	      "kind %u flags %#x with dmabuf_p2p=0", im.kind, im.attach_flags);
+	CHECK(sysfs_long(c->name[0], "p2p_attachments") == pa0, "p2p attachment counted");
+	fill_random(pa, len, 81);
+	p2p = p2p_bytes(c->fd[1]);
+	OK(cxla_copy(c->fd[1], cxla_dev(im.handle, 0), cxla_dev(b.handle, 0), len, 0));
+	CHECK(!memcmp(pa, pb, len), "copy through the DMA-API mapping differs");
+	fill_random(pb, len, 82);
+	OK(cxla_copy(c->fd[1], cxla_dev(b.handle, 0), cxla_dev(im.handle, 4096), len - 4096, 0));
+	CHECK(!memcmp(pa + 4096, pb, len - 4096), "copy into the DMA-API mapping differs");
+	p2p = p2p_bytes(c->fd[1]) - p2p;
+	OK(cxla_free(c->fd[1], im.handle));
+	close(fd);
+	munmap(pa, len);
+	munmap(pb, len);
+	OK(cxla_free(c->fd[0], a.handle));
+	OK(cxla_free(c->fd[1], b.handle));
+	DETAIL("dmabuf_p2p=0: page-backed sg_table mapped with dma_map_sgtable (%u segments); copies both ways right; the addresses are still %s's BAR (BYTES_P2P +%llu)",
+	       im.nr_segments, c->name[0], (unsigned long long)p2p);
+	return PASS;
+}
+
+static int test_no_p2p_fallback(struct ctx *c)
+{
+	int rc;
+
+	NEED2();
+	CHECK(!write_str(P2P_PARAM, "0"), "cannot write %s", P2P_PARAM);
+	rc = no_p2p_body(c);
+	if (write_str(P2P_PARAM, "1") && rc == PASS)
+		FAILF("cannot restore %s", P2P_PARAM);
+	return rc;
+}
+
+/*
+ * Unbind the importing device while it holds imports: its attachments go
+ * at once (the exporter sees them go), its file gives -ENODEV, and closing
+ * the file releases the imports.
+ */
+static int test_importer_unbind(struct ctx *c)
+{
+	struct cxl_accel_dmabuf_import ia, iu, is;
+	struct udmabuf_create uc = { 0 };
+	long at0 = sysfs_long(c->name[0], "attachments"), live0[3], live[3];
+	struct cxl_accel_alloc a;
+	char vdev[64], again[32], p[300];
+	int fd, memfd, udev, ufd, r, i, fd1;
+	uint32_t crc;
+	struct stat st;
+
+	NEED2();
+	CHECK(!module_live(c, live0), "module_live");
+	CHECK(!vdev_of(c->name[1], vdev, sizeof(vdev)), "no virtio device for %s", c->name[1]);
+	OK(cxla_alloc(c->fd[0], 1 * MiB, 0, &a));
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	OK(import_buf(c->fd[1], fd, &ia));
+	memfd = memfd_create("cxla-u", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+	CHECK(memfd >= 0 && !ftruncate(memfd, 1 * MiB) &&
+	      !fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), "memfd");
+	udev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+	uc.memfd = memfd;
+	uc.flags = UDMABUF_FLAGS_CLOEXEC;
+	uc.size = 1 * MiB;
+	ufd = ioctl(udev, UDMABUF_CREATE, &uc);
+	CHECK(ufd >= 0, "UDMABUF_CREATE: %s", strerror(errno));
+	OK(import_buf(c->fd[1], ufd, &iu));
+	OK(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 1 * MiB, 9, 0));
+	CHECK(sysfs_long(c->name[0], "attachments") == at0 + 1, "attachments %ld",
+	      sysfs_long(c->name[0], "attachments"));
+
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
+	CHECK(!r, "unbind %s: %s", vdev, strerror(-r));
+	CHECK(sysfs_long(c->name[0], "attachments") == at0,
+	      "the removed importer still holds %ld attachment(s)",
+	      sysfs_long(c->name[0], "attachments") - at0);
+	EXPECT_ERR(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 4096, 0, 0), ENODEV);
+	EXPECT_ERR(cxla_free(c->fd[1], iu.handle), ENODEV);
+	/* the exporter and its DMA-BUF are unaffected */
+	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), 1 * MiB, 0, &crc));
+	CHECK(crc == pattern_crc(1 * MiB, 9), "exporter's data %#x", crc);
+	OK(import_buf(c->fd[0], fd, &is));
+	OK(cxla_free(c->fd[0], is.handle));
+	CHECK(!module_live(c, live) && live[2] == live0[2] + 2,
+	      "imports %ld, expected %ld while the dead file is open", live[2], live0[2] + 2);
+	close(c->fd[1]);
+	c->fd[1] = -1;
+	CHECK(!module_live(c, live) && live[2] == live0[2] && live[1] == live0[1],
+	      "after close: imports %ld (was %ld) attachments %ld (was %ld)",
+	      live[2], live0[2], live[1], live0[1]);
+	close(fd);
+	close(ufd);
+	close(udev);
+	close(memfd);
+	OK(cxla_free(c->fd[0], a.handle));
+
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
+	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
+	for (i = 0; i < 100 && name_of_vdev(vdev, again, sizeof(again)); i++)
+		usleep(50000);
+	CHECK(i < 100, "%s did not come back", vdev);
+	snprintf(p, sizeof(p), "/dev/%s", again);
+	for (i = 0; i < 100 && stat(p, &st); i++)
+		usleep(50000);
+	fd1 = open(p, O_RDWR);
+	CHECK(fd1 >= 0, "open %s: %s", p, strerror(errno));
+	CHECK(dev_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
+	close(fd1);
+	DETAIL("%s unbound with a peer import and a udmabuf import: attachments released at once, ioctls ENODEV, imports gone at close; rebound as %s",
+	       vdev, again);
+	return PASS;
+}
+
+/* The only module references left are DMA-BUFs: rmmod must be refused. */
+static int module_refcnt(void)
+{
+	FILE *f = fopen("/sys/module/cxl_accel/refcnt", "r");
+	int n = -1;
+
+	if (f) {
+		if (fscanf(f, "%d", &n) != 1)
+			n = -1;
+		fclose(f);
+	}
+	return n;
+}
+
+static int test_unload_refused(struct ctx *c)
+{
+	struct cxl_accel_alloc a;
+	int fd, r, k, before, with;
+
+	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	for (k = 0; k < c->ndev; k++)
+		close(c->fd[k]);
+	with = module_refcnt();
+	r = syscall(SYS_delete_module, "cxl_accel", O_NONBLOCK) ? -errno : 0;
+	CHECK(r, "the module was unloaded with a live DMA-BUF!");
+	CHECK(r == -EWOULDBLOCK || r == -EBUSY, "delete_module: %s", strerror(-r));
+	close(fd);	/* releases the buffer (handle freed with the file) */
+	before = module_refcnt();
+	CHECK(with == before + 1, "module refcnt %d with the DMA-BUF, %d without",
+	      with, before);
+	DETAIL("with only a DMA-BUF fd open (module refcnt %d, %d after close) delete_module fails: %s",
+	       with, before, strerror(-r));
+	return PASS;
+}
+
+static int test_leak_check(struct ctx *c)
+{
+	static const char * const zero[] = {
+		"exports", "attachments", "p2p_attachments", "mappings", "pins",
+		"imports", "imports_mapped",
+	};
+	long live[3];
+	unsigned int k;
+	int d, bi = bufinfo_count();
+
+	CHECK(!module_live(c, live), "module_live unreadable");
+	CHECK(live[0] == 0 && live[1] == 0 && live[2] == 0,
+	      "module-wide live exports %ld attachments %ld imports %ld",
+	      live[0], live[1], live[2]);
+	CHECK(bi == 0, "debugfs dma_buf/bufinfo still lists %d cxl_accel buffers", bi);
+	for (d = 0; d < c->ndev; d++) {
+		for (k = 0; k < sizeof(zero) / sizeof(zero[0]); k++)
+			CHECK(sysfs_long(c->name[d], zero[k]) == 0, "%s dmabuf/%s = %ld",
+			      c->name[d], zero[k], sysfs_long(c->name[d], zero[k]));
+		CHECK(dev_free(c->fd[d]) == c->id[d].devmem_size,
+		      "%s: %llu of %llu bytes free", c->name[d],
+		      (unsigned long long)dev_free(c->fd[d]),
+		      (unsigned long long)c->id[d].devmem_size);
+	}
+	DETAIL("no DMA-BUF, attachment, mapping, pin or import left on %d device(s), none in dma_buf/bufinfo; all device memory free",
+	       c->ndev);
+	return PASS;
+}
+
+/* ------------------------------------------------------------ benchmark */
+
+enum { B_PUSH, B_PULL, B_BOUNCE, B_CPU };
+
+struct bench_bufs {
+	int fd0, fd1;
+	uint32_t a, b;		/* buffers of dev0 and dev1 */
+	uint32_t ia, ib;	/* dev1's import of a, dev0's import of b */
+	uint8_t *pa, *pb, *ram;
+	uint64_t len;
+};
+
+static int bench_step(const struct bench_bufs *x, int how)
+{
+	int r;
+
+	switch (how) {
+	case B_PUSH:	/* dev0: own memory -> dev1's memory, by bus address */
+		return cxla_copy(x->fd0, cxla_dev(x->a, 0), cxla_dev(x->ib, 0), x->len, 0);
+	case B_PULL:	/* dev1: dev0's memory -> own memory */
+		return cxla_copy(x->fd1, cxla_dev(x->ia, 0), cxla_dev(x->b, 0), x->len, 0);
+	case B_BOUNCE:	/* dev0 -> system RAM, then system RAM -> dev1 */
+		r = cxla_copy(x->fd0, cxla_dev(x->a, 0), cxla_user(x->ram), x->len, 0);
+		if (!r)
+			r = cxla_copy(x->fd1, cxla_user(x->ram), cxla_dev(x->b, 0), x->len, 0);
+		return r;
+	default:	/* the CPU through both mappings */
+		memcpy(x->pb, x->pa, x->len);
+		return 0;
+	}
+}
+
+/* Best MB/s over reps samples; a sample is iters steps back to back. */
+static double bench_rate(const struct bench_bufs *x, int how, int reps,
+			 int iters, int *err)
+{
+	double best = 0, t;
+	int i, k;
+
+	for (i = 0; i < reps; i++) {
+		t = now_sec();
+		for (k = 0; k < iters; k++) {
+			*err = bench_step(x, how);
+			if (*err)
+				return 0;
+		}
+		t = now_sec() - t;
+		if (x->len * (double)iters / t / 1e6 > best)
+			best = x->len * (double)iters / t / 1e6;
+	}
+	return best;
+}
+
+static int bench(int argc, char **argv)
+{
+	struct ctx cc = { 0 }, *c = &cc;
+	uint64_t sizes[8] = { 2 * MiB, 32 * MiB };
+	int nsizes = 2, reps = 3, k, fails = 0;
+	char summary[600] = "";
+	size_t sl = 0;
+
+	c->detail = summary;
+	for (k = 0; k < argc; k++) {
+		if (!strcmp(argv[k], "--full")) {
+			sizes[1] = 256 * MiB;
+			reps = 5;
+		} else if (atoi(argv[k]) > 0) {
+			if (nsizes == 2 && sizes[0] == 2 * MiB)
+				nsizes = 0;	/* sizes given: only those */
+			if (nsizes < 8)
+				sizes[nsizes++] = (uint64_t)atoi(argv[k]) * MiB;
+		}
+	}
+	if (discover(c) || c->ndev < 2) {
+		printf("RESULT dmabuf.bench SKIP needs two devices\n");
+		return 0;
+	}
+	printf("DMA-BUF peer-to-peer benchmark: %s -> %s, MB/s, best of %d samples of >= 64 MiB\n",
+	       c->name[0], c->name[1], reps);
+	printf("  %8s  %10s  %10s  %15s  %11s  %10s\n", "size", "P2P push",
+	       "P2P pull", "bounce via RAM", "CPU memcpy", "P2P/bounce");
+	for (k = 0; k < nsizes; k++) {
+		struct bench_bufs x = { .fd0 = c->fd[0], .fd1 = c->fd[1], .len = sizes[k] };
+		int iters = x.len >= 64 * MiB ? 1 : (int)(64 * MiB / x.len);
+		struct cxl_accel_dmabuf_import ia, ib;
+		struct cxl_accel_alloc a, b;
+		double push, pull = 0, bounce = 0, cpu;
+		uint64_t p0, p1, d0, d1;
+		int fa, fb, err = 0;
+		uint32_t crc;
+
+		if (cxla_alloc(c->fd[0], x.len, 0, &a) || cxla_alloc(c->fd[1], x.len, 0, &b)) {
+			printf("  %4llu MiB: cannot allocate it on both devices (more device memory: --devmem-size)\n",
+			       (unsigned long long)(x.len >> 20));
+			fails++;
+			continue;
+		}
+		x.a = a.handle;
+		x.b = b.handle;
+		x.pa = cxla_map(c->fd[0], &a);
+		x.pb = cxla_map(c->fd[1], &b);
+		x.ram = mmap(NULL, x.len, PROT_READ | PROT_WRITE,
+			     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		fa = export_fd(c->fd[0], a.handle);
+		fb = export_fd(c->fd[1], b.handle);
+		if (!x.pa || !x.pb || x.ram == MAP_FAILED || fa < 0 || fb < 0 ||
+		    import_buf(c->fd[0], fb, &ib) || import_buf(c->fd[1], fa, &ia)) {
+			printf("RESULT dmabuf.bench FAIL set-up for %llu MiB failed\n",
+			       (unsigned long long)(x.len >> 20));
+			return 1;
+		}
+		x.ia = ia.handle;
+		x.ib = ib.handle;
+		fill_random(x.pa, x.len, 71);
+		memset(x.ram, 1, x.len);
+
+		p0 = p2p_bytes(c->fd[0]);
+		p1 = p2p_bytes(c->fd[1]);
+		push = bench_rate(&x, B_PUSH, reps, iters, &err);
+		d0 = p2p_bytes(c->fd[0]) - p0;
+		if (!err)
+			pull = bench_rate(&x, B_PULL, reps, iters, &err);
+		d1 = p2p_bytes(c->fd[1]) - p1;
+		if (!err)
+			bounce = bench_rate(&x, B_BOUNCE, reps, iters, &err);
+		if (err) {
+			printf("RESULT dmabuf.bench FAIL copy of %llu MiB: %s\n",
+			       (unsigned long long)(x.len >> 20), strerror(-err));
+			return 1;
+		}
+		cpu = bench_rate(&x, B_CPU, reps > 3 ? 3 : reps,
+				 x.len >= 16 * MiB ? 1 : (int)(16 * MiB / x.len), &err);
+		if (cxla_checksum(c->fd[1], cxla_dev(b.handle, 0), x.len, 0, &crc) ||
+		    crc != crc32c(0, x.pa, x.len)) {
+			printf("  %llu MiB: data differs after the copies\n",
+			       (unsigned long long)(x.len >> 20));
+			fails++;
+		}
+		/* every P2P byte went device to device, none through RAM */
+		if (d0 != x.len * iters * reps || d1 != x.len * iters * reps) {
+			printf("  BYTES_P2P: %s +%llu, %s +%llu, expected %llu each\n",
+			       c->name[0], (unsigned long long)d0, c->name[1],
+			       (unsigned long long)d1,
+			       (unsigned long long)(x.len * iters * reps));
+			fails++;
+		}
+		printf("  %4llu MiB  %10.0f  %10.0f  %15.0f  %11.0f  %9.2fx\n",
+		       (unsigned long long)(x.len >> 20), push, pull, bounce, cpu,
+		       push / bounce);
+		sl += snprintf(summary + sl, sizeof(summary) - sl,
+			       "%s%llu MiB: P2P %.0f/%.0f MB/s (push/pull), bounce %.0f MB/s",
+			       sl ? "; " : "", (unsigned long long)(x.len >> 20),
+			       push, pull, bounce);
+		cxla_free(c->fd[0], ib.handle);
+		cxla_free(c->fd[1], ia.handle);
+		close(fa);
+		close(fb);
+		munmap(x.pa, x.len);
+		munmap(x.pb, x.len);
+		munmap(x.ram, x.len);
+		cxla_free(c->fd[0], a.handle);
+		cxla_free(c->fd[1], b.handle);
+	}
+	printf("  (P2P: one command, device to device by bus address through an imported DMA-BUF;\n"
+	       "   bounce: the same bytes in two commands through a system-RAM buffer)\n");
+	printf("RESULT dmabuf.bench %s %s; BYTES_P2P of both devices checked\n",
+	       fails ? "FAIL" : "PASS", summary);
+	return fails ? 1 : 0;
+}
+
+/* ------------------------------------------------------------ runner */
+
+struct test {
+	const char *name;
+	int (*fn)(struct ctx *c);
+};
+
+#define T(x) { #x, test_##x }
+static const struct test tests[] = {
+	T(export_basic),
+	T(self_import),
+	T(cross_device_p2p),
+	T(mmap_coherency),
+	T(close_while_mapped),
+	T(importer_keeps_alive),
+	T(many_buffers),
+	T(fd_passing),
+	T(udmabuf_import),
+	T(heap_import),
+	T(errors),
+	T(no_p2p_fallback),
+	T(unload_refused),
+	T(importer_unbind),
+	T(revoke_unbind),
+	T(leak_check),
+};
+
+static int run_one(const struct test *t, char *detail)
+{
+	const char *verdict;
+	int status, rc = FAIL;
+	double t0 = now_sec();
+	pid_t pid;
+
+	memset(detail, 0, DETAIL_LEN + 1);
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0) {
+		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
+	} else if (!pid) {
+		struct ctx c = { .detail = detail };
+
+		alarm(TEST_TIMEOUT_S);
+		if (discover(&c)) {
+			snprintf(detail, DETAIL_LEN, "no usable /dev/cxl-accelN (%d found)",
+				 c.ndev);
+			_exit(FAIL);
+		}
+		_exit(t->fn(&c));
+	} else {
+		waitpid(pid, &status, 0);
+		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
+			rc = WEXITSTATUS(status);
+		else if (WIFSIGNALED(status))
+			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
+				 WTERMSIG(status),
+				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
+				 detail[0] ? detail : "no detail");
+	}
+	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
+	printf("RESULT dmabuf.%s %s %s [%.1fs]\n", t->name, verdict,
+	       detail[0] ? detail : "-", now_sec() - t0);
+	fflush(stdout);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	const char *only[64];
+	int nonly = 0, i, k, failed = 0, passed = 0;
+	char *detail;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
+			only[nonly++] = argv[++i];
+		} else if (!strcmp(argv[i], "-l")) {
+			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+				printf("%s\n", tests[k].name);
+			return 0;
+		} else if (!strcmp(argv[i], "--bench")) {
+			return bench(argc - i - 1, argv + i + 1);
+		} else {
+			fprintf(stderr, "usage: %s [-t test]... [-l] | --bench [--full] [MiB...]\n",
+				argv[0]);
+			return 2;
+		}
+	}
+	detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (detail == MAP_FAILED)
+		return 2;
+	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
+		int want = !nonly, rc;
+
+		for (i = 0; i < nonly; i++)
+			want |= !strcmp(only[i], tests[k].name);
+		if (!want)
+			continue;
+		rc = run_one(&tests[k], detail);
+		if (rc == FAIL)
+			failed++;
+		else if (rc == PASS)
+			passed++;
+	}
+	printf("# dmabuf-tests: %d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,2417 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel guest tests of page migration and shared virtual memory (HMM):
+ * a table of named tests in the spirit of the kernel's hmm selftests for
+ * coherent device memory, each run in its own child process, one line each:
+ *
+ *   RESULT <prefix><name> PASS|FAIL|SKIP <detail>
+ *
+ * Usage: hmm-tests [-d /dev/cxl-accelN] [-P /dev/cxl-accelM] [-p prefix]
+ *                  [-t name]... [-l] [-s stress-seconds]
+ *   -P names a second device for the peer tests (skipped without it).
+ * Every test checks at its end that the migration pool of the device holds
+ * no page any more (no leaked page references).
+ */
+#define _GNU_SOURCE
+#include <linux/io_uring.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+
+#include "cxla_test.h"
+
+#define KiB		1024ULL
+#define MiB		(1024 * KiB)
+#define PG		4096UL
+#define TEST_TIMEOUT_S	300
+
+enum { PASS, FAIL, SKIP };
+
+struct ctx {
+	const char *path;
+	const char *peer_path;
+	int fd;
+	int pfd;		/* peer device, or -1 */
+	struct cxl_accel_identify id;
+	struct cxl_accel_hmm_info h0;	/* at the start */
+	char *detail;
+};
+
+static int stress_secs = 8;
+
+#define DETAIL_LEN	400
+#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
+#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
+#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
+#define OK(expr) do {							\
+	int __r = (expr);						\
+	if (__r)							\
+		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
+		      __r, strerror(-__r));				\
+} while (0)
+#define EXPECT_ERR(expr, err) do {					\
+	int __r = (expr);						\
+	if (__r != -(err))						\
+		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
+		      __func__, __LINE__, #expr, __r,			\
+		      __r ? strerror(-__r) : "ok", #err);		\
+} while (0)
+
+/* ------------------------------------------------------------ helpers */
+
+static void *map_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* len bytes at an address aligned to align (power of two) */
+static void *map_aligned(size_t len, size_t align)
+{
+	uint8_t *p = mmap(NULL, len + align, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uintptr_t a;
+
+	if (p == MAP_FAILED)
+		return NULL;
+	a = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+	if (a > (uintptr_t)p)
+		munmap(p, a - (uintptr_t)p);
+	munmap((void *)(a + len), (uintptr_t)p + align - a);
+	return (void *)a;
+}
+
+static int migrate(int fd, void *p, size_t len, bool to_dev,
+		   struct cxl_accel_migrate *out)
+{
+	struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len };
+	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
+				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
+
+	if (out)
+		*out = m;
+	return r;
+}
+
+static int hmm_info(int fd, struct cxl_accel_hmm_info *h)
+{
+	memset(h, 0, sizeof(*h));
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_HMM_INFO, h);
+}
+
+static int evict(int fd, struct cxl_accel_evict *out)
+{
+	struct cxl_accel_evict e = { 0 };
+	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_EVICT, &e);
+
+	if (out)
+		*out = e;
+	return r;
+}
+
+static int svm(int fd, uint32_t op, const void *p, size_t len, uint32_t handle,
+	       uint64_t off, uint64_t *value, struct cxl_accel_svm *out)
+{
+	struct cxl_accel_svm s = {
+		.addr = (uintptr_t)p, .len = len, .op = op, .handle = handle,
+		.offset = off, .value = value ? *value : 0,
+	};
+	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_SVM, &s);
+
+	if (!r && value)
+		*value = s.value;
+	if (out)
+		*out = s;
+	return r;
+}
+
+static int svm_crc(int fd, const void *p, size_t len, uint32_t *crc)
+{
+	uint64_t v = 0;
+	int r = svm(fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, NULL);
+
+	*crc = (uint32_t)v;
+	return r;
+}
+
+static int snapshot(int fd, const void *p, size_t len, uint8_t *flags)
+{
+	struct cxl_accel_snapshot s = {
+		.addr = (uintptr_t)p, .len = len, .flags_ptr = (uintptr_t)flags,
+	};
+
+	memset(flags, 0xee, len / PG);
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_SNAPSHOT, &s);
+}
+
+/* pages whose flags have all of want set and none of unwanted */
+static size_t count_pages(const uint8_t *f, size_t n, uint8_t want,
+			  uint8_t unwanted)
+{
+	size_t i, k = 0;
+
+	for (i = 0; i < n; i++)
+		k += (f[i] & want) == want && !(f[i] & unwanted);
+	return k;
+}
+
+/* snapshot and count pages on this device's memory */
+static long local_pages(int fd, const void *p, size_t len)
+{
+	static uint8_t f[65536];
+	size_t n = len / PG;
+
+	if (n > sizeof(f) || snapshot(fd, p, len, f))
+		return -1;
+	return count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0);
+}
+
+static uint32_t page_word(uint64_t seed, size_t page)
+{
+	return (uint32_t)(seed * 2654435761u + page * 40503u + 1);
+}
+
+/* each page: its own recognisable contents */
+static void fill_pages(void *p, size_t len, uint64_t seed)
+{
+	size_t i, w;
+	uint32_t *q = p;
+
+	for (i = 0; i < len / PG; i++)
+		for (w = 0; w < PG / 4; w++)
+			q[i * PG / 4 + w] = page_word(seed, i) ^ w;
+}
+
+/* first page that differs from fill_pages() contents, or -1 */
+static long check_pages_at(const void *p, size_t first, size_t len,
+			   uint64_t seed)
+{
+	size_t i, w;
+	const uint32_t *q = p;
+
+	for (i = 0; i < len / PG; i++)
+		for (w = 0; w < PG / 4; w++)
+			if (q[i * PG / 4 + w] != (page_word(seed, first + i) ^ w))
+				return i;
+	return -1;
+}
+
+static long check_pages(const void *p, size_t len, uint64_t seed)
+{
+	return check_pages_at(p, 0, len, seed);
+}
+
+static bool is_zero(const void *p, size_t len)
+{
+	const uint8_t *b = p;
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
+/* The pool must be empty again: no page reference leaked. */
+static int pool_idle(struct ctx *c, int fd)
+{
+	struct cxl_accel_hmm_info h;
+	int i;
+
+	/* pages of exited children come back asynchronously */
+	for (i = 0; i < 50; i++) {
+		if (hmm_info(fd, &h))
+			return -1;
+		if (!h.pool_pages_used && !h.pool_chunks)
+			return 0;
+		usleep(20000);
+	}
+	DETAIL("pool not idle: %llu pages used, %llu chunks",
+	       (unsigned long long)h.pool_pages_used,
+	       (unsigned long long)h.pool_chunks);
+	return -1;
+}
+
+#define POOL_IDLE(fd) do { if (pool_idle(c, fd)) return FAIL; } while (0)
+
+static int alloc_map(struct ctx *c, int fd, size_t len,
+		     struct cxl_accel_alloc *a, uint8_t **p)
+{
+	int r = cxla_alloc(fd, len, 0, a);
+
+	if (r)
+		return r;
+	*p = cxla_map(fd, a);
+	return *p ? 0 : -errno;
+}
+
+/* --------------------------------------------------------- info, args */
+
+static int test_info(struct ctx *c)
+{
+	struct cxl_accel_hmm_info *h = &c->h0;
+
+	CHECK(h->flags & CXL_ACCEL_HMM_COHERENT, "flags %#x: not coherent",
+	      h->flags);
+	CHECK(h->chunk_size == 2 * MiB, "chunk size %llu",
+	      (unsigned long long)h->chunk_size);
+	CHECK(h->mem_start == c->id.devmem_gpa &&
+	      h->mem_size == c->id.devmem_size,
+	      "memory %#llx+%#llx, IDENTIFY %#llx+%#llx",
+	      (unsigned long long)h->mem_start, (unsigned long long)h->mem_size,
+	      (unsigned long long)c->id.devmem_gpa,
+	      (unsigned long long)c->id.devmem_size);
+	POOL_IDLE(c->fd);
+	DETAIL("coherent memory %#llx + %llu MiB, node %d; since probe: %llu pages to device, %llu back, %llu evicted, %llu copy commands (%llu failed), %llu svm faults",
+	       (unsigned long long)h->mem_start,
+	       (unsigned long long)(h->mem_size >> 20), h->numa_node,
+	       (unsigned long long)h->migrated_to_dev,
+	       (unsigned long long)h->migrated_to_ram,
+	       (unsigned long long)h->evicted,
+	       (unsigned long long)h->copy_commands,
+	       (unsigned long long)h->copy_failures,
+	       (unsigned long long)h->svm_faults);
+	return PASS;
+}
+
+static int test_bad_args(struct ctx *c)
+{
+	size_t len = 16 * PG;
+	uint8_t *p = map_anon(len), f[16];
+	struct cxl_accel_migrate m = { 0 };
+	struct cxl_accel_svm s = { 0 };
+	struct cxl_accel_snapshot sn = { 0 };
+
+	CHECK(p, "mmap");
+	EXPECT_ERR(migrate(c->fd, p + 1, PG, true, NULL), EINVAL);
+	EXPECT_ERR(migrate(c->fd, p, PG + 1, true, NULL), EINVAL);
+	EXPECT_ERR(migrate(c->fd, p, 0, true, NULL), EINVAL);
+	m.addr = (uintptr_t)p;
+	m.len = PG;
+	m.flags = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m), EINVAL);
+	m.flags = 0;
+	m.reserved[0] = 1;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m), EINVAL);
+	/* a range that is not (entirely) mapped */
+	munmap(p + 8 * PG, PG);
+	EXPECT_ERR(migrate(c->fd, p, len, true, NULL), EFAULT);
+	EXPECT_ERR(migrate(c->fd, p + 8 * PG, PG, false, NULL), EFAULT);
+	s.addr = (uintptr_t)p;
+	s.len = len;
+	s.op = 9;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SVM, &s), EINVAL);
+	s.op = CXL_ACCEL_SVM_READ;
+	s.handle = 12345;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SVM, &s), ENOENT);
+	s.op = CXL_ACCEL_SVM_CHECKSUM;
+	s.handle = 0;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SVM, &s), EFAULT);
+	s.len = 0;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SVM, &s), EINVAL);
+	sn.addr = (uintptr_t)p + 1;
+	sn.len = PG;
+	sn.flags_ptr = (uintptr_t)f;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SNAPSHOT, &sn), EINVAL);
+	sn.addr = (uintptr_t)p;
+	sn.flags_ptr = 16;
+	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_SNAPSHOT, &sn), EFAULT);
+	POOL_IDLE(c->fd);
+	DETAIL("unaligned, empty, flags, reserved, unmapped (-EFAULT), bad op, handle, user address, snapshot buffer");
+	return PASS;
+}
+
+/* ------------------------------------------------ shared virtual memory */
+
+/* hmm-tests anon_read: the device reads what the CPU wrote */
+static int test_anon_read(struct ctx *c)
+{
+	size_t len = 3 * MiB + 5 * PG;
+	uint8_t *p = map_anon(len), *b;
+	struct cxl_accel_alloc a;
+	struct cxl_accel_svm s;
+	uint32_t crc;
+
+	CHECK(p, "mmap");
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	fill_random(p, len, 11);
+	memset(b, 0, len);
+	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, &s));
+	CHECK(!memcmp(p, b, len), "device copy differs");
+	CHECK(s.faults >= 1, "faults %llu", (unsigned long long)s.faults);
+	/* unaligned piece, checksum */
+	OK(svm_crc(c->fd, p + 123, len - 4000, &crc));
+	CHECK(crc == crc32c(0, p + 123, len - 4000), "crc %#x != %#x", crc,
+	      crc32c(0, p + 123, len - 4000));
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("device read %zu bytes of anonymous memory (%llu faults, %llu retries), crc of an unaligned piece %#x",
+	       len, (unsigned long long)s.faults, (unsigned long long)s.retries,
+	       crc);
+	return PASS;
+}
+
+/* hmm-tests anon_read_prot: no access means -EFAULT, then readable */
+static int test_anon_read_prot(struct ctx *c)
+{
+	size_t len = 64 * PG;
+	uint8_t *p = map_anon(len), *b;
+	struct cxl_accel_alloc a;
+	uint32_t crc;
+
+	CHECK(p, "mmap");
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	fill_random(p, len, 12);
+	crc = crc32c(0, p, len);
+	OK(mprotect(p, len, PROT_NONE) ? -errno : 0);
+	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL,
+		       NULL), EFAULT);
+	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
+	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	CHECK(crc32c(0, b, len) == crc, "data after PROT_READ differs");
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("PROT_NONE: -EFAULT; PROT_READ: device read right");
+	return PASS;
+}
+
+/* hmm-tests anon_read_zero: untouched memory reads as zeros (zero page) */
+static int test_anon_read_zero(struct ctx *c)
+{
+	size_t len = 32 * PG;
+	uint8_t *p = map_anon(len), *b, f[32];
+	struct cxl_accel_alloc a;
+	size_t zero;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	memset(b, 0x55, len);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, 32, 0, 0xff) == 32, "untouched pages are present");
+	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	CHECK(is_zero(b, len), "device read non-zero bytes");
+	OK(snapshot(c->fd, p, len, f));
+	zero = count_pages(f, 32, CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_ZERO,
+			   CXL_ACCEL_SNAP_WRITE);
+	CHECK(zero == 32, "%zu of 32 pages are the read-only zero page (f[0]=%#x)",
+	      zero, f[0]);
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("device read of untouched memory mapped the zero page (32 of 32), read zeros");
+	return PASS;
+}
+
+/* hmm-tests anon_write: the device writes, the CPU reads */
+static int test_anon_write(struct ctx *c)
+{
+	size_t len = 2 * MiB + 7 * PG;
+	uint8_t *p = map_anon(len), *b;
+	struct cxl_accel_alloc a;
+
+	CHECK(p, "mmap");
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	fill_random(b, len, 13);
+	OK(svm(c->fd, CXL_ACCEL_SVM_WRITE, p + 100, len - 200, a.handle, 100,
+	       NULL, NULL));
+	CHECK(is_zero(p, 100) && is_zero(p + len - 100, 100),
+	      "bytes outside the write changed");
+	CHECK(!memcmp(p + 100, b + 100, len - 200), "CPU sees other data");
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("device wrote %zu bytes into untouched anonymous memory at an odd offset",
+	       len - 200);
+	return PASS;
+}
+
+/* hmm-tests anon_write_prot: read-only is -EPERM, until it is writable */
+static int test_anon_write_prot(struct ctx *c)
+{
+	size_t len = 16 * PG;
+	uint8_t *p = map_anon(len), f[16];
+	uint64_t pat = 0x1122334455667788ULL;
+	size_t i;
+
+	CHECK(p, "mmap");
+	memset(p, 1, len);
+	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
+	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
+		   EPERM);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, 16, CXL_ACCEL_SNAP_PRESENT, CXL_ACCEL_SNAP_WRITE) == 16,
+	      "read-only pages reported writable (%#x)", f[0]);
+	OK(mprotect(p, len, PROT_READ | PROT_WRITE) ? -errno : 0);
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	for (i = 0; i < len; i++)
+		CHECK(p[i] == (uint8_t)(pat >> (8 * (i % 8))), "byte %zu", i);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, 16, CXL_ACCEL_SNAP_WRITE | CXL_ACCEL_SNAP_MIRRORED, 0) == 16,
+	      "pages not writable and mirrored after the fill (%#x)", f[0]);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("PROT_READ: -EPERM, snapshot read-only; PROT_READ|PROT_WRITE: device fill seen by the CPU");
+	return PASS;
+}
+
+/* FILL pattern phase and CHECKSUM chaining across windows */
+static int test_svm_fill_checksum(struct ctx *c)
+{
+	size_t len = 5 * MiB;
+	uint8_t *p = map_anon(len);
+	uint64_t pat = 0x0102030405060708ULL;
+	size_t off = 4093, n = len - 9000, i;
+	uint32_t crc;
+
+	CHECK(p, "mmap");
+	memset(p, 0xcc, len);
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p + off, n, 0, 0, &pat, NULL));
+	for (i = 0; i < off; i++)
+		CHECK(p[i] == 0xcc, "byte %zu before the fill", i);
+	for (i = 0; i < n; i++)
+		CHECK(p[off + i] == (uint8_t)(pat >> (8 * (i % 8))),
+		      "fill byte %zu is %#x", i, p[off + i]);
+	CHECK(p[off + n] == 0xcc, "byte after the fill");
+	fill_random(p, len, 14);
+	OK(svm_crc(c->fd, p + 1, len - 2, &crc));
+	CHECK(crc == crc32c(0, p + 1, len - 2), "crc %#x, CPU %#x", crc,
+	      crc32c(0, p + 1, len - 2));
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("5 MiB: fill at offset 4093 keeps the pattern phase over 22 windows, chained crc %#x",
+	       crc);
+	return PASS;
+}
+
+/* The mirror: second access without faults; invalidated by munmap */
+static int test_mirror(struct ctx *c)
+{
+	size_t len = 256 * PG;
+	uint8_t *p = map_anon(len), f[256];
+	struct cxl_accel_hmm_info h1, h2;
+	struct cxl_accel_svm s;
+	uint64_t v, hits;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_random(p, len, 15);
+	v = 0;
+	OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
+	CHECK(s.faults >= 1, "first access: %llu faults",
+	      (unsigned long long)s.faults);
+	v = 0;
+	OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
+	CHECK(s.faults == 0 && s.mirror_hits >= 1,
+	      "second access: %llu faults, %llu mirror hits",
+	      (unsigned long long)s.faults, (unsigned long long)s.mirror_hits);
+	hits = s.mirror_hits;
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, 256, CXL_ACCEL_SNAP_MIRRORED, 0) == 256,
+	      "%zu of 256 pages mirrored", count_pages(f, 256, CXL_ACCEL_SNAP_MIRRORED, 0));
+	OK(hmm_info(c->fd, &h1));
+	/* a page written by the CPU stays mirrored (same page)... */
+	p[5] = 1;
+	/* ...but unmapping drops the mirror */
+	OK(munmap(p + 128 * PG, 128 * PG) ? -errno : 0);
+	OK(snapshot(c->fd, p, 128 * PG, f));
+	CHECK(count_pages(f, 128, CXL_ACCEL_SNAP_MIRRORED, 0) == 128,
+	      "the rest lost its mirror");
+	OK(hmm_info(c->fd, &h2));
+	CHECK(h2.svm_invalidations > h1.svm_invalidations,
+	      "no invalidation counted");
+	CHECK(mmap(p + 128 * PG, 128 * PG, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED,
+	      "remap");
+	OK(snapshot(c->fd, p + 128 * PG, 128 * PG, f));
+	CHECK(count_pages(f, 128, 0, CXL_ACCEL_SNAP_MIRRORED | CXL_ACCEL_SNAP_PRESENT) == 128,
+	      "unmapped and remapped pages still mirrored or present");
+	v = 0;
+	OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p + 128 * PG, 128 * PG, 0, 0, &v, &s));
+	CHECK((uint32_t)v == crc32c(0, p + 128 * PG, 128 * PG) && s.faults >= 1,
+	      "new mapping: crc %#x, faults %llu", (uint32_t)v,
+	      (unsigned long long)s.faults);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("second read served by the mirror (%llu window hits, 0 faults); munmap invalidated half (%llu invalidations), the new mapping faulted in",
+	       (unsigned long long)hits,
+	       (unsigned long long)(h2.svm_invalidations - h1.svm_invalidations));
+	return PASS;
+}
+
+/* mprotect takes write access away from the mirror too */
+static int test_mprotect_mirror(struct ctx *c)
+{
+	size_t len = 32 * PG;
+	uint8_t *p = map_anon(len);
+	uint64_t pat = 0xabababababababab;
+
+	CHECK(p, "mmap");
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
+	pat = 0x5555555555555555;
+	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
+		   EPERM);
+	CHECK(p[0] == 0xab && p[len - 1] == 0xab, "read-only memory changed");
+	OK(mprotect(p, len, PROT_READ | PROT_WRITE) ? -errno : 0);
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	CHECK(p[0] == 0x55 && p[len - 1] == 0x55, "fill after PROT_WRITE");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("device write through the mirror; mprotect(PROT_READ) -> -EPERM, memory unchanged; writable again -> ok");
+	return PASS;
+}
+
+/* hmm-tests anon_read_child / anon_write_child: fork, private COW */
+static int test_fork_child_private(struct ctx *c)
+{
+	size_t len = 64 * PG;
+	uint8_t *p = map_anon(len);
+	uint32_t crc0, crc;
+	int status, pipefd[2];
+	char msg[200] = "";
+	pid_t pid;
+
+	CHECK(p, "mmap");
+	fill_pages(p, len, 21);
+	crc0 = crc32c(0, p, len);
+	OK(svm_crc(c->fd, p, len, &crc));	/* the parent has a mirror */
+	CHECK(crc == crc0, "parent crc");
+	CHECK(!pipe(pipefd), "pipe");
+	pid = fork();
+	if (!pid) {
+		uint64_t pat = 0x7777777777777777;
+		int fd2 = open(c->path, O_RDWR);
+		uint32_t k;
+
+		/* the inherited file: a mirror of the child's own mm */
+		if (svm_crc(c->fd, p, len, &k) || k != crc0)
+			snprintf(msg, sizeof(msg), "child inherited fd crc %#x", k);
+		else if (fd2 < 0 || svm_crc(fd2, p, len, &k) || k != crc0)
+			snprintf(msg, sizeof(msg), "child own fd crc %#x", k);
+		else if (svm(fd2, CXL_ACCEL_SVM_FILL, p, 8 * PG, 0, 0, &pat, NULL))
+			snprintf(msg, sizeof(msg), "child device write failed");
+		else if (p[0] != 0x77 || check_pages_at(p + 8 * PG, 8, len - 8 * PG, 21) >= 0)
+			snprintf(msg, sizeof(msg), "child data after its write");
+		if (write(pipefd[1], msg, sizeof(msg)) < 0)
+			_exit(2);
+		_exit(msg[0] ? 1 : 0);
+	}
+	CHECK(pid > 0, "fork");
+	if (read(pipefd[0], msg, sizeof(msg)) < 0)
+		msg[0] = '?';
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child: %s", msg);
+	/* the child's device write broke COW: the parent is unchanged */
+	CHECK(check_pages(p, len, 21) < 0, "parent data changed by the child");
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == crc0, "parent device crc after the child");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("child read through the inherited and its own fd, device-wrote 8 pages (COW); parent unchanged for CPU and device");
+	return PASS;
+}
+
+/* hmm-tests anon_write_child_shared: MAP_SHARED memory, child writes */
+static int test_fork_child_shared(struct ctx *c)
+{
+	size_t len = 64 * PG;
+	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	uint64_t pat = 0x4242424242424242;
+	struct cxl_accel_migrate m;
+	int status;
+	pid_t pid;
+	size_t i;
+
+	CHECK(p != MAP_FAILED, "mmap");
+	memset(p, 1, len);
+	pid = fork();
+	if (!pid) {
+		int fd2 = open(c->path, O_RDWR);
+
+		_exit(fd2 < 0 || svm(fd2, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat,
+				     NULL) ? 1 : 0);
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child device write failed");
+	for (i = 0; i < len; i++)
+		CHECK(p[i] == 0x42, "parent byte %zu = %#x", i, p[i]);
+	/* shared memory cannot move to the device */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 0 && m.refused == len / PG,
+	      "shared memory: %llu migrated, %llu refused",
+	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("child's device write into MAP_SHARED memory seen by the parent; migration refused all %zu pages",
+	       len / PG);
+	return PASS;
+}
+
+static const char *thp_mode(void)
+{
+	static char buf[128];
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+
+	buf[0] = 0;
+	if (f) {
+		if (!fgets(buf, sizeof(buf), f))
+			buf[0] = 0;
+		fclose(f);
+	}
+	buf[strcspn(buf, "\n")] = 0;
+	return buf;
+}
+
+/* hmm-tests anon_huge: THP read by the device, then migrated */
+static int test_thp(struct ctx *c)
+{
+	size_t len = 4 * MiB, n = len / PG;
+	uint8_t *p = map_aligned(len, 2 * MiB), *b, f[1024];
+	struct cxl_accel_migrate m;
+	struct cxl_accel_alloc a;
+	size_t huge;
+
+	CHECK(p, "mmap");
+	if (madvise(p, len, MADV_HUGEPAGE))
+		FAILF("MADV_HUGEPAGE: %s", strerror(errno));
+	fill_pages(p, len, 31);
+	OK(snapshot(c->fd, p, len, f));
+	huge = count_pages(f, n, CXL_ACCEL_SNAP_HUGE | CXL_ACCEL_SNAP_WRITE, 0);
+	if (!huge) {
+		DETAIL("no THP here (transparent_hugepage: %s)", thp_mode());
+		return SKIP;
+	}
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	CHECK(!memcmp(p, b, len), "device read of THP differs");
+	/* migration splits the THP */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "%llu of %zu THP pages migrated (busy %llu)",
+	      (unsigned long long)m.migrated, n, (unsigned long long)m.busy);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_HUGE) == n,
+	      "after migration: %zu local 4 KiB pages",
+	      count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_HUGE));
+	CHECK(check_pages(p, len, 31) < 0, "data after migration");
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == n, "back: %llu", (unsigned long long)m.migrated);
+	CHECK(check_pages(p, len, 31) < 0, "data after the way back");
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("%zu of %zu pages PMD-mapped, device read right; migrated (split) to device and back, data right",
+	       huge, n);
+	return PASS;
+}
+
+static int tmp_file(size_t len, uint64_t seed, uint8_t **data)
+{
+	char name[] = "/tmp/hmm-file-XXXXXX";
+	int fd = mkstemp(name);
+	uint8_t *d;
+
+	if (fd < 0)
+		return -1;
+	unlink(name);
+	d = malloc(len);
+	fill_random(d, len, seed);
+	if (write(fd, d, len) != (ssize_t)len) {
+		close(fd);
+		free(d);
+		return -1;
+	}
+	*data = d;
+	return fd;
+}
+
+/* hmm-tests file_read / file_write on a shared file mapping */
+static int test_file_read_write(struct ctx *c)
+{
+	size_t len = 1 * MiB;
+	uint8_t *data, *p, *back = malloc(len);
+	uint64_t pat = 0x6565656565656565;
+	int ffd = tmp_file(len, 41, &data);
+	uint32_t crc;
+	size_t i;
+
+	CHECK(ffd >= 0 && back, "tmp file");
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, ffd, 0);
+	CHECK(p != MAP_FAILED, "mmap file");
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == crc32c(0, data, len), "device crc of the file mapping");
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p + PG, 3 * PG, 0, 0, &pat, NULL));
+	CHECK(pread(ffd, back, len, 0) == (ssize_t)len, "pread");
+	for (i = 0; i < len; i++) {
+		uint8_t want = i >= PG && i < 4 * PG ? 0x65 : data[i];
+
+		CHECK(back[i] == want, "file byte %zu = %#x, want %#x", i,
+		      back[i], want);
+	}
+	munmap(p, len);
+	close(ffd);
+	free(data);
+	free(back);
+	POOL_IDLE(c->fd);
+	DETAIL("device read a MAP_SHARED file mapping (crc %#x) and wrote 3 pages, read() sees them",
+	       crc);
+	return PASS;
+}
+
+/* ------------------------------------------------------------ migration */
+
+static int test_migrate(struct ctx *c)
+{
+	size_t len = 8 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_hmm_info h1, h2;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_stats st0, st1;
+	uint32_t crc;
+	long local;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 51);
+	OK(hmm_info(c->fd, &h1));
+	OK(cxla_stats(c->fd, &st0));
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrated %llu of %zu (already %llu refused %llu busy %llu no space %llu)",
+	      (unsigned long long)m.migrated, n, (unsigned long long)m.already,
+	      (unsigned long long)m.refused, (unsigned long long)m.busy,
+	      (unsigned long long)m.no_space);
+	OK(cxla_stats(c->fd, &st1));
+	CHECK(st1.device[CXL_ACCEL_STAT_PAGES_COPIED] >
+	      st0.device[CXL_ACCEL_STAT_PAGES_COPIED],
+	      "device counted no page copies: the CPU copied?");
+	local = local_pages(c->fd, p, len);
+	CHECK(local == (long)n, "%ld of %zu pages on device memory", local, n);
+	OK(hmm_info(c->fd, &h2));
+	CHECK(h2.pool_pages_used == n && h2.migrated_to_dev - h1.migrated_to_dev == n,
+	      "pool: %llu used, %llu migrated",
+	      (unsigned long long)h2.pool_pages_used,
+	      (unsigned long long)(h2.migrated_to_dev - h1.migrated_to_dev));
+	CHECK(check_pages(p, len, 51) < 0, "CPU reads other data on device memory");
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == crc32c(0, p, len), "device crc of migrated pages");
+	/* again: nothing to do */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 0 && m.already == n, "second migration: %llu moved, %llu already",
+	      (unsigned long long)m.migrated, (unsigned long long)m.already);
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == n, "back to RAM: %llu of %zu",
+	      (unsigned long long)m.migrated, n);
+	CHECK(local_pages(c->fd, p, len) == 0, "pages left on the device");
+	CHECK(check_pages(p, len, 51) < 0, "data after the way back");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("8 MiB: %zu pages to device memory (device: %llu COPY_PAGES entries, %llu commands), CPU and device read them there, back to RAM, pool empty",
+	       n,
+	       (unsigned long long)(st1.device[CXL_ACCEL_STAT_PAGES_COPIED] -
+				    st0.device[CXL_ACCEL_STAT_PAGES_COPIED]),
+	       (unsigned long long)(st1.device[CXL_ACCEL_STAT_COMMANDS] -
+				    st0.device[CXL_ACCEL_STAT_COMMANDS]));
+	return PASS;
+}
+
+/* holes and zero pages become zero-filled device pages */
+static int test_migrate_holes(struct ctx *c)
+{
+	size_t len = 64 * PG, n = len / PG;
+	uint8_t *p = map_anon(len), *b, f[64];
+	struct cxl_accel_migrate m;
+	struct cxl_accel_alloc a;
+	volatile uint8_t x;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	x = p[10 * PG];		/* zero page */
+	(void)x;
+	p[20 * PG] = 5;		/* a real page */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "%llu of %zu migrated", (unsigned long long)m.migrated, n);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_WRITE, 0) == n,
+	      "%zu local writable pages", count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_WRITE, 0));
+	CHECK(p[20 * PG] == 5 && is_zero(p, 20 * PG) &&
+	      is_zero(p + 20 * PG + 1, len - 20 * PG - 1), "contents");
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	memset(b, 0xff, len);
+	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	CHECK(b[20 * PG] == 5 && b[0] == 0 && b[len - 1] == 0, "device read");
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("64 pages (holes, a zero page, a written page) became zero-filled (device FILL) or copied device pages");
+	return PASS;
+}
+
+/* hmm-tests migrate of a private file mapping: COW pages move, page cache not */
+static int test_migrate_private_file(struct ctx *c)
+{
+	size_t len = 32 * PG, n = len / PG, i;
+	uint8_t *data, *p;
+	struct cxl_accel_migrate m;
+	int ffd = tmp_file(len, 61, &data);
+	long local;
+
+	CHECK(ffd >= 0, "tmp file");
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, ffd, 0);
+	CHECK(p != MAP_FAILED, "mmap");
+	for (i = 0; i < n; i++)
+		(void)*(volatile uint8_t *)(p + i * PG);	/* page cache */
+	for (i = 0; i < n; i += 2)
+		p[i * PG] ^= 0xff;				/* COW copies */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n / 2 && m.refused == n / 2,
+	      "%llu migrated, %llu refused (want %zu each)",
+	      (unsigned long long)m.migrated, (unsigned long long)m.refused, n / 2);
+	local = local_pages(c->fd, p, len);
+	CHECK(local == (long)n / 2, "%ld local pages", local);
+	for (i = 0; i < len; i++) {
+		uint8_t want = (i % (2 * PG)) == 0 ? data[i] ^ 0xff : data[i];
+
+		CHECK(p[i] == want, "byte %zu", i);
+	}
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == n / 2, "back: %llu", (unsigned long long)m.migrated);
+	munmap(p, len);
+	close(ffd);
+	free(data);
+	POOL_IDLE(c->fd);
+	DETAIL("MAP_PRIVATE file: %zu written (anonymous COW) pages migrated, %zu page-cache pages refused",
+	       n / 2, n / 2);
+	return PASS;
+}
+
+/* hmm-tests migrate_shared: shared mappings are refused */
+static int test_migrate_shared(struct ctx *c)
+{
+	size_t len = 16 * PG, n = len / PG;
+	uint8_t *data, *p, *q;
+	struct cxl_accel_migrate m;
+	int ffd = tmp_file(len, 62, &data);
+
+	CHECK(ffd >= 0, "tmp file");
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	q = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, ffd, 0);
+	CHECK(p != MAP_FAILED && q != MAP_FAILED, "mmap");
+	memset(p, 3, len);
+	q[0] ^= 1;
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 0 && m.refused == n, "shmem: %llu migrated, %llu refused",
+	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
+	OK(migrate(c->fd, q, len, true, &m));
+	CHECK(m.migrated == 0 && m.refused == n, "file: %llu migrated, %llu refused",
+	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
+	CHECK(local_pages(c->fd, p, len) == 0 && local_pages(c->fd, q, len) == 0,
+	      "pages on the device");
+	CHECK(p[len - 1] == 3 && q[0] == (data[0] ^ 1), "data");
+	munmap(p, len);
+	munmap(q, len);
+	close(ffd);
+	free(data);
+	POOL_IDLE(c->fd);
+	DETAIL("MAP_SHARED anonymous and file mappings: 0 pages migrated, all %zu refused, data intact",
+	       n);
+	return PASS;
+}
+
+/* the CPU keeps using migrated pages in place */
+static int test_migrate_cpu_access(struct ctx *c)
+{
+	size_t len = 2 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_migrate m;
+	uint32_t crc;
+	long local;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 71);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	/* CPU writes: no fault moves them back */
+	fill_pages(p, len, 72);
+	CHECK(check_pages(p, len, 72) < 0, "CPU reads back other data");
+	local = local_pages(c->fd, p, len);
+	CHECK(local == (long)n, "after CPU writes %ld of %zu pages on device", local, n);
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == crc32c(0, p, len), "device sees other data than the CPU wrote");
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(check_pages(p, len, 72) < 0, "data after the way back");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("CPU rewrote 2 MiB on device memory: pages stayed there, device checksum agrees, data right after the way back");
+	return PASS;
+}
+
+/* hmm-tests migrate_release: EVICT brings everything back */
+static int test_migrate_release(struct ctx *c)
+{
+	size_t len = 6 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_migrate m;
+	struct cxl_accel_evict e;
+	struct cxl_accel_hmm_info h;
+	uint64_t free0 = c->id.devmem_free;
+	struct cxl_accel_identify id;
+
+	CHECK(p, "mmap");
+	fill_pages(p, len, 81);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(cxla_identify(c->fd, &id));
+	CHECK(id.devmem_free <= free0 - len, "device memory free %llu of %llu",
+	      (unsigned long long)id.devmem_free, (unsigned long long)free0);
+	OK(evict(c->fd, &e));
+	CHECK(e.evicted == n && e.remaining == 0 && e.chunks_freed == 3,
+	      "evicted %llu remaining %llu chunks freed %llu",
+	      (unsigned long long)e.evicted, (unsigned long long)e.remaining,
+	      (unsigned long long)e.chunks_freed);
+	CHECK(local_pages(c->fd, p, len) == 0, "pages still local");
+	CHECK(check_pages(p, len, 81) < 0, "data after eviction");
+	OK(hmm_info(c->fd, &h));
+	CHECK(!h.pool_pages_used && !h.pool_chunks, "pool %llu/%llu",
+	      (unsigned long long)h.pool_pages_used, (unsigned long long)h.pool_chunks);
+	OK(cxla_identify(c->fd, &id));
+	CHECK(id.devmem_free == free0, "device memory free %llu, was %llu",
+	      (unsigned long long)id.devmem_free, (unsigned long long)free0);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("EVICT (migrate_device_range) moved %llu pages back, freed %llu pool buffers; data right, device memory all free",
+	       (unsigned long long)e.evicted, (unsigned long long)e.chunks_freed);
+	return PASS;
+}
+
+/* mixed protections in one range */
+static int test_migrate_mixed_prot(struct ctx *c)
+{
+	size_t n = 12, len = n * PG, i;
+	uint8_t *p = map_anon(len), f[12];
+	struct cxl_accel_migrate m;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 91);
+	/* RW RW RW | RO RO RO | NONE NONE NONE | RW RW RW */
+	OK(mprotect(p + 3 * PG, 3 * PG, PROT_READ) ? -errno : 0);
+	OK(mprotect(p + 6 * PG, 3 * PG, PROT_NONE) ? -errno : 0);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 9 && m.refused == 3, "%llu migrated %llu refused",
+	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
+	OK(snapshot(c->fd, p, len, f));
+	for (i = 0; i < n; i++) {
+		uint8_t want = i >= 6 && i < 9 ? CXL_ACCEL_SNAP_ERROR :
+			CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_LOCAL |
+			(i >= 3 && i < 6 ? 0 : CXL_ACCEL_SNAP_WRITE);
+
+		CHECK((f[i] & ~CXL_ACCEL_SNAP_MIRRORED) == want,
+		      "page %zu flags %#x, want %#x", i, f[i], want);
+	}
+	OK(mprotect(p, len, PROT_READ | PROT_WRITE) ? -errno : 0);
+	CHECK(check_pages(p, len, 91) < 0, "data");
+	/* writing a read-only-migrated page, now writable, stays on device */
+	p[4 * PG] ^= 1;
+	p[4 * PG] ^= 1;
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == 9, "back %llu", (unsigned long long)m.migrated);
+	CHECK(check_pages(p, len, 91) < 0, "data after the way back");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("RW/RO/NONE/RW: 9 migrated with their protections, PROT_NONE refused and reported as no access");
+	return PASS;
+}
+
+/* hmm-tests migrate_multiple: many round trips */
+static int test_migrate_round_trips(struct ctx *c)
+{
+	size_t len = 1 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_migrate m;
+	int i, rounds = 40;
+
+	CHECK(p, "mmap");
+	for (i = 0; i < rounds; i++) {
+		fill_pages(p, len, 100 + i);
+		OK(migrate(c->fd, p, len, true, &m));
+		CHECK(m.migrated == n, "round %d: %llu to device", i,
+		      (unsigned long long)m.migrated);
+		CHECK(check_pages(p, len, 100 + i) < 0, "round %d on device", i);
+		OK(migrate(c->fd, p, len, false, &m));
+		CHECK(m.migrated == n, "round %d: %llu back", i,
+		      (unsigned long long)m.migrated);
+		CHECK(check_pages(p, len, 100 + i) < 0, "round %d back", i);
+	}
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("%d round trips of 1 MiB with new data each time", rounds);
+	return PASS;
+}
+
+/* hmm-tests migrate_fault style: a single page at a time */
+static int test_migrate_single_pages(struct ctx *c)
+{
+	size_t len = 64 * PG, i;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_migrate m;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 111);
+	for (i = 0; i < 64; i += 3) {
+		OK(migrate(c->fd, p + i * PG, PG, true, &m));
+		CHECK(m.migrated == 1, "page %zu", i);
+	}
+	CHECK(local_pages(c->fd, p, len) == 22, "%ld local", local_pages(c->fd, p, len));
+	CHECK(check_pages(p, len, 111) < 0, "data");
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == 22 && m.already == 42, "back %llu already %llu",
+	      (unsigned long long)m.migrated, (unsigned long long)m.already);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("every third page migrated on its own; whole range back: 22 moved, 42 already in RAM");
+	return PASS;
+}
+
+/* hmm-tests snapshot: every kind of page */
+static int test_snapshot(struct ctx *c)
+{
+	size_t n = 10, len = n * PG;
+	uint8_t *p = map_anon(len), f[10];
+	struct cxl_accel_migrate m;
+	volatile uint8_t x;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	/* 0 none, 1 zero page, 2 RW RAM, 3 RO RAM, 4 local RW, 5 local RO,
+	 * 6 no access, 7 unmapped, 8 none, 9 RW RAM
+	 */
+	x = p[1 * PG];
+	(void)x;
+	p[2 * PG] = 1;
+	p[3 * PG] = 1;
+	p[4 * PG] = 1;
+	p[5 * PG] = 1;
+	p[9 * PG] = 1;
+	OK(migrate(c->fd, p + 4 * PG, 2 * PG, true, &m));
+	CHECK(m.migrated == 2, "migrate");
+	OK(mprotect(p + 3 * PG, PG, PROT_READ) ? -errno : 0);
+	OK(mprotect(p + 5 * PG, PG, PROT_READ) ? -errno : 0);
+	OK(mprotect(p + 6 * PG, PG, PROT_NONE) ? -errno : 0);
+	OK(munmap(p + 7 * PG, PG) ? -errno : 0);
+	OK(snapshot(c->fd, p, len, f));
+	{
+		const uint8_t P = CXL_ACCEL_SNAP_PRESENT, W = CXL_ACCEL_SNAP_WRITE,
+			      L = CXL_ACCEL_SNAP_LOCAL;
+		const uint8_t want[10] = { 0, P | CXL_ACCEL_SNAP_ZERO, P | W, P,
+			P | W | L, P | L, CXL_ACCEL_SNAP_ERROR,
+			CXL_ACCEL_SNAP_ERROR, 0, P | W };
+		size_t i;
+
+		for (i = 0; i < n; i++)
+			CHECK(f[i] == want[i], "page %zu: flags %#x, want %#x", i,
+			      f[i], want[i]);
+	}
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("not present, zero page, RW/RO in RAM, RW/RO on device, PROT_NONE and unmapped (error) all reported right");
+	return PASS;
+}
+
+/* copy-on-write of device pages after fork */
+static int test_cow_device_pages(struct ctx *c)
+{
+	size_t len = 16 * PG, n = len / PG;
+	uint8_t *p = map_anon(len), f[16];
+	struct cxl_accel_migrate m;
+	int status, pipefd[2];
+	char msg[200] = "";
+	pid_t pid;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 121);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrate");
+	CHECK(!pipe(pipefd), "pipe");
+	pid = fork();
+	if (!pid) {
+		uint8_t g[16];
+
+		/* shared with the parent: read-only, on device memory */
+		if (snapshot(c->fd, p, len, g) ||
+		    count_pages(g, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_WRITE) != n)
+			snprintf(msg, sizeof(msg), "child: pages not shared read-only on device (%#x)", g[0]);
+		else if (check_pages(p, len, 121) >= 0)
+			snprintf(msg, sizeof(msg), "child reads other data");
+		else {
+			p[0] ^= 0xff;	/* COW: the child gets a copy in RAM */
+			if (snapshot(c->fd, p, len, g) ||
+			    (g[0] & CXL_ACCEL_SNAP_LOCAL) || !(g[0] & CXL_ACCEL_SNAP_WRITE) ||
+			    !(g[1] & CXL_ACCEL_SNAP_LOCAL))
+				snprintf(msg, sizeof(msg), "child after COW: %#x %#x", g[0], g[1]);
+		}
+		if (write(pipefd[1], msg, sizeof(msg)) < 0)
+			_exit(2);
+		_exit(msg[0] ? 1 : 0);
+	}
+	CHECK(pid > 0, "fork");
+	if (read(pipefd[0], msg, sizeof(msg)) < 0)
+		msg[0] = '?';
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "%s", msg);
+	CHECK(check_pages(p, len, 121) < 0, "parent sees the child's write");
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n, "parent pages left the device");
+	/* the parent writes: its page is exclusive again (no copy needed) */
+	p[PG] ^= 1;
+	p[PG] ^= 1;
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(m.migrated == n, "back %llu", (unsigned long long)m.migrated);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("after fork device pages are shared read-only; the child's write copied one page to RAM, the parent's stayed on the device unchanged");
+	return PASS;
+}
+
+/* a process exits with pages on the device: they come back to the pool */
+static int test_exit_with_device_pages(struct ctx *c)
+{
+	struct cxl_accel_hmm_info h;
+	int status;
+	pid_t pid;
+
+	pid = fork();
+	if (!pid) {
+		size_t len = 8 * MiB;
+		uint8_t *p = map_anon(len);
+		struct cxl_accel_migrate m;
+
+		if (!p)
+			_exit(1);
+		fill_pages(p, len, 131);
+		if (migrate(c->fd, p, len, true, &m) || m.migrated != len / PG)
+			_exit(2);
+		_exit(0);	/* no munmap, no close */
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child status %d",
+	      WEXITSTATUS(status));
+	POOL_IDLE(c->fd);
+	OK(hmm_info(c->fd, &h));
+	DETAIL("child exited with 8 MiB on device memory: every page back in the pool, pool buffers freed");
+	return PASS;
+}
+
+struct racer {
+	int fd;
+	uint8_t *p;
+	size_t len;
+	uint32_t handle;
+	volatile int stop;
+	long ok, efault, other;
+	int last_err;
+};
+
+static void *race_reader(void *arg)
+{
+	struct racer *r = arg;
+
+	while (!r->stop) {
+		int e = svm(r->fd, CXL_ACCEL_SVM_READ, r->p, r->len, r->handle,
+			    0, NULL, NULL);
+
+		if (!e)
+			r->ok++;
+		else if (e == -EFAULT)
+			r->efault++;
+		else {
+			r->other++;
+			r->last_err = e;
+		}
+	}
+	return NULL;
+}
+
+/* munmap while the device reads the range */
+static int test_unmap_race(struct ctx *c)
+{
+	size_t len = 2 * MiB;
+	struct cxl_accel_hmm_info h1, h2;
+	struct cxl_accel_alloc a;
+	struct racer r = { .fd = c->fd, .len = len };
+	uint8_t *b;
+	int i, rounds = 30;
+	pthread_t t;
+
+	OK(alloc_map(c, c->fd, len, &a, &b));
+	r.handle = a.handle;
+	OK(hmm_info(c->fd, &h1));
+	for (i = 0; i < rounds; i++) {
+		r.p = map_anon(len);
+		CHECK(r.p, "mmap");
+		memset(r.p, i, len);
+		if (i % 2)
+			OK(migrate(c->fd, r.p, len, true, NULL));
+		r.stop = 0;
+		CHECK(!pthread_create(&t, NULL, race_reader, &r), "thread");
+		usleep(1000 + (i % 5) * 3000);
+		OK(munmap(r.p, len) ? -errno : 0);
+		usleep(2000);
+		r.stop = 1;
+		pthread_join(t, NULL);
+		/* after munmap returned, the device cannot reach the range */
+		EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_READ, r.p, len, a.handle, 0,
+			       NULL, NULL), EFAULT);
+	}
+	CHECK(!r.other, "%ld reads failed with %d", r.other, r.last_err);
+	OK(hmm_info(c->fd, &h2));
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	DETAIL("%d munmaps under a looping 2 MiB device read: %ld reads ok, %ld -EFAULT, none else; %llu invalidations waited for the device",
+	       rounds, r.ok, r.efault,
+	       (unsigned long long)(h2.svm_invalidate_waits - h1.svm_invalidate_waits));
+	return PASS;
+}
+
+struct mig_racer {
+	int fd;
+	uint8_t *p;
+	size_t len;
+	volatile int stop;
+	long ok, efault, other, moved;
+	int last_err;
+};
+
+static void *mig_race_thread(void *arg)
+{
+	struct mig_racer *r = arg;
+	int dir = 0;
+
+	while (!r->stop) {
+		struct cxl_accel_migrate m;
+		int e = migrate(r->fd, r->p, r->len, dir ^= 1, &m);
+
+		if (!e) {
+			r->ok++;
+			r->moved += m.migrated;
+		} else if (e == -EFAULT) {
+			r->efault++;
+		} else {
+			r->other++;
+			r->last_err = e;
+		}
+	}
+	return NULL;
+}
+
+/* munmap and mmap pieces of a range while it migrates back and forth */
+static int test_migrate_unmap_race(struct ctx *c)
+{
+	struct mig_racer r = { .fd = c->fd, .len = 4 * MiB };
+	uint64_t s = 99;
+	pthread_t t;
+	int i;
+
+	r.p = map_anon(r.len);
+	CHECK(r.p, "mmap");
+	memset(r.p, 1, r.len);
+	CHECK(!pthread_create(&t, NULL, mig_race_thread, &r), "thread");
+	for (i = 0; i < 150; i++) {
+		size_t off = (rnd64(&s) % (r.len / (64 * KiB))) * 64 * KiB;
+		uint8_t *q = r.p + off;
+
+		munmap(q, 64 * KiB);
+		usleep(rnd64(&s) % 2000);
+		if (mmap(q, 64 * KiB, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != q) {
+			r.stop = 1;
+			pthread_join(t, NULL);
+			FAILF("remap");
+		}
+		memset(q, 2, 64 * KiB);
+	}
+	r.stop = 1;
+	pthread_join(t, NULL);
+	CHECK(!r.other, "%ld migrations failed with %s", r.other, strerror(-r.last_err));
+	for (i = 0; i < (int)r.len; i += PG)
+		CHECK(r.p[i] == 1 || r.p[i] == 2, "byte %d = %d", i, r.p[i]);
+	OK(migrate(c->fd, r.p, r.len, false, NULL));
+	munmap(r.p, r.len);
+	POOL_IDLE(c->fd);
+	DETAIL("150 munmap/mmap of 64 KiB pieces under migrations of the 4 MiB range: %ld ok (%ld pages moved), %ld -EFAULT (range not mapped), no other outcome",
+	       r.ok, r.moved, r.efault);
+	return PASS;
+}
+
+static int io_uring_register_buf(void *p, size_t len, int *ring)
+{
+	struct io_uring_params prm;
+	struct iovec iov = { .iov_base = p, .iov_len = len };
+	int fd;
+
+	memset(&prm, 0, sizeof(prm));
+	fd = syscall(__NR_io_uring_setup, 4, &prm);
+	if (fd < 0)
+		return -errno;
+	if (syscall(__NR_io_uring_register, fd, IORING_REGISTER_BUFFERS, &iov, 1)) {
+		int e = -errno;
+
+		close(fd);
+		return e;
+	}
+	*ring = fd;
+	return 0;
+}
+
+/* long-term pins (FOLL_LONGTERM) move device pages to RAM, block migration */
+static int test_longterm_pin(struct ctx *c)
+{
+	size_t len = 1 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_pin_checksum pc = { 0 };
+	struct cxl_accel_migrate m;
+	char uring[120] = "io_uring not available";
+	int ring, r;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 141);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrate");
+	pc.addr = (uintptr_t)p;
+	pc.len = len;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_PIN_CHECKSUM, &pc));
+	CHECK(pc.pages == n && pc.on_device == 0,
+	      "pinned %llu pages, %llu of them on device memory",
+	      (unsigned long long)pc.pages, (unsigned long long)pc.on_device);
+	CHECK(pc.crc == crc32c(0, p, len), "crc of pinned pages");
+	CHECK(local_pages(c->fd, p, len) == 0, "pages stayed on the device");
+	CHECK(check_pages(p, len, 141) < 0, "data after the long-term pin");
+
+	/* io_uring fixed buffers hold a long-term pin: migration must fail */
+	r = io_uring_register_buf(p, len, &ring);
+	if (!r) {
+		OK(migrate(c->fd, p, len, true, &m));
+		CHECK(m.migrated == 0 && m.busy == n,
+		      "pinned by io_uring: %llu migrated, %llu busy",
+		      (unsigned long long)m.migrated, (unsigned long long)m.busy);
+		syscall(__NR_io_uring_register, ring, IORING_UNREGISTER_BUFFERS, NULL, 0);
+		close(ring);
+		OK(migrate(c->fd, p, len, true, &m));
+		CHECK(m.migrated == n, "unpinned: %llu migrated",
+		      (unsigned long long)m.migrated);
+		/* registering device pages moves them out again */
+		r = io_uring_register_buf(p, len, &ring);
+		CHECK(!r, "register of device pages: %d", r);
+		CHECK(local_pages(c->fd, p, len) == 0, "registered pages on device");
+		CHECK(check_pages(p, len, 141) < 0, "data");
+		close(ring);
+		snprintf(uring, sizeof(uring),
+			 "io_uring fixed buffers: migration busy for all %zu pages, moved out on registration", n);
+	} else {
+		snprintf(uring, sizeof(uring), "io_uring: %s", strerror(-r));
+	}
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("PIN_CHECKSUM (FOLL_LONGTERM) moved all %zu pages to RAM before pinning, crc right; %s",
+	       n, uring);
+	return PASS;
+}
+
+/* device memory runs out: the rest stays, counted */
+static int test_migrate_no_space(struct ctx *c)
+{
+	struct cxl_accel_identify id;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_alloc a;
+	size_t len = 8 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	uint64_t hog;
+
+	CHECK(p, "mmap");
+	OK(cxla_identify(c->fd, &id));
+	CHECK(id.devmem_free >= 8 * MiB, "only %llu bytes free",
+	      (unsigned long long)id.devmem_free);
+	hog = id.devmem_free - 4 * MiB;
+	OK(cxla_alloc(c->fd, hog, 0, &a));
+	fill_pages(p, len, 151);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n / 2 && m.no_space == n / 2,
+	      "%llu migrated, %llu no space (busy %llu)",
+	      (unsigned long long)m.migrated, (unsigned long long)m.no_space,
+	      (unsigned long long)m.busy);
+	CHECK(check_pages(p, len, 151) < 0, "data");
+	OK(cxla_free(c->fd, a.handle));
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n / 2 && m.already == n / 2, "after FREE: %llu",
+	      (unsigned long long)m.migrated);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("4 MiB of device memory left: half of 8 MiB migrated, half reported no space; the rest after FREE");
+	return PASS;
+}
+
+/* no 2 MiB-aligned free extent: the pool takes an unaligned 2 MiB one */
+static int test_migrate_fragmented(struct ctx *c)
+{
+	struct cxl_accel_alloc a, bufs[1024];
+	size_t len = 2 * MiB, n = len / PG;
+	struct cxl_accel_migrate m;
+	uint8_t *p = map_anon(len);
+	int nb = 0, i, x = -1, y = -1, r;
+
+	CHECK(p, "mmap");
+	while (nb < 1024 && !(r = cxla_alloc(c->fd, 1 * MiB, 0, &a)))
+		bufs[nb++] = a;
+	CHECK(nb < 1024 && r == -ENOSPC, "filling device memory: %d", r);
+	for (i = 0; i < nb && x < 0; i++) {
+		int k;
+
+		if (bufs[i].offset % (2 * MiB) != 1 * MiB)
+			continue;
+		for (k = 0; k < nb; k++)
+			if (bufs[k].offset == bufs[i].offset + 1 * MiB) {
+				x = i;
+				y = k;
+				break;
+			}
+	}
+	CHECK(x >= 0, "no two adjacent 1 MiB buffers at an odd MiB");
+	OK(cxla_free(c->fd, bufs[x].handle));
+	OK(cxla_free(c->fd, bufs[y].handle));
+	fill_pages(p, len, 155);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "%llu migrated (no space %llu)",
+	      (unsigned long long)m.migrated, (unsigned long long)m.no_space);
+	CHECK(check_pages(p, len, 155) < 0, "data");
+	OK(migrate(c->fd, p, len, false, &m));
+	for (i = 0; i < nb; i++)
+		if (i != x && i != y)
+			OK(cxla_free(c->fd, bufs[i].handle));
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("device memory full but for 2 MiB at offset %#llx (not 2 MiB aligned): 2 MiB migrated into it",
+	       (unsigned long long)bufs[x].offset);
+	return PASS;
+}
+
+/* ----------------------------------------------------------- stress */
+
+struct stress_proc {
+	int fd;
+	uint8_t *p;		/* region, COW-shared with the other processes */
+	size_t npages;		/* CPU half then device half */
+	uint32_t *ver;		/* CPU half: last version written per page */
+	uint64_t *pat;		/* device half: last fill pattern per page */
+	volatile int stop;
+	long migrations, moved, cpu_writes, dev_fills, dev_reads, errors;
+	int last_err;
+	int id;
+};
+
+static void stress_err(struct stress_proc *s, int e)
+{
+	s->errors++;
+	s->last_err = e;
+}
+
+static void *stress_migrator(void *arg)
+{
+	struct stress_proc *s = arg;
+	uint64_t r = 0x9e3779b97f4a7c15ULL * (s->id + 1);
+
+	while (!s->stop) {
+		size_t first = rnd64(&r) % s->npages;
+		size_t cnt = 1 + rnd64(&r) % 64;
+		struct cxl_accel_migrate m;
+		int e;
+
+		if (first + cnt > s->npages)
+			cnt = s->npages - first;
+		e = migrate(s->fd, s->p + first * PG, cnt * PG, rnd64(&r) & 1, &m);
+		if (e)
+			stress_err(s, e);
+		s->migrations++;
+		s->moved += m.migrated;
+	}
+	return NULL;
+}
+
+static void *stress_cpu(void *arg)
+{
+	struct stress_proc *s = arg;
+	uint64_t r = 0x1234567ULL * (s->id + 7);
+	size_t half = s->npages / 2;
+
+	while (!s->stop) {
+		size_t pg = rnd64(&r) % half, w;
+		uint32_t v = ++s->ver[pg];
+		uint32_t *q = (uint32_t *)(s->p + pg * PG);
+
+		for (w = 0; w < PG / 4; w++)
+			q[w] = v * 0x01000193u + w + s->id;
+		s->cpu_writes++;
+	}
+	return NULL;
+}
+
+static void *stress_device(void *arg)
+{
+	struct stress_proc *s = arg;
+	uint64_t r = 0x777ULL * (s->id + 3);
+	size_t half = s->npages / 2;
+	uint32_t crc;
+
+	while (!s->stop) {
+		size_t pg = half + rnd64(&r) % half;
+		uint64_t pat = rnd64(&r) | 1;
+		int e;
+
+		if (rnd64(&r) & 1) {
+			e = svm(s->fd, CXL_ACCEL_SVM_FILL, s->p + pg * PG, PG, 0, 0,
+				&pat, NULL);
+			if (!e) {
+				s->pat[pg] = pat;
+				s->dev_fills++;
+			}
+		} else {
+			/* any range, also what the CPU is writing: no check */
+			size_t first = rnd64(&r) % s->npages;
+			size_t cnt = 1 + rnd64(&r) % 32;
+
+			if (first + cnt > s->npages)
+				cnt = s->npages - first;
+			e = svm_crc(s->fd, s->p + first * PG, cnt * PG, &crc);
+			s->dev_reads++;
+		}
+		if (e && e != -EBUSY)
+			stress_err(s, e);
+	}
+	return NULL;
+}
+
+static int stress_child(struct ctx *c, uint8_t *p, size_t npages, int id,
+			char *msg)
+{
+	struct stress_proc s = { .p = p, .npages = npages, .id = id };
+	size_t half = npages / 2, pg, w;
+	pthread_t t[3];
+	uint32_t crc;
+	int i;
+
+	s.fd = open(c->path, O_RDWR);
+	s.ver = calloc(half, sizeof(*s.ver));
+	s.pat = calloc(npages, sizeof(*s.pat));
+	if (s.fd < 0 || !s.ver || !s.pat)
+		return snprintf(msg, 200, "setup"), 1;
+	/* own initial contents: breaks COW for this process's CPU half */
+	for (pg = 0; pg < half; pg++)
+		for (w = 0; w < PG / 4; w++)
+			((uint32_t *)(p + pg * PG))[w] = w + id;
+	pthread_create(&t[0], NULL, stress_migrator, &s);
+	pthread_create(&t[1], NULL, stress_cpu, &s);
+	pthread_create(&t[2], NULL, stress_device, &s);
+	sleep(stress_secs);
+	s.stop = 1;
+	for (i = 0; i < 3; i++)
+		pthread_join(t[i], NULL);
+	if (s.errors)
+		return snprintf(msg, 200, "proc %d: %ld errors, last %s", id,
+				s.errors, strerror(-s.last_err)), 1;
+	for (i = 0; i < 2; i++) {
+		for (pg = 0; pg < half; pg++)
+			for (w = 0; w < PG / 4; w++) {
+				uint32_t want = s.ver[pg] ? s.ver[pg] * 0x01000193u + w + id :
+					w + id;
+
+				if (((uint32_t *)(p + pg * PG))[w] != want)
+					return snprintf(msg, 200, "proc %d pass %d: CPU page %zu word %zu",
+							id, i, pg, w), 1;
+			}
+		for (pg = half; pg < npages; pg++) {
+			const uint8_t *b = p + pg * PG;
+
+			for (w = 0; w < PG; w++) {
+				uint8_t want = s.pat[pg] ? (uint8_t)(s.pat[pg] >> (8 * (w % 8))) :
+					(uint8_t)(0xa5 ^ pg);
+
+				if (b[w] != want)
+					return snprintf(msg, 200, "proc %d pass %d: device page %zu byte %zu",
+							id, i, pg, w), 1;
+			}
+		}
+		if (svm_crc(s.fd, p, npages * PG, &crc) || crc != crc32c(0, p, npages * PG))
+			return snprintf(msg, 200, "proc %d: device checksum differs", id), 1;
+		/* second pass after everything came back to RAM */
+		if (migrate(s.fd, p, npages * PG, false, NULL))
+			return snprintf(msg, 200, "proc %d: final migration", id), 1;
+	}
+	snprintf(msg, 200, "%ld migrations (%ld pages), %ld CPU page writes, %ld device fills, %ld device reads",
+		 s.migrations, s.moved, s.cpu_writes, s.dev_fills, s.dev_reads);
+	return 0;
+}
+
+static int test_stress(struct ctx *c)
+{
+	const int nproc = 3;
+	size_t npages = 512, len = npages * PG, pg;
+	uint8_t *p = map_anon(len);
+	char (*msgs)[200];
+	pid_t pids[8];
+	int i, status, bad = 0;
+	struct cxl_accel_hmm_info h1, h2;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	msgs = mmap(NULL, 8 * 200, PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(msgs != MAP_FAILED, "mmap");
+	for (pg = 0; pg < npages; pg++)
+		memset(p + pg * PG, 0xa5 ^ (int)pg, PG);
+	/* the initial pages are shared COW by all processes */
+	OK(migrate(c->fd, p, len, true, NULL));
+	OK(hmm_info(c->fd, &h1));
+	for (i = 0; i < nproc; i++) {
+		pids[i] = fork();
+		if (!pids[i])
+			_exit(stress_child(c, p, npages, i, msgs[i]));
+	}
+	for (i = 0; i < nproc; i++) {
+		waitpid(pids[i], &status, 0);
+		if (!WIFEXITED(status) || WEXITSTATUS(status))
+			bad = i + 1;
+	}
+	CHECK(!bad, "%s (status %#x)", msgs[bad - 1][0] ? msgs[bad - 1] : "crashed", status);
+	for (pg = 0; pg < npages; pg++)
+		CHECK(p[pg * PG] == (uint8_t)(0xa5 ^ pg) &&
+		      p[pg * PG + PG - 1] == (uint8_t)(0xa5 ^ pg),
+		      "parent page %zu changed", pg);
+	munmap(p, len);
+	OK(hmm_info(c->fd, &h2));
+	CHECK(h2.copy_failures == h1.copy_failures, "%llu failed copy commands",
+	      (unsigned long long)(h2.copy_failures - h1.copy_failures));
+	POOL_IDLE(c->fd);
+	DETAIL("%d processes x (migrator, CPU writer, device filler/reader) on COW-shared 2 MiB for %d s, data verified twice each; e.g. %s",
+	       nproc, stress_secs, msgs[0]);
+	return PASS;
+}
+
+/* --------------------------------------------------- two devices (peer) */
+
+static int need_peer(struct ctx *c)
+{
+	if (c->pfd >= 0)
+		return 0;
+	DETAIL("no second device (-P)");
+	return 1;
+}
+
+/* pages on device A, read by device B (peer-to-peer through A's BAR) */
+static int test_peer_read(struct ctx *c)
+{
+	size_t len = 2 * MiB, n = len / PG;
+	uint8_t *p, *b, f[512];
+	struct cxl_accel_stats st0, st1;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_alloc a;
+
+	if (need_peer(c))
+		return SKIP;
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	fill_pages(p, len, 161);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrate to A");
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, CXL_ACCEL_SNAP_LOCAL) == n,
+	      "B sees %zu remote pages (%#x)",
+	      count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0), f[0]);
+	OK(alloc_map(c, c->pfd, len, &a, &b));
+	OK(cxla_stats(c->pfd, &st0));
+	OK(svm(c->pfd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_stats(c->pfd, &st1));
+	CHECK(check_pages(b, len, 161) < 0, "B read other data");
+	CHECK(st1.device[CXL_ACCEL_STAT_BYTES_P2P] - st0.device[CXL_ACCEL_STAT_BYTES_P2P] >= len,
+	      "B counted %llu peer bytes",
+	      (unsigned long long)(st1.device[CXL_ACCEL_STAT_BYTES_P2P] -
+				   st0.device[CXL_ACCEL_STAT_BYTES_P2P]));
+	OK(migrate(c->pfd, p, len, false, &m));
+	CHECK(m.migrated == n, "B moved A's pages to RAM: %llu", (unsigned long long)m.migrated);
+	CHECK(check_pages(p, len, 161) < 0, "data");
+	munmap(p, len);
+	munmap(b, len);
+	POOL_IDLE(c->fd);
+	POOL_IDLE(c->pfd);
+	DETAIL("B read 2 MiB that live on A's memory peer-to-peer (%llu peer bytes), snapshot on B says remote; B brought them back to RAM",
+	       (unsigned long long)(st1.device[CXL_ACCEL_STAT_BYTES_P2P] -
+				    st0.device[CXL_ACCEL_STAT_BYTES_P2P]));
+	return PASS;
+}
+
+/* migration from device A to device B directly */
+static int test_peer_migrate(struct ctx *c)
+{
+	size_t len = 4 * MiB, n = len / PG;
+	uint8_t *p, f[1024];
+	struct cxl_accel_migrate m;
+	struct cxl_accel_hmm_info ha, hb;
+
+	if (need_peer(c))
+		return SKIP;
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	fill_pages(p, len, 171);
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "to A");
+	OK(migrate(c->pfd, p, len, true, &m));
+	CHECK(m.migrated == n, "A -> B: %llu moved (already %llu busy %llu)",
+	      (unsigned long long)m.migrated, (unsigned long long)m.already,
+	      (unsigned long long)m.busy);
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n, "B: %zu local",
+	      count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0));
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0) == n, "A: %zu remote",
+	      count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0));
+	CHECK(check_pages(p, len, 171) < 0, "data on B");
+	OK(hmm_info(c->fd, &ha));
+	OK(hmm_info(c->pfd, &hb));
+	CHECK(ha.pool_pages_used == 0 && hb.pool_pages_used == n,
+	      "pools: A %llu B %llu", (unsigned long long)ha.pool_pages_used,
+	      (unsigned long long)hb.pool_pages_used);
+	/* and back to A, then RAM */
+	OK(migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "B -> A");
+	OK(migrate(c->fd, p, len, false, &m));
+	CHECK(check_pages(p, len, 171) < 0, "data in RAM");
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	POOL_IDLE(c->pfd);
+	DETAIL("4 MiB RAM -> A -> B -> A -> RAM, device to device copies peer-to-peer; pools follow the pages");
+	return PASS;
+}
+
+/* the same range mirrored by two devices: both invalidated */
+static int test_two_device_mirrors(struct ctx *c)
+{
+	size_t len = 64 * PG;
+	uint8_t *p, f[64];
+	uint64_t pat = 0x3131313131313131;
+	uint32_t ca, cb;
+
+	if (need_peer(c))
+		return SKIP;
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	fill_random(p, len, 181);
+	OK(svm_crc(c->fd, p, len, &ca));
+	OK(svm_crc(c->pfd, p, len, &cb));
+	CHECK(ca == cb && ca == crc32c(0, p, len), "crcs %#x %#x", ca, cb);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, 64, CXL_ACCEL_SNAP_MIRRORED, 0) == 64, "A mirror");
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, 64, CXL_ACCEL_SNAP_MIRRORED, 0) == 64, "B mirror");
+	/* A writes through its mirror... */
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	/* ...B reads the new data through its own */
+	OK(svm_crc(c->pfd, p, len, &cb));
+	CHECK(cb == crc32c(0, p, len) && p[0] == 0x31, "B after A's write");
+	/* migration to A invalidates both mirrors */
+	OK(migrate(c->fd, p, len, true, NULL));
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, 64, 0, CXL_ACCEL_SNAP_MIRRORED) == 64 &&
+	      count_pages(f, 64, CXL_ACCEL_SNAP_REMOTE, 0) == 64,
+	      "B after migration to A: %#x", f[0]);
+	OK(svm_crc(c->pfd, p, len, &cb));
+	CHECK(cb == crc32c(0, p, len), "B reads migrated pages");
+	munmap(p, len);
+	OK(snapshot(c->fd, p, len, f) == 0 ? 0 : -1);
+	CHECK(count_pages(f, 64, 0, CXL_ACCEL_SNAP_MIRRORED) == 64, "A mirror after munmap");
+	POOL_IDLE(c->fd);
+	POOL_IDLE(c->pfd);
+	DETAIL("one range mirrored by both devices: A's device write seen by B, migration and munmap invalidate both mirrors");
+	return PASS;
+}
+
+/* ------------------------------------------------- removal helpers */
+
+static bool wait_file(const char *name, int secs)
+{
+	int i;
+
+	for (i = 0; i < secs * 10; i++) {
+		if (!access(name, F_OK))
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
+/*
+ * --hold-migrated DEV [--close]: move 8 MiB of this process to DEV's memory
+ * (and write some of it there), say "HOLD READY", and wait until the file
+ * /tmp/hmm-go exists: the script unbinds the device (or, with --close,
+ * after closing our file, unloads the module) meanwhile. Then the data
+ * must be intact and writable, and the pages no longer on the device.
+ */
+static int hold_migrated(const char *path, bool close_fd)
+{
+	size_t len = 8 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len), f[2048];
+	struct cxl_accel_migrate m;
+	struct cxl_accel_hmm_info h;
+	int fd = open(path, O_RDWR), r;
+	long bad;
+
+	if (fd < 0 || !p) {
+		printf("HOLD setup failed\n");
+		return 1;
+	}
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 191);
+	r = migrate(fd, p, len, true, &m);
+	if (r || m.migrated != n) {
+		printf("HOLD migrate: %d, %llu pages\n", r, (unsigned long long)m.migrated);
+		return 1;
+	}
+	fill_pages(p, len / 2, 192);	/* CPU writes on device memory */
+	if (close_fd)
+		close(fd);
+	printf("HOLD READY %zu pages on %s%s\n", n, path,
+	       close_fd ? ", file closed" : "");
+	fflush(stdout);
+	if (!close_fd) {
+		/* unbind: our file stays, its ioctls fail */
+		for (r = 0; r < 600 && !hmm_info(fd, &h); r++)
+			usleep(100000);
+		printf("HOLD ioctl after removal: %s\n", strerror(-hmm_info(fd, &h)));
+		fflush(stdout);
+		close(fd);	/* frees the minor for the rebind */
+	}
+	if (!wait_file("/tmp/hmm-go", 120)) {
+		printf("HOLD DONE bad: no go\n");
+		return 1;
+	}
+	bad = check_pages(p, len / 2, 192);
+	if (bad < 0)
+		bad = check_pages_at(p + len / 2, n / 2, len / 2, 191);
+	if (bad >= 0) {
+		printf("HOLD DONE bad: data differs after removal\n");
+		return 1;
+	}
+	fill_pages(p, len, 193);	/* still writable */
+	if (check_pages(p, len, 193) >= 0) {
+		printf("HOLD DONE bad: rewrite\n");
+		return 1;
+	}
+	/* the device is back (rebind or reload): none of it is on its memory */
+	fd = open(path, O_RDWR);
+	if (fd >= 0 && !snapshot(fd, p, len, f) &&
+	    count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_REMOTE, 0)) {
+		printf("HOLD DONE bad: pages on device memory after removal\n");
+		return 1;
+	}
+	printf("HOLD DONE ok: %zu pages intact in system RAM\n", n);
+	return 0;
+}
+
+/* -------------------------------------------- NUMA attach mode */
+
+#define MPOL_BIND	2
+#define MPOL_MF_MOVE	(1 << 1)
+
+static int node_of(void *p)
+{
+	int status = -1;
+
+	if (syscall(__NR_move_pages, 0, 1, &p, NULL, &status, 0))
+		return -errno;
+	return status;
+}
+
+/* move_pages() every page to node; returns pages that did not get there */
+static long move_to(void *p, size_t len, int node)
+{
+	size_t n = len / PG, i;
+	void **pages = malloc(n * sizeof(*pages));
+	int *nodes = malloc(n * sizeof(*nodes)), *st = malloc(n * sizeof(*st));
+	long bad = 0;
+
+	for (i = 0; i < n; i++) {
+		pages[i] = (uint8_t *)p + i * PG;
+		nodes[i] = node;
+	}
+	if (syscall(__NR_move_pages, 0, n, pages, nodes, st, MPOL_MF_MOVE))
+		bad = -errno;
+	else
+		for (i = 0; i < n; i++)
+			bad += st[i] != node;
+	free(pages);
+	free(nodes);
+	free(st);
+	return bad;
+}
+
+static long pages_on(void *p, size_t len, int node)
+{
+	size_t i;
+	long k = 0;
+
+	for (i = 0; i < len / PG; i++)
+		k += node_of((uint8_t *)p + i * PG) == node;
+	return k;
+}
+
+static int read_sys(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	buf[0] = 0;
+	if (!f)
+		return -errno;
+	n = fread(buf, 1, len - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	buf[strcspn(buf, "\n")] = 0;
+	return 0;
+}
+
+static int test_numa_info(struct ctx *c)
+{
+	struct cxl_accel_hmm_info *h = &c->h0;
+	struct cxl_accel_alloc a;
+	char path[128], buf[256];
+	int node = h->numa_node;
+
+	CHECK(h->flags & CXL_ACCEL_HMM_NUMA, "flags %#x", h->flags);
+	CHECK(c->id.features & CXL_ACCEL_F_NUMA, "features %#llx",
+	      (unsigned long long)c->id.features);
+	CHECK(node >= 0 && c->id.numa_node == node, "node %d, IDENTIFY %d", node,
+	      c->id.numa_node);
+	CHECK(h->mem_start == c->id.devmem_gpa && h->mem_size == c->id.devmem_size,
+	      "memory range");
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/cxl-accel%u/numa_node",
+		 c->id.minor);
+	OK(read_sys(path, buf, sizeof(buf)));
+	CHECK(atoi(buf) == node, "sysfs numa_node %s", buf);
+	snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", node);
+	OK(read_sys(path, buf, sizeof(buf)));
+	CHECK(!buf[0], "node %d has CPUs %s", node, buf);
+	EXPECT_ERR(cxla_alloc(c->fd, 4096, 0, &a), EOPNOTSUPP);
+	{
+		uint8_t *p = map_anon(PG);
+
+		CHECK(p, "mmap");
+		p[0] = 1;
+		EXPECT_ERR(migrate(c->fd, p, PG, true, NULL), EOPNOTSUPP);
+	}
+	snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/meminfo", node);
+	{
+		FILE *f = fopen(path, "r");
+		unsigned long kb = 0;
+
+		while (f && fgets(buf, sizeof(buf), f))
+			if (strstr(buf, "MemTotal:"))
+				sscanf(strstr(buf, "MemTotal:") + 9, "%lu", &kb);
+		if (f)
+			fclose(f);
+		DETAIL("device memory %#llx + %llu MiB is CPU-less NUMA node %d (MemTotal %lu KiB); ALLOC and MIGRATE_TO_DEV -EOPNOTSUPP",
+		       (unsigned long long)h->mem_start,
+		       (unsigned long long)(h->mem_size >> 20), node, kb);
+	}
+	return PASS;
+}
+
+static int test_numa_move_pages(struct ctx *c)
+{
+	size_t len = 8 * MiB, n = len / PG, i;
+	uint8_t *p = map_anon(len), f[2048];
+	struct cxl_accel_checksum ck = { 0 };
+	struct cxl_accel_fill fl = { 0 };
+	int node = c->h0.numa_node;
+	uint32_t crc;
+	long bad;
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 201);
+	bad = move_to(p, len, node);
+	CHECK(!bad, "move_pages to node %d: %ld pages elsewhere", node, bad);
+	CHECK(pages_on(p, len, node) == (long)n, "pages on node %d: %ld", node,
+	      pages_on(p, len, node));
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n,
+	      "snapshot: %zu of %zu local", count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0), n);
+	CHECK(check_pages(p, len, 201) < 0, "data after move_pages");
+	/* the device computes on them: pinned user memory, then SVM */
+	ck.src = cxla_user(p);
+	ck.len = len;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_CHECKSUM, &ck));
+	CHECK(ck.crc == crc32c(0, p, len), "device crc %#x, CPU %#x", ck.crc,
+	      crc32c(0, p, len));
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == ck.crc, "SVM crc %#x", crc);
+	fl.dst = cxla_user(p + PG);
+	fl.len = 2 * PG;
+	fl.pattern = 0x2222222222222222;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_FILL, &fl));
+	for (i = PG; i < 3 * PG; i++)
+		CHECK(p[i] == 0x22, "device fill byte %zu", i);
+	CHECK(node_of(p + PG) == node, "filled page left the node");
+	bad = move_to(p, len, 0);
+	CHECK(!bad, "back to node 0: %ld pages elsewhere", bad);
+	OK(snapshot(c->fd, p, len, f));
+	CHECK(count_pages(f, n, 0, CXL_ACCEL_SNAP_LOCAL) == n, "pages still local");
+	CHECK(check_pages(p, PG, 201) < 0 && check_pages_at(p + 3 * PG, 3, len - 3 * PG, 201) < 0,
+	      "data after the way back");
+	munmap(p, len);
+	DETAIL("8 MiB moved to node %d with move_pages(), device checksum (pinned and SVM) %#x, device fill on node memory, moved back",
+	       node, ck.crc);
+	return PASS;
+}
+
+static int test_numa_mbind(struct ctx *c)
+{
+	size_t len = 4 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	int node = c->h0.numa_node;
+	unsigned long mask[2] = { 1UL << node, 0 };
+	uint64_t pat = 0x0f0e0d0c0b0a0908ULL;
+	uint32_t crc;
+	size_t i;
+
+	CHECK(p, "mmap");
+	CHECK(node < 64, "node %d", node);
+	if (syscall(__NR_mbind, p, len, MPOL_BIND, mask, 65, 0))
+		FAILF("mbind: %s", strerror(errno));
+	/* the device writes first: faulted in on the node by the policy */
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	CHECK(pages_on(p, len, node) == (long)n, "%ld of %zu pages on node %d",
+	      pages_on(p, len, node), n, node);
+	for (i = 0; i < len; i++)
+		CHECK(p[i] == (uint8_t)(pat >> (8 * (i % 8))), "byte %zu", i);
+	fill_random(p, len, 211);
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == crc32c(0, p, len), "crc");
+	munmap(p, len);
+	DETAIL("mbind(MPOL_BIND, node %d): the device's writes faulted all %zu pages in on the node; device crc of CPU data right",
+	       node, n);
+	return PASS;
+}
+
+/* pages on device A's node, read and filled by device B */
+static int test_numa_peer(struct ctx *c)
+{
+	size_t len = 2 * MiB, n = len / PG;
+	uint8_t *p, f[512];
+	struct cxl_accel_hmm_info hb;
+	uint32_t crc;
+
+	if (need_peer(c))
+		return SKIP;
+	OK(hmm_info(c->pfd, &hb));
+	CHECK(hb.flags & CXL_ACCEL_HMM_NUMA, "peer not in NUMA mode");
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 221);
+	CHECK(!move_to(p, len, c->h0.numa_node), "move_pages");
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, CXL_ACCEL_SNAP_LOCAL) == n,
+	      "B sees %zu remote", count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0));
+	OK(svm_crc(c->pfd, p, len, &crc));
+	CHECK(crc == crc32c(0, p, len), "B crc");
+	CHECK(!move_to(p, len, hb.numa_node), "A's node -> B's node");
+	OK(snapshot(c->pfd, p, len, f));
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n, "B local");
+	CHECK(check_pages(p, len, 221) < 0, "data");
+	munmap(p, len);
+	DETAIL("pages on node %d (A) read by B, moved to node %d (B) with move_pages()",
+	       c->h0.numa_node, hb.numa_node);
+	return PASS;
+}
+
+/*
+ * --stall SECS DEV: migrations and device accesses (500 ms timeouts) in a
+ * loop for SECS seconds while the host stops and resumes the daemon
+ * (tests/guest/run-hmm-stall.sh). The data must be right after every
+ * call, whether it failed or not; afterwards everything must work again,
+ * the quarantine drain and the pool give back every page.
+ */
+static int hmm_stall(int secs, const char *path)
+{
+	size_t len = 1 * MiB;
+	uint8_t *p = map_anon(len);
+	int fd = open(path, O_RDWR), r, k = 0, last = 1, timeouts = 0, ok_after = 0;
+	struct cxl_accel_stats st;
+	struct cxl_accel_hmm_info h;
+	double t0 = now_sec(), t;
+	char detail[DETAIL_LEN + 1];
+	struct ctx cc = { .detail = detail }, *c = &cc;
+
+	if (fd < 0 || !p)
+		return 1;
+	madvise(p, len, MADV_NOHUGEPAGE);
+	while ((t = now_sec() - t0) < secs) {
+		struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len,
+					       .timeout_ms = 500 };
+		struct cxl_accel_svm sv = { .addr = (uintptr_t)p, .len = len,
+					    .op = CXL_ACCEL_SVM_CHECKSUM,
+					    .timeout_ms = 500 };
+		int r2, r3;
+
+		fill_pages(p, len, ++k);
+		r = cxla_ioctl(fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m);
+		if (check_pages(p, len, k) >= 0) {
+			printf("RESULT hmm_stall_recovery FAIL data differs after a migration (%d)\n", r);
+			return 1;
+		}
+		r2 = cxla_ioctl(fd, CXL_ACCEL_IOC_SVM, &sv);
+		if (!r2 && (uint32_t)sv.value != crc32c(0, p, len)) {
+			printf("RESULT hmm_stall_recovery FAIL device crc differs\n");
+			return 1;
+		}
+		m.migrated = 0;
+		r3 = cxla_ioctl(fd, CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
+		if (check_pages(p, len, k) >= 0) {
+			printf("RESULT hmm_stall_recovery FAIL data differs after the way back (%d)\n", r3);
+			return 1;
+		}
+		r = r ?: r2 ?: r3;
+		if (r != last) {
+			printf("HMM-STALL %6.2f s: %s\n", t, r ? strerror(-r) : "ok");
+			fflush(stdout);
+			last = r;
+		}
+		if (r == -ETIMEDOUT)
+			timeouts++;
+		else if (!r && timeouts)
+			ok_after++;
+		else if (r) {
+			printf("RESULT hmm_stall_recovery FAIL %s\n", strerror(-r));
+			return 1;
+		}
+		usleep(50000);
+	}
+	/* whatever is still on the device comes back now */
+	for (r = 0; r < 100; r++) {
+		struct cxl_accel_migrate m;
+
+		if (!migrate(fd, p, len, false, &m) && local_pages(fd, p, len) == 0)
+			break;
+		usleep(100000);
+	}
+	munmap(p, len);
+	for (r = 0; r < 100; r++) {
+		if (cxla_stats(fd, &st) || !st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
+			break;
+		usleep(100000);
+	}
+	detail[0] = 0;
+	r = pool_idle(c, fd);
+	hmm_info(fd, &h);
+	printf("RESULT hmm_stall_recovery %s %d rounds timed out while the daemon was stopped, %d ok after; data right every time; quarantine %llu, %llu copy commands failed; pool %s\n",
+	       timeouts && ok_after && !r && !st.driver[CXL_ACCEL_DSTAT_QUARANTINED] ?
+	       "PASS" : "FAIL", timeouts, ok_after,
+	       (unsigned long long)st.driver[CXL_ACCEL_DSTAT_QUARANTINED],
+	       (unsigned long long)h.copy_failures, r ? detail : "empty");
+	close(fd);
+	return 0;
+}
+
+/* ---------------------------------------------------------- runner */
+
+struct test {
+	const char *name;
+	int (*fn)(struct ctx *c);
+	bool peer;		/* needs -P */
+	bool numa;		/* NUMA attach mode; the others need coherent memory */
+};
+
+#define T(x) { #x, test_##x, false, false }
+#define TP(x) { #x, test_##x, true, false }
+#define TN(x) { #x, test_##x, false, true }
+#define TNP(x) { #x, test_##x, true, true }
+static const struct test tests[] = {
+	T(info),
+	T(bad_args),
+	T(anon_read),
+	T(anon_read_prot),
+	T(anon_read_zero),
+	T(anon_write),
+	T(anon_write_prot),
+	T(svm_fill_checksum),
+	T(mirror),
+	T(mprotect_mirror),
+	T(fork_child_private),
+	T(fork_child_shared),
+	T(thp),
+	T(file_read_write),
+	T(migrate),
+	T(migrate_holes),
+	T(migrate_private_file),
+	T(migrate_shared),
+	T(migrate_cpu_access),
+	T(migrate_release),
+	T(migrate_mixed_prot),
+	T(migrate_round_trips),
+	T(migrate_single_pages),
+	T(snapshot),
+	T(cow_device_pages),
+	T(exit_with_device_pages),
+	T(unmap_race),
+	T(migrate_unmap_race),
+	T(longterm_pin),
+	T(migrate_no_space),
+	T(migrate_fragmented),
+	T(stress),
+	TP(peer_read),
+	TP(peer_migrate),
+	TP(two_device_mirrors),
+	TN(numa_info),
+	TN(numa_move_pages),
+	TN(numa_mbind),
+	TNP(numa_peer),
+};
+
+static int run_one(struct ctx *base, const char *prefix, const struct test *t)
+{
+	const char *verdict;
+	int status, rc = FAIL;
+	double t0 = now_sec();
+	char *detail = base->detail;
+	pid_t pid;
+
+	memset(detail, 0, DETAIL_LEN + 1);
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0) {
+		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
+	} else if (!pid) {
+		struct ctx c = *base;
+
+		alarm(TEST_TIMEOUT_S);
+		c.fd = open(c.path, O_RDWR);
+		c.pfd = c.peer_path ? open(c.peer_path, O_RDWR) : -1;
+		if (c.fd < 0) {
+			snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
+				 strerror(errno));
+			_exit(FAIL);
+		}
+		if (cxla_identify(c.fd, &c.id) || hmm_info(c.fd, &c.h0)) {
+			snprintf(detail, DETAIL_LEN, "IDENTIFY/HMM_INFO: %s",
+				 strerror(errno));
+			_exit(FAIL);
+		}
+		if (t->numa && !(c.h0.flags & CXL_ACCEL_HMM_NUMA)) {
+			snprintf(detail, DETAIL_LEN, "device not in NUMA mode (flags %#x)",
+				 c.h0.flags);
+			_exit(SKIP);
+		}
+		if (!t->numa && !(c.h0.flags & CXL_ACCEL_HMM_COHERENT)) {
+			snprintf(detail, DETAIL_LEN, "device memory is not coherent ZONE_DEVICE memory (flags %#x)",
+				 c.h0.flags);
+			_exit(SKIP);
+		}
+		_exit(t->fn(&c));
+	} else {
+		waitpid(pid, &status, 0);
+		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
+			rc = WEXITSTATUS(status);
+		else if (WIFSIGNALED(status))
+			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
+				 WTERMSIG(status),
+				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
+				 detail[0] ? detail : "no detail");
+	}
+	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
+	printf("RESULT %s%s %s %s [%.1fs]\n", prefix, t->name, verdict,
+	       detail[0] ? detail : "-", now_sec() - t0);
+	fflush(stdout);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctx base = { .path = "/dev/cxl-accel0", .pfd = -1 };
+	const char *prefix = "hmm.", *only[64];
+	int nonly = 0, i, k, failed = 0, passed = 0, peer_only = 0;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+			base.path = argv[++i];
+		} else if (!strcmp(argv[i], "-P") && i + 1 < argc) {
+			base.peer_path = argv[++i];
+		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
+			prefix = argv[++i];
+		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
+			only[nonly++] = argv[++i];
+		} else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
+			stress_secs = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--hold-migrated") && i + 1 < argc) {
+			return hold_migrated(argv[i + 1], i + 2 < argc &&
+					     !strcmp(argv[i + 2], "--close"));
+		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
+			return hmm_stall(atoi(argv[i + 1]), argv[i + 2]);
+		} else if (!strcmp(argv[i], "--peer-only")) {
+			peer_only = 1;
+		} else if (!strcmp(argv[i], "-l")) {
+			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+				printf("%s%s%s\n", tests[k].name,
+				       tests[k].peer ? " (two devices)" : "",
+				       tests[k].numa ? " (NUMA mode)" : "");
+			return 0;
+		} else {
+			fprintf(stderr,
+				"usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-s stress-secs] [--peer-only] [-l]\n"
+				"       %s --hold-migrated dev [--close] | --stall secs dev\n",
+				argv[0], argv[0]);
+			return 2;
+		}
+	}
+	base.detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (base.detail == MAP_FAILED)
+		return 2;
+	/* without -t, only the tests that apply to this device (and peer) */
+	i = open(base.path, O_RDWR);
+	if (i < 0 || hmm_info(i, &base.h0)) {
+		printf("RESULT %sopen FAIL %s: %s\n", prefix, base.path, strerror(errno));
+		return 1;
+	}
+	close(i);
+	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
+		int want = !nonly, rc;
+
+		if (tests[k].peer && !base.peer_path)
+			want = 0;
+		if (tests[k].numa != !!(base.h0.flags & CXL_ACCEL_HMM_NUMA))
+			want = 0;
+		for (i = 0; i < nonly; i++)
+			want |= !strcmp(only[i], tests[k].name);
+		if (peer_only && !tests[k].peer)
+			want = 0;
+		if (!want)
+			continue;
+		rc = run_one(&base, prefix, &tests[k]);
+		if (rc == FAIL)
+			failed++;
+		else if (rc == PASS)
+			passed++;
+	}
+	printf("# hmm-tests %s: %d passed, %d failed\n", base.path, passed, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Host side: page migration and SVM on a device that stops answering. Boots a
+# guest with one device whose daemon is stopped (SIGSTOP) twice:
+#  1. while the guest migrates 1 MiB back and forth and lets the device
+#     checksum it (hmm-tests --stall): commands time out, the migrations are
+#     abandoned with the data in place, the quarantined commands keep their
+#     destination pages; after the daemon resumes everything works again and
+#     the pool gives back every page;
+#  2. while the module is unloaded with a process's pages on device memory:
+#     eviction falls back to CPU copies, the process's data stays intact.
+#
+# Usage: tests/guest/run-hmm-stall.sh [ci/run-guest.sh options]
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
+
+make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
+make -s -C "$HERE"
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+cat >"$TMP/daemon" <<EOS
+#!/usr/bin/env bash
+# stops the real daemon twice; passes --print-qemu-args through
+case " \$* " in *" --print-qemu-args "*) exec "$DAEMON" "\$@" ;; esac
+"$DAEMON" "\$@" &
+pid=\$!
+trap 'kill -CONT \$pid 2>/dev/null; kill \$pid 2>/dev/null; wait \$pid; exit 0' TERM INT
+( sleep 10; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
+  sleep 6; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2
+  sleep 24; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
+  sleep 8; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2 ) &
+wait \$pid
+EOS
+chmod +x "$TMP/daemon"
+cat >"$TMP/guest.sh" <<'EOS'
+#!/bin/sh
+uptime_s() { cut -d. -f1 /proc/uptime; }
+insmod /cxl/cxl_accel.ko cmd_timeout_ms=1000 || exit 1
+/cxl/hmm-tests --stall 22 /dev/cxl-accel0
+rc=$?
+# second stop: daemon time 40..48 s, guest uptime about 2 s less
+rm -f /tmp/hmm-go
+/cxl/hmm-tests --hold-migrated /dev/cxl-accel0 --close >/tmp/hold.out 2>&1 &
+holder=$!
+while [ "$(uptime_s)" -lt 41 ]; do sleep 0.2; done
+t0=$(uptime_s)
+if rmmod cxl_accel; then
+    t1=$(uptime_s)
+    touch /tmp/hmm-go
+    wait $holder
+    hrc=$?
+    sed 's/^/  /' /tmp/hold.out
+    cpu=$(dmesg | grep -o '[0-9]* migrated pages moved back to system RAM at removal, [0-9]* of them by CPU copy (device error [-0-9]*)' | tail -n 1)
+    if [ $hrc = 0 ] && grep -q 'HOLD DONE ok' /tmp/hold.out; then
+        echo "RESULT hmm_stall_unload PASS rmmod at uptime $t0 s took $((t1 - t0)) s with the daemon stopped: $cpu; data intact"
+    else
+        echo "RESULT hmm_stall_unload FAIL holder rc $hrc"
+        rc=1
+    fi
+else
+    touch /tmp/hmm-go
+    echo "RESULT hmm_stall_unload FAIL rmmod"
+    rc=1
+fi
+dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 12 | sed 's/^/  dmesg: /'
+exit $rc
+EOS
+# cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
+exec "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$TMP/daemon" \
+    --module virtio_dma_buf \
+    --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
+    --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \
+    --script "$TMP/guest.sh" "$@"

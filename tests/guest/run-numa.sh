@@ -1,0 +1,72 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Guest side of the NUMA attach mode tests (busybox sh): device memory is a
+# CPU-less NUMA node instead of an ivshmem BAR. Boot it from the host with
+#
+#   ci/run-guest.sh --attach numa --devices 2 \
+#       --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
+#       --add tests/guest/out/hmm-tests:/bin/ --add tests/guest/out/hmm-bench:/bin/ \
+#       --script tests/guest/run-numa.sh
+#
+# Checks that the driver bound every device without an ivshmem function,
+# runs the NUMA tests of hmm-tests (move_pages/mbind to the device node,
+# device computing on those pages) on every device and across two, the
+# move_pages benchmark (HMM_BENCH_ARGS, default --quick), then unloads.
+# Prints "RESULT <name> PASS|FAIL <detail>".
+
+RC=0
+result() { # name PASS|FAIL detail
+    echo "RESULT $1 $2 $3"
+    [ "$2" = PASS ] || RC=1
+}
+
+expected=0
+for v in /sys/bus/virtio/devices/*; do
+    [ -f "$v/device" ] && [ "$(cat "$v/device")" = 0x0015 ] && expected=$((expected + 1))
+done
+for s in /sys/class/cxl-accel/*; do
+    [ -e "$s/dev" ] || continue
+    n=$(basename "$s")
+    [ -e "/dev/$n" ] || mknod "/dev/$n" c "$(cut -d: -f1 "$s/dev")" "$(cut -d: -f2 "$s/dev")"
+done
+devs=$(for s in /sys/class/cxl-accel/*; do [ -e "$s/dev" ] && basename "$s"; done)
+n=$(echo "$devs" | grep -c .)
+detail=
+for d in $devs; do
+    s=/sys/class/cxl-accel/$d
+    detail="$detail $d: node $(cat "$s/numa_node") at $(cat "$s/devmem_gpa"), mem_function $(cat "$s/mem_function");"
+done
+if [ "$n" = "$expected" ] && [ "$n" -gt 0 ]; then
+    result numa.bind PASS "$n device(s) bound in NUMA mode:$detail"
+else
+    result numa.bind FAIL "$n device(s) bound, $expected virtio function(s)"
+    dmesg | tail -n 20
+    exit 1
+fi
+# automatic NUMA balancing would move pages off the device node behind the
+# tests' back: they place pages explicitly
+[ -w /proc/sys/kernel/numa_balancing ] && echo 0 >/proc/sys/kernel/numa_balancing
+echo "----- NUMA nodes"
+for nd in /sys/devices/system/node/node*; do
+    echo "$(basename "$nd"): cpus '$(cat "$nd/cpulist")' $(grep MemTotal "$nd/meminfo" | sed 's/.*MemTotal://')"
+done
+
+# shellcheck disable=SC2086
+set -- $devs
+for d in $devs; do
+    /bin/hmm-tests -d "/dev/$d" -p "numa.$d." -t numa_info -t numa_move_pages -t numa_mbind || RC=1
+done
+if [ $# -ge 2 ]; then
+    /bin/hmm-tests -d "/dev/$1" -P "/dev/$2" -p "numa." -t numa_peer || RC=1
+fi
+# shellcheck disable=SC2086
+/bin/hmm-bench -d "/dev/$1" ${HMM_BENCH_ARGS:---quick} || RC=1
+
+if rmmod cxl_accel && [ ! -d /sys/class/cxl-accel ]; then
+    result numa.unload PASS "rmmod"
+else
+    result numa.unload FAIL "rmmod failed"
+fi
+dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 20 | sed 's/^/  dmesg: /'
+exit $RC
