@@ -180,4 +180,29 @@ static inline void fill_random(void *buf, size_t len, uint64_t seed)
 		p[i] = (uint8_t)rnd64(&s);
 }
 
+
+/*
+ * Test helpers: every test function has a "c" context with a detail buffer
+ * (DETAIL_LEN bytes, shared with the parent) and returns PASS or FAIL.
+ */
+#define DETAIL_LEN	500
+#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
+#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
+#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
+/* an ioctl wrapper result that must be 0 */
+#define OK(expr) do {							\
+	int __r = (expr);						\
+	if (__r)							\
+		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
+		      __r, strerror(-__r));				\
+} while (0)
+/* an ioctl wrapper result that must be -err */
+#define EXPECT_ERR(expr, err) do {					\
+	int __r = (expr);						\
+	if (__r != -(err))						\
+		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
+		      __func__, __LINE__, #expr, __r,			\
+		      __r ? strerror(-__r) : "ok", #err);		\
+} while (0)
+
 #endif /* CXLA_TEST_H */

@@ -42,23 +42,6 @@ struct ctx {
 
 static int stress_secs = 8;
 
-#define DETAIL_LEN	400
-#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
-#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
-#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
-#define OK(expr) do {							\
-	int __r = (expr);						\
-	if (__r)							\
-		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
-		      __r, strerror(-__r));				\
-} while (0)
-#define EXPECT_ERR(expr, err) do {					\
-	int __r = (expr);						\
-	if (__r != -(err))						\
-		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
-		      __func__, __LINE__, #expr, __r,			\
-		      __r ? strerror(-__r) : "ok", #err);		\
-} while (0)
 
 /* ------------------------------------------------------------ helpers */
 

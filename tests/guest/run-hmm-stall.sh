@@ -26,20 +26,8 @@ make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-cat >"$TMP/daemon" <<EOS
-#!/usr/bin/env bash
-# stops the real daemon twice; passes --print-qemu-args through
-case " \$* " in *" --print-qemu-args "*) exec "$DAEMON" "\$@" ;; esac
-"$DAEMON" "\$@" &
-pid=\$!
-trap 'kill -CONT \$pid 2>/dev/null; kill \$pid 2>/dev/null; wait \$pid; exit 0' TERM INT
-( sleep 10; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
-  sleep 6; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2
-  sleep 24; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
-  sleep 8; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2 ) &
-wait \$pid
-EOS
-chmod +x "$TMP/daemon"
+# Two stops: daemon time 10..16 s and 40..48 s.
+export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_STALLS="10:6 24:8"
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
 uptime_s() { cut -d. -f1 /proc/uptime; }
@@ -74,7 +62,7 @@ dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 12 | sed 's/^/  dmesg: /'
 exit $rc
 EOS
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
-exec "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$TMP/daemon" \
+"$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \

@@ -24,18 +24,7 @@ make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-cat >"$TMP/daemon" <<EOS
-#!/usr/bin/env bash
-# stops the real daemon for a while; passes --print-qemu-args through
-case " \$* " in *" --print-qemu-args "*) exec "$DAEMON" "\$@" ;; esac
-"$DAEMON" "\$@" &
-pid=\$!
-trap 'kill -CONT \$pid 2>/dev/null; kill \$pid 2>/dev/null; wait \$pid; exit 0' TERM INT
-( sleep $STOP_AT; kill -STOP \$pid; echo "wrapper: daemon stopped" >&2
-  sleep $STOP_FOR; kill -CONT \$pid; echo "wrapper: daemon resumed" >&2 ) &
-wait \$pid
-EOS
-chmod +x "$TMP/daemon"
+export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_STALLS="$STOP_AT:$STOP_FOR"
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=2000 || exit 1
@@ -46,7 +35,7 @@ if rmmod cxl_accel; then echo "RESULT stall_unload PASS rmmod after the stall"; 
 exit $rc
 EOS
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
-exec "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$TMP/daemon" \
+"$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
