@@ -356,81 +356,81 @@ static u16 cxla_hflags(u32 flags)
 	return (flags & CXL_ACCEL_OP_FENCE) ? CXLA_FLAG_FENCE : 0;
 }
 
-long cxla_ioc_copy(struct cxla_file *cf, void __user *arg)
+/*
+ * The common part of COPY, FILL and CHECKSUM: check the length and the
+ * flags, resolve the source and the destination that are given (NULL: the
+ * command has none), run the transfer and drop the operands again.
+ */
+static int cxla_ioc_xfer(struct cxla_file *cf, struct cxla_xfer *x,
+			 const struct cxl_accel_mem *msrc,
+			 const struct cxl_accel_mem *mdst,
+			 u64 len, u32 flags, u32 timeout_ms)
 {
 	struct cxla_operand src, dst;
-	struct cxl_accel_copy c;
-	struct cxla_xfer x = { .opcode = CXLA_OP_COPY };
 	int ret;
+
+	if (!len || (flags & ~CXL_ACCEL_OP_FENCE))
+		return -EINVAL;
+	if (msrc) {
+		ret = cxla_operand_get(cf, msrc, len, &src);
+		if (ret)
+			return ret;
+		x->src = &src;
+	}
+	if (mdst) {
+		ret = cxla_operand_get(cf, mdst, len, &dst);
+		if (ret)
+			goto out_src;
+		x->dst = &dst;
+	}
+	x->hflags = cxla_hflags(flags);
+	x->len = len;
+	x->timeout_ms = timeout_ms;
+	ret = cxla_run_xfer(cf->dev, x);
+	if (mdst)
+		cxla_operand_put(&dst);
+out_src:
+	if (msrc)
+		cxla_operand_put(&src);
+	x->src = NULL;
+	x->dst = NULL;
+	return ret;
+}
+
+long cxla_ioc_copy(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_xfer x = { .opcode = CXLA_OP_COPY };
+	struct cxl_accel_copy c;
 
 	if (copy_from_user(&c, arg, sizeof(c)))
 		return -EFAULT;
-	if (!c.len || (c.flags & ~CXL_ACCEL_OP_FENCE))
-		return -EINVAL;
-	ret = cxla_operand_get(cf, &c.src, c.len, &src);
-	if (ret)
-		return ret;
-	ret = cxla_operand_get(cf, &c.dst, c.len, &dst);
-	if (ret) {
-		cxla_operand_put(&src);
-		return ret;
-	}
-	x.hflags = cxla_hflags(c.flags);
-	x.src = &src;
-	x.dst = &dst;
-	x.len = c.len;
-	x.timeout_ms = c.timeout_ms;
-	ret = cxla_run_xfer(cf->dev, &x);
-	cxla_operand_put(&dst);
-	cxla_operand_put(&src);
-	return ret;
+	return cxla_ioc_xfer(cf, &x, &c.src, &c.dst, c.len, c.flags,
+			     c.timeout_ms);
 }
 
 long cxla_ioc_fill(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_xfer x = { .opcode = CXLA_OP_FILL };
 	struct cxl_accel_fill f;
-	struct cxla_operand dst;
-	int ret;
 
 	if (copy_from_user(&f, arg, sizeof(f)))
 		return -EFAULT;
-	if (!f.len || (f.flags & ~CXL_ACCEL_OP_FENCE))
-		return -EINVAL;
-	ret = cxla_operand_get(cf, &f.dst, f.len, &dst);
-	if (ret)
-		return ret;
-	x.hflags = cxla_hflags(f.flags);
-	x.dst = &dst;
-	x.len = f.len;
 	x.pattern = f.pattern;
-	x.timeout_ms = f.timeout_ms;
-	ret = cxla_run_xfer(cf->dev, &x);
-	cxla_operand_put(&dst);
-	return ret;
+	return cxla_ioc_xfer(cf, &x, NULL, &f.dst, f.len, f.flags,
+			     f.timeout_ms);
 }
 
 long cxla_ioc_checksum(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_xfer x = { .opcode = CXLA_OP_CHECKSUM };
 	struct cxl_accel_checksum c;
-	struct cxla_operand src;
 	int ret;
 
 	if (copy_from_user(&c, arg, sizeof(c)))
 		return -EFAULT;
-	if (!c.len || (c.flags & ~CXL_ACCEL_OP_FENCE))
-		return -EINVAL;
-	ret = cxla_operand_get(cf, &c.src, c.len, &src);
-	if (ret)
-		return ret;
-	x.hflags = cxla_hflags(c.flags);
-	x.src = &src;
-	x.len = c.len;
 	x.crc = c.seed;
-	x.timeout_ms = c.timeout_ms;
-	ret = cxla_run_xfer(cf->dev, &x);
-	cxla_operand_put(&src);
+	ret = cxla_ioc_xfer(cf, &x, &c.src, NULL, c.len, c.flags,
+			    c.timeout_ms);
 	if (ret)
 		return ret;
 	c.crc = x.crc;

@@ -8,12 +8,16 @@
 
 #include "cxl_accel.h"
 
-static ssize_t devmem_size_show(struct device *dev,
-				struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%llu\n", to_cxla_dev(dev)->devmem_size);
-}
-static DEVICE_ATTR_RO(devmem_size);
+/* a read-only attribute showing one field of struct cxla_dev */
+#define CXLA_FIELD_ATTR(_name, _fmt, _field)				\
+static ssize_t _name##_show(struct device *dev,				\
+			    struct device_attribute *attr, char *buf)	\
+{									\
+	return sysfs_emit(buf, _fmt "\n", to_cxla_dev(dev)->_field);	\
+}									\
+static DEVICE_ATTR_RO(_name)
+
+CXLA_FIELD_ATTR(devmem_size, "%llu", devmem_size);
 
 static ssize_t devmem_gpa_show(struct device *dev,
 			       struct device_attribute *attr, char *buf)
@@ -42,12 +46,7 @@ static ssize_t buffers_show(struct device *dev, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RO(buffers);
 
-static ssize_t features_show(struct device *dev, struct device_attribute *attr,
-			     char *buf)
-{
-	return sysfs_emit(buf, "%#llx\n", to_cxla_dev(dev)->features);
-}
-static DEVICE_ATTR_RO(features);
+CXLA_FIELD_ATTR(features, "%#llx", features);
 
 static ssize_t version_show(struct device *dev, struct device_attribute *attr,
 			    char *buf)
@@ -57,19 +56,8 @@ static ssize_t version_show(struct device *dev, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RO(version);
 
-static ssize_t dma_engines_show(struct device *dev,
-				struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", to_cxla_dev(dev)->num_dma_engines);
-}
-static DEVICE_ATTR_RO(dma_engines);
-
-static ssize_t device_index_show(struct device *dev,
-				 struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", to_cxla_dev(dev)->device_index);
-}
-static DEVICE_ATTR_RO(device_index);
+CXLA_FIELD_ATTR(dma_engines, "%u", num_dma_engines);
+CXLA_FIELD_ATTR(device_index, "%u", device_index);
 
 static ssize_t mem_function_show(struct device *dev,
 				 struct device_attribute *attr, char *buf)

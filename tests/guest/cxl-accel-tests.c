@@ -26,8 +26,6 @@
 #define MiB		(1024 * KiB)
 #define TEST_TIMEOUT_S	240
 
-enum { PASS, FAIL, SKIP };
-
 struct ctx {
 	const char *path;
 	int fd;
@@ -45,14 +43,6 @@ static uint64_t dev_free(struct ctx *c)
 	if (cxla_identify(c->fd, &id))
 		return ~0ULL;
 	return id.devmem_free;
-}
-
-static void *map_anon(size_t len)
-{
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
 }
 
 /* ------------------------------------------------------------ basics */
@@ -496,67 +486,53 @@ static int mp_cpu_to_dev(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
 	return PASS;
 }
 
-static int test_msgpass_dev_to_cpu_devmem(struct ctx *c)
+typedef int mp_fn(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+		  struct cxl_accel_mem payload, const char *where);
+
+/* a message-passing test, the flag and the payload in device memory or system RAM */
+static int msgpass(struct ctx *c, mp_fn *run, bool devmem)
 {
 	struct cxl_accel_alloc a;
 	uint64_t ack = 0;
 	struct mp m = { 0 };
 	uint8_t *p;
 
-	OK(cxla_alloc(c->fd, MP_PAYLOAD + 4096, 0, &a));
-	p = cxla_map(c->fd, &a);
-	CHECK(p, "mmap: %s", strerror(errno));
+	if (devmem) {
+		OK(cxla_alloc(c->fd, MP_PAYLOAD + 4096, 0, &a));
+		p = cxla_map(c->fd, &a);
+		CHECK(p, "mmap: %s", strerror(errno));
+	} else {
+		p = map_anon(MP_PAYLOAD + 4096);
+		CHECK(p, "mmap");
+		memset(p, 0, MP_PAYLOAD + 4096);
+	}
 	m.flag = (uint64_t *)p;
 	m.payload = (uint64_t *)(p + 4096);
 	m.ack = &ack;
-	return mp_dev_to_cpu(c, &m, cxla_dev(a.handle, 0),
-			     cxla_dev(a.handle, 4096), "device memory");
+	if (devmem)
+		return run(c, &m, cxla_dev(a.handle, 0), cxla_dev(a.handle, 4096),
+			   "device memory");
+	return run(c, &m, cxla_user(p), cxla_user(p + 4096), "system RAM");
+}
+
+static int test_msgpass_dev_to_cpu_devmem(struct ctx *c)
+{
+	return msgpass(c, mp_dev_to_cpu, true);
 }
 
 static int test_msgpass_dev_to_cpu_ram(struct ctx *c)
 {
-	uint8_t *p = map_anon(MP_PAYLOAD + 4096);
-	uint64_t ack = 0;
-	struct mp m = { 0 };
-
-	CHECK(p, "mmap");
-	m.flag = (uint64_t *)p;
-	m.payload = (uint64_t *)(p + 4096);
-	m.ack = &ack;
-	return mp_dev_to_cpu(c, &m, cxla_user(p), cxla_user(p + 4096),
-			     "system RAM");
+	return msgpass(c, mp_dev_to_cpu, false);
 }
 
 static int test_msgpass_cpu_to_dev_devmem(struct ctx *c)
 {
-	struct cxl_accel_alloc a;
-	uint64_t ack = 0;
-	struct mp m = { 0 };
-	uint8_t *p;
-
-	OK(cxla_alloc(c->fd, MP_PAYLOAD + 4096, 0, &a));
-	p = cxla_map(c->fd, &a);
-	CHECK(p, "mmap: %s", strerror(errno));
-	m.flag = (uint64_t *)p;
-	m.payload = (uint64_t *)(p + 4096);
-	m.ack = &ack;
-	return mp_cpu_to_dev(c, &m, cxla_dev(a.handle, 0),
-			     cxla_dev(a.handle, 4096), "device memory");
+	return msgpass(c, mp_cpu_to_dev, true);
 }
 
 static int test_msgpass_cpu_to_dev_ram(struct ctx *c)
 {
-	uint8_t *p = map_anon(MP_PAYLOAD + 4096);
-	uint64_t ack = 0;
-	struct mp m = { 0 };
-
-	CHECK(p, "mmap");
-	memset(p, 0, MP_PAYLOAD + 4096);
-	m.flag = (uint64_t *)p;
-	m.payload = (uint64_t *)(p + 4096);
-	m.ack = &ack;
-	return mp_cpu_to_dev(c, &m, cxla_user(p), cxla_user(p + 4096),
-			     "system RAM");
+	return msgpass(c, mp_cpu_to_dev, false);
 }
 
 /* ------------------------------------------------ allocation, exhaustion */
@@ -1202,49 +1178,23 @@ static const struct test tests[] = {
 	T(timeout_quarantine),
 };
 
-static int run_one(const char *path, const char *prefix, const struct test *t,
-		   char *detail)
+/* in the child: open the device, identify it, run the test */
+static int run_child(const void *env, const void *test, char *detail)
 {
-	const char *verdict;
-	int status, rc = FAIL;
-	double t0 = now_sec();
-	pid_t pid;
+	const struct test *t = test;
+	struct ctx c = { .path = env, .detail = detail };
 
-	memset(detail, 0, DETAIL_LEN + 1);
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0) {
-		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
-	} else if (!pid) {
-		struct ctx c = { .path = path, .detail = detail };
-
-		alarm(TEST_TIMEOUT_S);
-		c.fd = open(path, O_RDWR);
-		if (c.fd < 0) {
-			snprintf(detail, DETAIL_LEN, "open %s: %s", path,
-				 strerror(errno));
-			_exit(FAIL);
-		}
-		if (cxla_identify(c.fd, &c.id)) {
-			snprintf(detail, DETAIL_LEN, "IDENTIFY: %s", strerror(errno));
-			_exit(FAIL);
-		}
-		_exit(t->fn(&c));
-	} else {
-		waitpid(pid, &status, 0);
-		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
-			rc = WEXITSTATUS(status);
-		else if (WIFSIGNALED(status))
-			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
-				 WTERMSIG(status),
-				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
-				 detail[0] ? detail : "no detail");
+	c.fd = open(c.path, O_RDWR);
+	if (c.fd < 0) {
+		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
+			 strerror(errno));
+		return FAIL;
 	}
-	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
-	printf("RESULT %s%s %s %s [%.1fs]\n", prefix, t->name, verdict,
-	       detail[0] ? detail : "-", now_sec() - t0);
-	fflush(stdout);
-	return rc;
+	if (cxla_identify(c.fd, &c.id)) {
+		snprintf(detail, DETAIL_LEN, "IDENTIFY: %s", strerror(errno));
+		return FAIL;
+	}
+	return t->fn(&c);
 }
 
 /*
@@ -1471,21 +1421,20 @@ static int multi(void)
 
 int main(int argc, char **argv)
 {
-	const char *path = "/dev/cxl-accel0", *prefix = "";
-	const char *only[64];
-	int nonly = 0, i, k, failed = 0, passed = 0;
-	char *detail;
+	struct cxla_runner r = { .prefix = "", .timeout_s = TEST_TIMEOUT_S };
+	const char *path = "/dev/cxl-accel0";
+	int i, k;
 
 	page_size = getpagesize();
 	for (i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
 			path = argv[++i];
 		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
-			prefix = argv[++i];
-		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
-			only[nonly++] = argv[++i];
+			r.prefix = argv[++i];
+		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
+			r.only[r.nonly++] = argv[++i];
 		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
 				printf("%s\n", tests[k].name);
 			return 0;
 		} else if (!strcmp(argv[i], "--hold") && i + 1 < argc) {
@@ -1502,23 +1451,11 @@ int main(int argc, char **argv)
 		}
 	}
 
-	detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (detail == MAP_FAILED)
+	if (cxla_runner_start(&r))
 		return 2;
-	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
-		int want = !nonly, rc;
-
-		for (i = 0; i < nonly; i++)
-			want |= !strcmp(only[i], tests[k].name);
-		if (!want)
-			continue;
-		rc = run_one(path, prefix, &tests[k], detail);
-		if (rc == FAIL)
-			failed++;
-		else if (rc == PASS)
-			passed++;
-	}
-	printf("# %s: %d passed, %d failed\n", path, passed, failed);
-	return failed ? 1 : 0;
+	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
+		if (cxla_selected(&r, tests[k].name))
+			cxla_run(&r, tests[k].name, run_child, path, &tests[k]);
+	printf("# %s: %d passed, %d failed\n", path, r.passed, r.failed);
+	return r.failed ? 1 : 0;
 }

@@ -42,8 +42,6 @@
 #define TEST_TIMEOUT_S	240
 #define MAX_DEVS	8
 
-enum { PASS, FAIL, SKIP };
-
 struct ctx {
 	int ndev;
 	char path[MAX_DEVS][64];
@@ -1011,6 +1009,30 @@ static int name_of_vdev(const char *vdev, char *out, size_t len)
 	return r;
 }
 
+/*
+ * Bind virtio device vdev to the driver again, wait for the device it comes
+ * back as (its name in again) and open it (in *fd).
+ */
+static int rebind(struct ctx *c, const char *vdev, char *again, size_t len,
+		  int *fd)
+{
+	char p[300];
+	struct stat st;
+	int i, r;
+
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
+	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
+	for (i = 0; i < 100 && name_of_vdev(vdev, again, len); i++)
+		usleep(50000);
+	CHECK(i < 100, "%s did not come back", vdev);
+	snprintf(p, sizeof(p), "/dev/%s", again);
+	for (i = 0; i < 100 && stat(p, &st); i++)
+		usleep(50000);
+	*fd = open(p, O_RDWR);
+	CHECK(*fd >= 0, "open %s: %s", p, strerror(errno));
+	return PASS;
+}
+
 static int test_revoke_unbind(struct ctx *c)
 {
 	const size_t len = 2 * MiB;
@@ -1018,14 +1040,13 @@ static int test_revoke_unbind(struct ctx *c)
 	struct cxl_accel_dmabuf_import im, im2;
 	struct cxl_accel_alloc a, b;
 	struct copier k = { 0 };
-	char vdev[64], again[32], p[300];
+	char vdev[64], again[32];
 	volatile uint8_t *map;
 	pthread_t th;
 	double t0, t_unbind, t_stop;
 	long live[3], mn0;
 	int i, r, fd2, bus = 0;
 	uint64_t size;
-	struct stat st;
 
 	NEED2();
 	CHECK(!vdev_of(c->name[0], vdev, sizeof(vdev)), "no virtio device for %s",
@@ -1092,16 +1113,8 @@ static int test_revoke_unbind(struct ctx *c)
 	size = c->id[0].devmem_size;
 
 	/* bind again: all device memory free */
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
-	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
-	for (i = 0; i < 100 && name_of_vdev(vdev, again, sizeof(again)); i++)
-		usleep(50000);
-	CHECK(i < 100, "%s did not come back", vdev);
-	snprintf(p, sizeof(p), "/dev/%s", again);
-	for (i = 0; i < 100 && stat(p, &st); i++)
-		usleep(50000);
-	fd2 = open(p, O_RDWR);
-	CHECK(fd2 >= 0, "open %s: %s", p, strerror(errno));
+	if (rebind(c, vdev, again, sizeof(again), &fd2) != PASS)
+		return FAIL;
 	CHECK(dev_free(fd2) == size, "%s: %llu of %llu bytes free after rebind", again,
 	      (unsigned long long)dev_free(fd2), (unsigned long long)size);
 	close(fd2);
@@ -1184,10 +1197,9 @@ static int test_importer_unbind(struct ctx *c)
 	struct udmabuf_create uc = { 0 };
 	long at0 = sysfs_long(c->name[0], "attachments"), live0[3], live[3];
 	struct cxl_accel_alloc a;
-	char vdev[64], again[32], p[300];
-	int fd, memfd, udev, ufd, r, i, fd1;
+	char vdev[64], again[32];
+	int fd, memfd, udev, ufd, r, fd1;
 	uint32_t crc;
-	struct stat st;
 
 	NEED2();
 	CHECK(!module_live(c, live0), "module_live");
@@ -1235,16 +1247,8 @@ static int test_importer_unbind(struct ctx *c)
 	close(memfd);
 	OK(cxla_free(c->fd[0], a.handle));
 
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
-	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
-	for (i = 0; i < 100 && name_of_vdev(vdev, again, sizeof(again)); i++)
-		usleep(50000);
-	CHECK(i < 100, "%s did not come back", vdev);
-	snprintf(p, sizeof(p), "/dev/%s", again);
-	for (i = 0; i < 100 && stat(p, &st); i++)
-		usleep(50000);
-	fd1 = open(p, O_RDWR);
-	CHECK(fd1 >= 0, "open %s: %s", p, strerror(errno));
+	if (rebind(c, vdev, again, sizeof(again), &fd1) != PASS)
+		return FAIL;
 	CHECK(dev_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
 	close(fd1);
 	DETAIL("%s unbound with a peer import and a udmabuf import: attachments released at once, ioctls ENODEV, imports gone at close; rebound as %s",
@@ -1515,56 +1519,30 @@ static const struct test tests[] = {
 	T(leak_check),
 };
 
-static int run_one(const struct test *t, char *detail)
+/* in the child: find the devices, run the test */
+static int run_child(const void *env, const void *test, char *detail)
 {
-	const char *verdict;
-	int status, rc = FAIL;
-	double t0 = now_sec();
-	pid_t pid;
+	const struct test *t = test;
+	struct ctx c = { .detail = detail };
 
-	memset(detail, 0, DETAIL_LEN + 1);
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0) {
-		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
-	} else if (!pid) {
-		struct ctx c = { .detail = detail };
-
-		alarm(TEST_TIMEOUT_S);
-		if (discover(&c)) {
-			snprintf(detail, DETAIL_LEN, "no usable /dev/cxl-accelN (%d found)",
-				 c.ndev);
-			_exit(FAIL);
-		}
-		_exit(t->fn(&c));
-	} else {
-		waitpid(pid, &status, 0);
-		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
-			rc = WEXITSTATUS(status);
-		else if (WIFSIGNALED(status))
-			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
-				 WTERMSIG(status),
-				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
-				 detail[0] ? detail : "no detail");
+	if (discover(&c)) {
+		snprintf(detail, DETAIL_LEN, "no usable /dev/cxl-accelN (%d found)",
+			 c.ndev);
+		return FAIL;
 	}
-	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
-	printf("RESULT dmabuf.%s %s %s [%.1fs]\n", t->name, verdict,
-	       detail[0] ? detail : "-", now_sec() - t0);
-	fflush(stdout);
-	return rc;
+	return t->fn(&c);
 }
 
 int main(int argc, char **argv)
 {
-	const char *only[64];
-	int nonly = 0, i, k, failed = 0, passed = 0;
-	char *detail;
+	struct cxla_runner r = { .prefix = "dmabuf.", .timeout_s = TEST_TIMEOUT_S };
+	int i, k;
 
 	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
-			only[nonly++] = argv[++i];
+		if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
+			r.only[r.nonly++] = argv[++i];
 		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
 				printf("%s\n", tests[k].name);
 			return 0;
 		} else if (!strcmp(argv[i], "--bench")) {
@@ -1575,23 +1553,11 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (detail == MAP_FAILED)
+	if (cxla_runner_start(&r))
 		return 2;
-	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
-		int want = !nonly, rc;
-
-		for (i = 0; i < nonly; i++)
-			want |= !strcmp(only[i], tests[k].name);
-		if (!want)
-			continue;
-		rc = run_one(&tests[k], detail);
-		if (rc == FAIL)
-			failed++;
-		else if (rc == PASS)
-			passed++;
-	}
-	printf("# dmabuf-tests: %d passed, %d failed\n", passed, failed);
-	return failed ? 1 : 0;
+	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
+		if (cxla_selected(&r, tests[k].name))
+			cxla_run(&r, tests[k].name, run_child, NULL, &tests[k]);
+	printf("# dmabuf-tests: %d passed, %d failed\n", r.passed, r.failed);
+	return r.failed ? 1 : 0;
 }

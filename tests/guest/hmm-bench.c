@@ -32,14 +32,13 @@ static int fd;
 static bool numa;
 static int node = -1;
 
-static void *map_anon(size_t len)
+/* anonymous memory without transparent huge pages; NULL on failure */
+static void *map_pages(size_t len)
 {
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *p = map_anon(len);
 
-	if (p == MAP_FAILED)
-		return NULL;
-	madvise(p, len, MADV_NOHUGEPAGE);
+	if (p)
+		madvise(p, len, MADV_NOHUGEPAGE);
 	return p;
 }
 
@@ -80,7 +79,7 @@ static long move_range(void *p, size_t len, int to)
 /* Move len bytes in calls of chunk bytes, to and back; best of runs. */
 static int measure(struct fig *f, size_t len, size_t chunk, int runs)
 {
-	uint8_t *p = map_anon(len);
+	uint8_t *p = map_pages(len);
 	uint32_t crc;
 	size_t off;
 	int r;

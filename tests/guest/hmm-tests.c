@@ -28,8 +28,6 @@
 #define PG		4096UL
 #define TEST_TIMEOUT_S	300
 
-enum { PASS, FAIL, SKIP };
-
 struct ctx {
 	const char *path;
 	const char *peer_path;
@@ -44,14 +42,6 @@ static int stress_secs = 8;
 
 
 /* ------------------------------------------------------------ helpers */
-
-static void *map_anon(size_t len)
-{
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
 
 /* len bytes at an address aligned to align (power of two) */
 static void *map_aligned(size_t len, size_t align)
@@ -2270,68 +2260,46 @@ static const struct test tests[] = {
 	TNP(numa_peer),
 };
 
-static int run_one(struct ctx *base, const char *prefix, const struct test *t)
+/*
+ * in the child: open the device (and the peer), check that the test applies
+ * to its mode, run the test
+ */
+static int run_child(const void *env, const void *test, char *detail)
 {
-	const char *verdict;
-	int status, rc = FAIL;
-	double t0 = now_sec();
-	char *detail = base->detail;
-	pid_t pid;
+	const struct test *t = test;
+	struct ctx c = *(const struct ctx *)env;
 
-	memset(detail, 0, DETAIL_LEN + 1);
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0) {
-		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
-	} else if (!pid) {
-		struct ctx c = *base;
-
-		alarm(TEST_TIMEOUT_S);
-		c.fd = open(c.path, O_RDWR);
-		c.pfd = c.peer_path ? open(c.peer_path, O_RDWR) : -1;
-		if (c.fd < 0) {
-			snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
-				 strerror(errno));
-			_exit(FAIL);
-		}
-		if (cxla_identify(c.fd, &c.id) || hmm_info(c.fd, &c.h0)) {
-			snprintf(detail, DETAIL_LEN, "IDENTIFY/HMM_INFO: %s",
-				 strerror(errno));
-			_exit(FAIL);
-		}
-		if (t->numa && !(c.h0.flags & CXL_ACCEL_HMM_NUMA)) {
-			snprintf(detail, DETAIL_LEN, "device not in NUMA mode (flags %#x)",
-				 c.h0.flags);
-			_exit(SKIP);
-		}
-		if (!t->numa && !(c.h0.flags & CXL_ACCEL_HMM_COHERENT)) {
-			snprintf(detail, DETAIL_LEN, "device memory is not coherent ZONE_DEVICE memory (flags %#x)",
-				 c.h0.flags);
-			_exit(SKIP);
-		}
-		_exit(t->fn(&c));
-	} else {
-		waitpid(pid, &status, 0);
-		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
-			rc = WEXITSTATUS(status);
-		else if (WIFSIGNALED(status))
-			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
-				 WTERMSIG(status),
-				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
-				 detail[0] ? detail : "no detail");
+	c.detail = detail;
+	c.fd = open(c.path, O_RDWR);
+	c.pfd = c.peer_path ? open(c.peer_path, O_RDWR) : -1;
+	if (c.fd < 0) {
+		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
+			 strerror(errno));
+		return FAIL;
 	}
-	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
-	printf("RESULT %s%s %s %s [%.1fs]\n", prefix, t->name, verdict,
-	       detail[0] ? detail : "-", now_sec() - t0);
-	fflush(stdout);
-	return rc;
+	if (cxla_identify(c.fd, &c.id) || hmm_info(c.fd, &c.h0)) {
+		snprintf(detail, DETAIL_LEN, "IDENTIFY/HMM_INFO: %s",
+			 strerror(errno));
+		return FAIL;
+	}
+	if (t->numa && !(c.h0.flags & CXL_ACCEL_HMM_NUMA)) {
+		snprintf(detail, DETAIL_LEN, "device not in NUMA mode (flags %#x)",
+			 c.h0.flags);
+		return SKIP;
+	}
+	if (!t->numa && !(c.h0.flags & CXL_ACCEL_HMM_COHERENT)) {
+		snprintf(detail, DETAIL_LEN, "device memory is not coherent ZONE_DEVICE memory (flags %#x)",
+			 c.h0.flags);
+		return SKIP;
+	}
+	return t->fn(&c);
 }
 
 int main(int argc, char **argv)
 {
+	struct cxla_runner r = { .prefix = "hmm.", .timeout_s = TEST_TIMEOUT_S };
 	struct ctx base = { .path = "/dev/cxl-accel0", .pfd = -1 };
-	const char *prefix = "hmm.", *only[64];
-	int nonly = 0, i, k, failed = 0, passed = 0, peer_only = 0;
+	int i, k, peer_only = 0;
 
 	for (i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
@@ -2339,9 +2307,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "-P") && i + 1 < argc) {
 			base.peer_path = argv[++i];
 		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
-			prefix = argv[++i];
-		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && nonly < 64) {
-			only[nonly++] = argv[++i];
+			r.prefix = argv[++i];
+		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
+			r.only[r.nonly++] = argv[++i];
 		} else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
 			stress_secs = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "--hold-migrated") && i + 1 < argc) {
@@ -2352,7 +2320,7 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--peer-only")) {
 			peer_only = 1;
 		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++)
+			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
 				printf("%s%s%s\n", tests[k].name,
 				       tests[k].peer ? " (two devices)" : "",
 				       tests[k].numa ? " (NUMA mode)" : "");
@@ -2365,36 +2333,30 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	base.detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-			   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (base.detail == MAP_FAILED)
+	if (cxla_runner_start(&r))
 		return 2;
 	/* without -t, only the tests that apply to this device (and peer) */
 	i = open(base.path, O_RDWR);
 	if (i < 0 || hmm_info(i, &base.h0)) {
-		printf("RESULT %sopen FAIL %s: %s\n", prefix, base.path, strerror(errno));
+		printf("RESULT %sopen FAIL %s: %s\n", r.prefix, base.path,
+		       strerror(errno));
 		return 1;
 	}
 	close(i);
-	for (k = 0; k < (int)(sizeof(tests) / sizeof(tests[0])); k++) {
-		int want = !nonly, rc;
+	for (k = 0; k < (int)ARRAY_SIZE(tests); k++) {
+		bool want = !r.nonly;
 
 		if (tests[k].peer && !base.peer_path)
-			want = 0;
+			want = false;
 		if (tests[k].numa != !!(base.h0.flags & CXL_ACCEL_HMM_NUMA))
-			want = 0;
-		for (i = 0; i < nonly; i++)
-			want |= !strcmp(only[i], tests[k].name);
+			want = false;
+		want |= cxla_named(&r, tests[k].name);
 		if (peer_only && !tests[k].peer)
-			want = 0;
-		if (!want)
-			continue;
-		rc = run_one(&base, prefix, &tests[k]);
-		if (rc == FAIL)
-			failed++;
-		else if (rc == PASS)
-			passed++;
+			want = false;
+		if (want)
+			cxla_run(&r, tests[k].name, run_child, &base, &tests[k]);
 	}
-	printf("# hmm-tests %s: %d passed, %d failed\n", base.path, passed, failed);
-	return failed ? 1 : 0;
+	printf("# hmm-tests %s: %d passed, %d failed\n", base.path, r.passed,
+	       r.failed);
+	return r.failed ? 1 : 0;
 }
