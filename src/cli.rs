@@ -21,6 +21,16 @@ fn parse_mode(s: &str) -> Result<SocketMode, String> {
     }
 }
 
+fn parse_seccomp(s: &str) -> Result<crate::sandbox::Mode, String> {
+    use crate::sandbox::Mode;
+    match s {
+        "off" => Ok(Mode::Off),
+        "log" => Ok(Mode::Log),
+        "enforce" => Ok(Mode::Enforce),
+        _ => Err(format!("'{s}' is not one of off, log, enforce")),
+    }
+}
+
 fn parse_attach(s: &str) -> Result<Attach, String> {
     match s {
         "bar" => Ok(Attach::Bar),
@@ -90,6 +100,12 @@ pub struct Args {
     /// the driver as coherent device pages) or "numa" (a CPU-less NUMA node of guest RAM).
     #[arg(long, value_name = "bar|numa", default_value = "bar", value_parser = parse_attach)]
     pub attach: Attach,
+
+    /// seccomp sandbox once serving: "off", "log" (unlisted system calls are logged by the
+    /// kernel's audit) or "enforce" (they kill the daemon). Opening files, exec, ptrace
+    /// and the like are never on the list.
+    #[arg(long, value_name = "off|log|enforce", default_value = "off", value_parser = parse_seccomp)]
+    pub seccomp: crate::sandbox::Mode,
 
     /// Print the QEMU arguments that attach this device, then exit.
     #[arg(long)]

@@ -14,4 +14,5 @@ pub mod devmem;
 pub mod dispatch;
 pub mod engine;
 pub mod protocol;
+pub mod sandbox;
 pub mod server;

@@ -34,6 +34,7 @@ fn fail(msg: &str) -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    cxl_accel::sandbox::prepare(args.seccomp);
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
     let own_socket = (args.socket_mode == SocketMode::Server).then(|| args.socket_path.clone());
@@ -70,6 +71,11 @@ fn run(args: Args) -> Result<(), String> {
         args.memory_path.display(),
         args.dma_threads
     );
+    // Everything that opens files or creates the socket is done: drop into the sandbox.
+    cxl_accel::sandbox::apply(args.seccomp)?;
+    if args.seccomp != cxl_accel::sandbox::Mode::Off {
+        log::info!("seccomp filter installed ({:?})", args.seccomp);
+    }
     let endpoint = match listener.as_mut() {
         Some(l) => server::Endpoint::Listen(l),
         None => server::Endpoint::Connect(args.socket_path.clone()),

@@ -227,3 +227,49 @@ fn qemu_configs_match_print_qemu_args() {
     let expect = format!("{} \\\n{dev1}", dev0.trim_end());
     assert_eq!(two, expect, "regenerate qemu-configs/two-devices.args");
 }
+
+/// Under the seccomp filter the daemon still serves a front-end and exits on SIGTERM.
+#[test]
+fn sandboxed_daemon_serves_and_exits_cleanly() {
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend;
+    let d = temp_dir("seccomp");
+    let sock = d.join("s.sock");
+    let daemon = bin()
+        .args([
+            "--seccomp",
+            "enforce",
+            "--memory-size",
+            "4M",
+            "--socket-path",
+        ])
+        .arg(&sock)
+        .arg("--memory-path")
+        .arg(d.join("mem"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let fe = loop {
+        if let Ok(f) = Frontend::connect(&sock, 2) {
+            break f;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    fe.set_owner().unwrap();
+    assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+    drop(fe);
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let out = daemon.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("seccomp filter installed"), "{err}");
+    assert!(!err.contains("refused system call"), "{err}");
+    let _ = std::fs::remove_dir_all(d);
+}
