@@ -206,11 +206,11 @@ fn memory_table_replaced_under_running_queues() {
         mmap_offset: 0,
         mmap_handle: std::os::fd::AsRawFd::as_raw_fd(h.ram_file()),
     };
-    h.frontend
-        .as_mut()
-        .unwrap()
-        .set_mem_table(&[region])
-        .unwrap();
+    // Wait for the daemon's ack, so the new table is in place before the next request.
+    let fe = h.frontend.as_mut().unwrap();
+    fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+    fe.set_mem_table(&[region]).unwrap();
+    fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::empty());
     assert_eq!(h.call(&req).resp.status, 0);
     let fill = cxl_accel::command::encode::fill(
         1,
