@@ -56,10 +56,6 @@ impl Allocator {
         self.buffers.is_empty()
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.size
-    }
-
     pub fn alloc(&mut self, size: u64, align: u64) -> Result<Buffer, AllocError> {
         let align = if align == 0 { GRANULE } else { align };
         if size == 0 || !align.is_power_of_two() || align > self.size.max(GRANULE) {
@@ -113,10 +109,6 @@ impl Allocator {
         }
         self.free.insert(start, len);
         Ok(buf)
-    }
-
-    pub fn get(&self, id: u64) -> Option<&Buffer> {
-        self.buffers.get(&id)
     }
 
     pub fn buffers(&self) -> impl Iterator<Item = &Buffer> {

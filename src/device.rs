@@ -74,10 +74,6 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn status(&self) -> Option<Status> {
-        Status::from_u32(self.resp.status)
-    }
-
     pub fn bytes(&self) -> Vec<u8> {
         let mut v = self.resp.as_slice().to_vec();
         v.extend_from_slice(&self.payload);
@@ -572,14 +568,6 @@ impl Device {
     fn account(&self, counter: usize, m: Moved) {
         self.add_stat(counter, m.bytes);
         self.add_stat(STAT_BYTES_P2P, m.peer_bytes);
-    }
-
-    /// Buffers currently allocated: (id, offset, size).
-    pub fn buffers(&self) -> Vec<(u64, u64, u64)> {
-        self.alloc
-            .lock()
-            .map(|a| a.buffers().map(|b| (b.id, b.offset, b.size)).collect())
-            .unwrap_or_default()
     }
 }
 

@@ -77,7 +77,6 @@ impl std::error::Error for DevmemError {}
 pub struct DeviceMemory {
     region: MmapRegion,
     id: FileId,
-    path: Option<PathBuf>,
 }
 
 pub const DEVMEM_ALIGN: u64 = 2 << 20;
@@ -110,10 +109,7 @@ impl DeviceMemory {
                 wanted: size,
             });
         }
-        let mut dm =
-            Self::from_file(file, size).map_err(|e| DevmemError::Map(path.to_owned(), e))?;
-        dm.path = Some(path.to_owned());
-        Ok(dm)
+        Self::from_file(file, size).map_err(|e| DevmemError::Map(path.to_owned(), e))
     }
 
     /// Maps an already sized file (for example a memfd in tests).
@@ -122,11 +118,7 @@ impl DeviceMemory {
         let len = usize::try_from(size).map_err(|e| e.to_string())?;
         let region =
             MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(|e| e.to_string())?;
-        Ok(DeviceMemory {
-            region,
-            id,
-            path: None,
-        })
+        Ok(DeviceMemory { region, id })
     }
 
     pub fn size(&self) -> u64 {
@@ -135,10 +127,6 @@ impl DeviceMemory {
 
     pub fn id(&self) -> FileId {
         self.id
-    }
-
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
     }
 
     /// Slice of device memory; `None` when the range is out of bounds.
