@@ -16,7 +16,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::QueueOwnedT;
 use vm_memory::{
     ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
-    GuestMemoryMmap, GuestMemoryRegion,
+    GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -272,31 +272,6 @@ fn complete(
     }
 }
 
-/// Every region must lie within its file: mapping past the end of a file maps pages whose
-/// access raises SIGBUS, which would take the daemon down.
-fn check_regions(mem: &GuestMemoryMmap) -> Result<(), String> {
-    for region in mem.iter() {
-        let Some(fo) = region.file_offset() else {
-            continue;
-        };
-        let size = fo
-            .file()
-            .metadata()
-            .map_err(|e| format!("cannot stat a region's file: {e}"))?
-            .len();
-        let end = fo.start().checked_add(region.len());
-        if end.is_none_or(|end| end > size) {
-            return Err(format!(
-                "region at {:#x} ({} bytes at file offset {:#x}) runs past the end of its {size}-byte file",
-                region.start_addr().0,
-                region.len(),
-                fo.start()
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Writes `data` across the writable descriptors; returns the bytes written.
 fn write_out(mem: &GuestMemoryMmap, writable: &[(u64, u32)], data: &[u8]) -> u32 {
     let mut pos = 0usize;
@@ -496,16 +471,15 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
-        // A region larger than its file would raise SIGBUS on access: refuse the table and
-        // stop touching guest memory in this session.
-        if let Err(e) = check_regions(&mem.memory()) {
+        // A refused table (a region past the end of its file would raise SIGBUS) ends
+        // guest-memory access for this session.
+        if let Err(e) = self.s.device.update_memory(&mem.memory()) {
             self.s.poisoned.store(true, Ordering::Release);
             self.s
                 .device
                 .reject(format_args!("memory table refused: {e}"));
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
         }
-        self.s.device.update_memory(&mem.memory());
         if let Ok(mut m) = self.s.mem.lock() {
             *m = Some(mem);
         }

@@ -264,7 +264,9 @@ impl Device {
 
     /// Learns where our own and our peers' device memory sit in guest-physical space, by
     /// the identity of the files behind the memory table's regions (sizes can coincide).
-    pub fn update_memory(&self, guest: &GuestMemoryMmap) {
+    /// A region that runs past the end of its file is refused, table and all: touching it
+    /// would raise SIGBUS. A refused table leaves the layout as it was.
+    pub fn update_memory(&self, guest: &GuestMemoryMmap) -> Result<(), String> {
         let mut layout = Layout::default();
         let peer_ids: Vec<FileId> = self
             .cfg
@@ -276,10 +278,24 @@ impl Device {
             let Some(fo) = region.file_offset() else {
                 continue;
             };
-            let Ok(id) = FileId::of(fo.file()) else {
-                continue;
-            };
             let start = region.start_addr().0;
+            let meta = fo
+                .file()
+                .metadata()
+                .map_err(|e| format!("cannot stat the file of the region at {start:#x}: {e}"))?;
+            if fo
+                .start()
+                .checked_add(region.len())
+                .is_none_or(|end| end > meta.len())
+            {
+                return Err(format!(
+                    "region at {start:#x} ({} bytes at file offset {:#x}) runs past the end of its {}-byte file",
+                    region.len(),
+                    fo.start(),
+                    meta.len()
+                ));
+            }
+            let id = FileId::from_metadata(&meta);
             if id == self.devmem.id() {
                 match start.checked_sub(fo.start()) {
                     Some(base) => layout.devmem_gpa = Some(base),
@@ -290,7 +306,7 @@ impl Device {
             }
         }
         let Ok(mut cur) = self.layout.write() else {
-            return;
+            return Err("device layout lock poisoned".into());
         };
         if layout.devmem_gpa != cur.devmem_gpa {
             match layout.devmem_gpa {
@@ -307,6 +323,7 @@ impl Device {
             }
         }
         *cur = layout;
+        Ok(())
     }
 
     /// Queues an event for the driver; the transport delivers it.

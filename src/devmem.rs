@@ -15,20 +15,19 @@ pub struct FileId {
 }
 
 impl FileId {
-    pub fn of(file: &File) -> io::Result<FileId> {
-        let m = file.metadata()?;
-        Ok(FileId {
+    pub fn from_metadata(m: &std::fs::Metadata) -> FileId {
+        FileId {
             dev: m.dev(),
             ino: m.ino(),
-        })
+        }
+    }
+
+    pub fn of(file: &File) -> io::Result<FileId> {
+        Ok(Self::from_metadata(&file.metadata()?))
     }
 
     pub fn of_path(path: &Path) -> io::Result<FileId> {
-        let m = std::fs::metadata(path)?;
-        Ok(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-        })
+        Ok(Self::from_metadata(&std::fs::metadata(path)?))
     }
 }
 
