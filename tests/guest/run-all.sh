@@ -41,6 +41,14 @@ for v in /sys/bus/virtio/devices/*; do
     [ -f "$v/device" ] && [ "$(cat "$v/device")" = 0x0015 ] && expected=$((expected + 1))
 done
 
+wait_for_line() { # file pattern tenths-of-a-second: poll until the file has the line
+    _w=0
+    while ! grep -q "$2" "$1" && [ $_w -lt "$3" ]; do
+        sleep 0.1
+        _w=$((_w + 1))
+    done
+}
+
 ensure_nodes() {
     for s in /sys/class/cxl-accel/*; do
         [ -e "$s/dev" ] || continue
@@ -161,18 +169,10 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     rm -f /tmp/hmm-go
     "$HMM" --hold-migrated "/dev/$hdev" >/tmp/hmm-hold.out 2>&1 &
     holder=$!
-    i=0
-    while ! grep -q 'HOLD READY' /tmp/hmm-hold.out && [ $i -lt 300 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
+    wait_for_line /tmp/hmm-hold.out 'HOLD READY' 300
     echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
     # the holder closes its dead file first, so the device keeps its name
-    i=0
-    while ! grep -q 'HOLD ioctl after removal' /tmp/hmm-hold.out && [ $i -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
+    wait_for_line /tmp/hmm-hold.out 'HOLD ioctl after removal' 100
     sleep 0.2
     echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/bind
     ensure_nodes
@@ -192,11 +192,7 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
         rm -f /tmp/hmm-go
         "$HMM" --hold-migrated "/dev/$1" --close >/tmp/hmm-hold.out 2>&1 &
         holder=$!
-        i=0
-        while ! grep -q 'HOLD READY' /tmp/hmm-hold.out && [ $i -lt 300 ]; do
-            sleep 0.1
-            i=$((i + 1))
-        done
+        wait_for_line /tmp/hmm-hold.out 'HOLD READY' 300
         if rmmod cxl_accel; then
             # shellcheck disable=SC2086
             insmod "$KO" ${CXLA_PARAMS:-}
@@ -236,11 +232,7 @@ dev=$(device_list | head -n 1)
 vdev=$(basename "$(readlink "/sys/class/cxl-accel/$dev/device")")
 "$TESTS" --hold "/dev/$dev" >/tmp/hold.out 2>&1 &
 holder=$!
-i=0
-while ! grep -q 'HOLD READY' /tmp/hold.out && [ $i -lt 100 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
+wait_for_line /tmp/hold.out 'HOLD READY' 100
 t0=$(date +%s)
 echo "$vdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
 t1=$(date +%s)
