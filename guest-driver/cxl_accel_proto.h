@@ -117,6 +117,7 @@ struct cxla_config {
 #define CXLA_S_NOT_READY		13	/* device memory not mapped by the guest */
 #define CXLA_S_EXISTS			14
 #define CXLA_S_INTERNAL			15
+#define CXLA_S_INTERRUPTED		16	/* daemon restarted mid-command: outcome unknown */
 
 /* Every request starts with this header, 16 bytes */
 struct cxla_cmd_hdr {

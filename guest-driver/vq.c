@@ -56,6 +56,8 @@ int cxla_status_to_errno(u32 status)
 		return -EAGAIN;
 	case CXLA_S_EXISTS:
 		return -EEXIST;
+	case CXLA_S_INTERRUPTED:	/* destination contents undefined */
+		return -EIO;
 	default:	/* TRUNCATED, BAD_CHAIN, INTERNAL: a driver/device mismatch */
 		return -EIO;
 	}

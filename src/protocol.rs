@@ -99,10 +99,11 @@ pub enum Status {
     NotReady = 13,
     Exists = 14,
     Internal = 15,
+    Interrupted = 16,
 }
 
 impl Status {
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::Unsupported,
         Status::Invalid,
@@ -119,6 +120,7 @@ impl Status {
         Status::NotReady,
         Status::Exists,
         Status::Internal,
+        Status::Interrupted,
     ];
 
     pub fn from_u32(v: u32) -> Option<Status> {
@@ -144,6 +146,7 @@ impl Status {
             Status::NotReady => "NOT_READY",
             Status::Exists => "EXISTS",
             Status::Internal => "INTERNAL",
+            Status::Interrupted => "INTERRUPTED",
         }
     }
 }
