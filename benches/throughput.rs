@@ -101,5 +101,5 @@ fn main() {
             100.0 * b / m
         );
     }
-    assert_eq!(h.device.stat(STAT_ERRORS), 0);
+    assert_eq!(h.device().stat(STAT_ERRORS), 0);
 }

@@ -44,6 +44,49 @@ impl Allocator {
         }
     }
 
+    /// Rebuilds an allocator from saved buffers, refusing any that overlap or lie outside
+    /// `size` (a corrupt or foreign state file).
+    pub fn restore(size: u64, next_id: u64, buffers: Vec<Buffer>) -> Result<Allocator, String> {
+        let mut a = Allocator::new(size);
+        let mut by_offset: Vec<&Buffer> = buffers.iter().collect();
+        by_offset.sort_by_key(|b| b.offset);
+        let mut cursor = 0u64;
+        a.free.clear();
+        for b in by_offset {
+            let end = b.offset.checked_add(b.size).ok_or("buffer wraps around")?;
+            if b.size == 0
+                || b.offset % GRANULE != 0
+                || b.size % GRANULE != 0
+                || b.offset < cursor
+                || end > a.size
+                || b.id == 0
+                || b.id >= next_id
+            {
+                return Err(format!(
+                    "buffer {} ({} bytes at {:#x}) is not a valid allocation",
+                    b.id, b.size, b.offset
+                ));
+            }
+            if b.offset > cursor {
+                a.free.insert(cursor, b.offset - cursor);
+            }
+            cursor = end;
+            if a.buffers.insert(b.id, b.clone()).is_some() {
+                return Err(format!("buffer {} appears twice", b.id));
+            }
+        }
+        if a.size > cursor {
+            a.free.insert(cursor, a.size - cursor);
+        }
+        a.next_id = next_id;
+        Ok(a)
+    }
+
+    /// The identifier the next allocation gets.
+    pub fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.free.values().sum()
     }
@@ -170,6 +213,32 @@ mod tests {
         // Free space is fragmented into single pages: a two-page buffer does not fit.
         assert_eq!(a.alloc(8192, 0), Err(AllocError::NoSpace));
         assert!(a.alloc(4096, 0).is_ok());
+    }
+
+    #[test]
+    fn restore_rebuilds_free_space_and_refuses_overlaps() {
+        let mut a = Allocator::new(1 << 20);
+        let b1 = a.alloc(8192, 0).unwrap();
+        let b2 = a.alloc(4096, 0).unwrap();
+        let b3 = a.alloc(65536, 65536).unwrap();
+        a.free(b2.id).unwrap();
+        let saved: Vec<Buffer> = a.buffers().cloned().collect();
+        let mut r = Allocator::restore(1 << 20, a.next_id(), saved.clone()).unwrap();
+        assert_eq!(r.free_bytes(), a.free_bytes());
+        assert_eq!(r.free, a.free);
+        assert_eq!(r.alloc(4096, 0).unwrap().id, 4);
+        r.free(b1.id).unwrap();
+        r.free(b3.id).unwrap();
+        let mut overlapping = saved.clone();
+        overlapping[1].offset = overlapping[0].offset + 4096;
+        assert!(Allocator::restore(1 << 20, 4, overlapping).is_err());
+        let mut outside = saved.clone();
+        outside[1].offset = 1 << 20;
+        assert!(Allocator::restore(1 << 20, 4, outside).is_err());
+        assert!(
+            Allocator::restore(1 << 20, 2, saved).is_err(),
+            "id beyond next_id"
+        );
     }
 
     #[test]

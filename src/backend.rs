@@ -29,6 +29,7 @@ use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
     QUEUE_EVENT,
 };
+use crate::state::{interrupted, Origin, Outcome, RingId, StateFile};
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -50,6 +51,11 @@ struct Session {
     generation: AtomicU64,
     /// The memory table was refused: guest memory is not touched again in this session.
     poisoned: AtomicBool,
+    /// This session continues a connection whose previous daemon died: the rings carry on
+    /// from the journal instead of from the front-end's set-up.
+    resume: AtomicBool,
+    /// The rings the journal describes (None: not yet seen since the queue started).
+    rings: Mutex<[Option<RingId>; NUM_QUEUES]>,
 }
 
 pub struct CxlBackend {
@@ -58,6 +64,24 @@ pub struct CxlBackend {
 
 impl CxlBackend {
     pub fn new(device: Arc<Device>, dispatcher: Arc<Dispatcher>, queue_size: u16) -> Self {
+        Self::with_resume(device, dispatcher, queue_size, false)
+    }
+
+    /// `resume`: the front-end's connection outlived the previous daemon (a supervisor
+    /// replays the set-up): take over the rings where the journal says they stood, answer
+    /// what was in flight, and do not announce shared objects the front-end already has.
+    pub fn with_resume(
+        device: Arc<Device>,
+        dispatcher: Arc<Dispatcher>,
+        queue_size: u16,
+        resume: bool,
+    ) -> Self {
+        if !resume {
+            // Whatever an earlier daemon journaled belongs to rings that are gone.
+            for q in 0..NUM_QUEUES {
+                device.state().clear_ring(q, queue_size);
+            }
+        }
         CxlBackend {
             s: Arc::new(Session {
                 device,
@@ -68,9 +92,142 @@ impl CxlBackend {
                 in_flight: AtomicUsize::new(0),
                 generation: AtomicU64::new(0),
                 poisoned: AtomicBool::new(false),
+                resume: AtomicBool::new(resume),
+                rings: Mutex::new([None; NUM_QUEUES]),
             }),
         }
     }
+}
+
+fn ring_id(q: &virtio_queue::Queue) -> RingId {
+    use virtio_queue::QueueT;
+    RingId {
+        desc: q.desc_table(),
+        avail: q.avail_ring(),
+        used: q.used_ring(),
+        size: q.size(),
+    }
+}
+
+impl Session {
+    fn journal(&self) -> &StateFile {
+        self.device.state()
+    }
+
+    /// First use of ring `q` since it started: record it in the journal, or, when resuming
+    /// after a crash, continue where the previous daemon stopped. Called with the ring
+    /// locked.
+    fn adopt_ring(
+        &self,
+        q: usize,
+        state: &mut vhost_user_backend::VringState,
+        mem: &GuestMemoryMmap,
+    ) {
+        use virtio_queue::QueueT;
+        let ring = ring_id(state.get_queue());
+        let Ok(mut rings) = self.rings.lock() else {
+            return;
+        };
+        if rings[q] == Some(ring) {
+            return;
+        }
+        rings[q] = Some(ring);
+        if !self.resume.load(Ordering::Acquire) {
+            self.journal()
+                .set_ring(q, ring, state.get_queue().next_avail());
+            return;
+        }
+        let Ok(used) = state.get_queue().used_idx(mem, Ordering::Acquire) else {
+            return;
+        };
+        if q == QUEUE_EVENT {
+            // Event buffers are used as soon as they are taken: the used index is where
+            // the previous daemon stood.
+            let queue = state.get_queue_mut();
+            queue.set_next_avail(used.0);
+            queue.set_next_used(used.0);
+            log::info!("event queue resumed at {}", used.0);
+            return;
+        }
+        let next_avail = self
+            .journal()
+            .ring_position(q, ring)
+            .unwrap_or(state.get_queue().next_avail());
+        {
+            let queue = state.get_queue_mut();
+            queue.set_next_avail(next_avail);
+            queue.set_next_used(used.0);
+        }
+        let pending = self.journal().pending(ring.size, next_avail);
+        let (mut answered, mut interrupted_n, mut republished) = (0, 0, 0);
+        for p in &pending {
+            let written = match p.outcome {
+                Outcome::Completing { used_slot, written } => {
+                    if published(mem, ring, used_slot, used.0, p.head) {
+                        self.journal().release(p.head);
+                        continue;
+                    }
+                    republished += 1;
+                    written
+                }
+                Outcome::Answered(resp) => {
+                    answered += 1;
+                    write_response(mem, p.resp_gpa, p.resp_len, &resp)
+                }
+                Outcome::Unknown => {
+                    interrupted_n += 1;
+                    write_response(mem, p.resp_gpa, p.resp_len, &interrupted(p.tag))
+                }
+            };
+            publish(self, state, p.head, written);
+        }
+        self.journal().set_ring(q, ring, next_avail);
+        let _ = state.signal_used_queue();
+        log::info!(
+            "command queue resumed at {next_avail} (used {}): {answered} answered from the \
+             journal, {interrupted_n} interrupted, {republished} republished",
+            used.0
+        );
+    }
+}
+
+/// Whether the used entry for `head` at `slot` is already visible to the driver.
+fn published(mem: &GuestMemoryMmap, ring: RingId, slot: u16, used_idx: u16, head: u16) -> bool {
+    let behind = used_idx.wrapping_sub(slot);
+    if behind == 0 || behind > ring.size {
+        return false;
+    }
+    let elem = ring.used + 4 + 8 * (slot % ring.size.max(1)) as u64;
+    mem.read_obj::<u32>(GuestAddress(elem))
+        .map(|id| id == head as u32)
+        .unwrap_or(false)
+}
+
+/// Writes a response where the journal says the request wanted it; returns bytes written.
+fn write_response(mem: &GuestMemoryMmap, gpa: u64, len: u32, resp: &Resp) -> u32 {
+    if (len as usize) < std::mem::size_of::<Resp>() {
+        return 0;
+    }
+    match mem.write_slice(resp.as_slice(), GuestAddress(gpa)) {
+        Ok(()) => std::mem::size_of::<Resp>() as u32,
+        Err(_) => 0,
+    }
+}
+
+/// Returns a request to the driver, journaled so that a crash in between neither loses
+/// nor duplicates it.
+fn publish(
+    s: &Session,
+    state: &mut vhost_user_backend::VringState,
+    head: u16,
+    written: u32,
+) -> bool {
+    use virtio_queue::QueueT;
+    let slot = state.get_queue().next_used();
+    s.journal().completing(head, slot, written);
+    let ok = state.add_used(head, written).is_ok();
+    s.journal().release(head);
+    ok
 }
 
 impl Session {
@@ -93,11 +250,17 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
         let snapshot = mem.memory().into_inner();
         {
             let mut state = vring.get_mut();
+            s.adopt_ring(QUEUE_CMD, &mut state, &snapshot);
             let room = (s.queue_size as usize).saturating_sub(s.in_flight.load(Ordering::Acquire));
             if room == 0 {
                 // A completion calls us again.
                 return;
             }
+            let start = {
+                use virtio_queue::QueueT;
+                state.get_queue().next_avail()
+            };
+            let size = s.queue_size;
             let iter = match state.get_queue_mut().iter(&*snapshot) {
                 Ok(it) => it,
                 // Kicks may arrive before the queue is set up: nothing to do yet.
@@ -109,9 +272,23 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             };
             // Submitted under the vring lock, so that a queue stop (which takes the lock
             // first) always sees them in flight.
-            for chain in iter.take(room) {
+            for (k, chain) in iter.take(room).enumerate() {
                 let req = ChainRequest::parse(&chain, &snapshot);
-                submit(s, req, vrings, snapshot.clone());
+                let origin = Origin {
+                    head: req.head,
+                    nonce: s.journal().next_nonce(),
+                };
+                // Before the request can take effect: a successor must know it was taken.
+                s.journal().begin(
+                    QUEUE_CMD,
+                    req.head,
+                    size,
+                    start.wrapping_add(k as u16),
+                    origin.nonce,
+                    req.tag(),
+                    req.writable.first().copied().unwrap_or((0, 0)),
+                );
+                submit(s, req, origin, vrings, snapshot.clone());
             }
         }
         match vring.enable_notification() {
@@ -121,7 +298,13 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
     }
 }
 
-fn submit(s: &Arc<Session>, req: ChainRequest, vrings: &[VringRwLock], mem: Arc<GuestMemoryMmap>) {
+fn submit(
+    s: &Arc<Session>,
+    req: ChainRequest,
+    origin: Origin,
+    vrings: &[VringRwLock],
+    mem: Arc<GuestMemoryMmap>,
+) {
     let (opcode, flags) = Device::request_opcode_flags(&req.bytes);
     // FENCE itself waits for everything before it, as the flag does.
     let fence = flags & FLAG_FENCE != 0 || opcode == OP_FENCE;
@@ -130,7 +313,7 @@ fn submit(s: &Arc<Session>, req: ChainRequest, vrings: &[VringRwLock], mem: Arc<
     let session = s.clone();
     let vrings: Vec<VringRwLock> = vrings.to_vec();
     let queued = s.dispatcher.submit(fence, move || {
-        complete(&session, &vrings, &mem, req, generation);
+        complete(&session, &vrings, &mem, req, origin, generation);
         let before = session.in_flight.fetch_sub(1, Ordering::AcqRel);
         if before >= session.queue_size as usize {
             // We were at the limit: requests may be waiting in the ring.
@@ -153,6 +336,11 @@ struct ChainRequest {
 }
 
 impl ChainRequest {
+    /// The driver's tag, echoed in the response (0 when the header is missing).
+    fn tag(&self) -> u64 {
+        chain_error_reply(Status::Ok, &self.bytes).resp.tag
+    }
+
     fn parse<M>(chain: &virtio_queue::DescriptorChain<M>, mem: &GuestMemoryMmap) -> Self
     where
         M: std::ops::Deref + Clone,
@@ -209,6 +397,7 @@ fn complete(
     vrings: &[VringRwLock],
     mem: &GuestMemoryMmap,
     req: ChainRequest,
+    origin: Origin,
     generation: u64,
 ) {
     let device = &s.device;
@@ -231,7 +420,7 @@ fn complete(
         device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
     } else {
         let mut reply = match req.error {
-            None => device.execute(mem, &req.bytes),
+            None => device.execute_from(mem, &req.bytes, Some(origin)),
             Some(status) => {
                 device.reject(format_args!(
                     "malformed descriptor chain (head {}): {}",
@@ -259,7 +448,7 @@ fn complete(
     let vring = &vrings[QUEUE_CMD];
     {
         let mut state = vring.get_mut();
-        if state.add_used(req.head, written).is_err() {
+        if !publish(s, &mut state, req.head, written) {
             return;
         }
         let notify = !event_idx || state.needs_notification().unwrap_or(true);
@@ -268,7 +457,7 @@ fn complete(
         }
     }
     if device.has_events() {
-        deliver_events(device, vrings, mem, event_idx);
+        deliver_events(s, vrings, mem, event_idx);
     }
 }
 
@@ -292,11 +481,13 @@ fn write_out(mem: &GuestMemoryMmap, writable: &[(u64, u32)], data: &[u8]) -> u32
 }
 
 /// Moves pending device events into buffers the driver posted on the event queue.
-fn deliver_events(device: &Device, vrings: &[VringRwLock], mem: &GuestMemoryMmap, event_idx: bool) {
+fn deliver_events(s: &Session, vrings: &[VringRwLock], mem: &GuestMemoryMmap, event_idx: bool) {
+    let device = &s.device;
     let Some(vring) = vrings.get(QUEUE_EVENT) else {
         return;
     };
     let mut state = vring.get_mut();
+    s.adopt_ring(QUEUE_EVENT, &mut state, mem);
     let mut used = false;
     while let Some(ev) = device.pop_event() {
         let chain = match state.get_queue_mut().iter(mem) {
@@ -414,8 +605,10 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn set_backend_req_fd(&self, backend: Backend) {
+        // A resumed session's front-end already knows every exported object.
+        let announce = !self.s.resume.load(Ordering::Acquire);
         match SharedObjects::new(backend) {
-            Ok(s) => self.s.device.set_export_sink(Some(Arc::new(s))),
+            Ok(s) => self.s.device.set_export_sink(Some(Arc::new(s)), announce),
             Err(e) => log::error!("cannot start the shared-object thread: {e}"),
         }
     }
@@ -501,6 +694,15 @@ impl VhostUserBackend for CxlBackend {
             // Whatever still finishes must not write to the stopped (maybe reused) ring.
             self.s.generation.fetch_add(1, Ordering::AcqRel);
         }
+        let q = queue_index as usize;
+        if q < NUM_QUEUES {
+            // The front-end owns the ring position from here; a later start sets it anew.
+            self.s.journal().clear_ring(q, self.s.queue_size);
+            if let Ok(mut rings) = self.s.rings.lock() {
+                rings[q] = None;
+            }
+            self.s.resume.store(false, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -521,7 +723,7 @@ impl VhostUserBackend for CxlBackend {
                     let snapshot = mem.memory().into_inner();
                     let _ = vrings[QUEUE_EVENT].disable_notification();
                     deliver_events(
-                        &self.s.device,
+                        &self.s,
                         vrings,
                         &snapshot,
                         self.s.event_idx.load(Ordering::Relaxed),

@@ -107,6 +107,26 @@ pub struct Args {
     #[arg(long, value_name = "off|log|enforce", default_value = "off", value_parser = parse_seccomp)]
     pub seccomp: crate::sandbox::Mode,
 
+    /// Run the device in a worker process and restart it if it dies (crash, SIGKILL, OOM):
+    /// this process keeps QEMU's connection, replays the set-up to the new worker, which
+    /// continues from the state file. Commands in flight at the crash complete or fail with
+    /// INTERRUPTED (-EIO in the guest). SIGTERM stops both.
+    #[arg(long)]
+    pub supervise: bool,
+
+    /// Crash-safe device state (allocations, exports, counters, command journal).
+    /// Default: the memory file's path plus ".state". Locked while a daemon runs.
+    #[arg(long, value_name = "PATH")]
+    pub state_path: Option<PathBuf>,
+
+    /// Internal (--supervise): serve the one connection queued on this inherited listener.
+    #[arg(long, value_name = "FD", hide = true)]
+    pub worker_fd: Option<i32>,
+
+    /// Internal (--supervise): the connection outlived a previous worker; continue it.
+    #[arg(long, hide = true, requires = "worker_fd")]
+    pub resume: bool,
+
     /// Print the QEMU arguments that attach this device, then exit.
     #[arg(long)]
     pub print_qemu_args: bool,
@@ -121,6 +141,14 @@ pub struct Args {
     /// a background connection at start-up and fails with "Failed to set msg fds".
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub reconnect_ms: u32,
+}
+
+impl Args {
+    pub fn state_path(&self) -> PathBuf {
+        self.state_path
+            .clone()
+            .unwrap_or_else(|| crate::state::path_for(&self.memory_path))
+    }
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {

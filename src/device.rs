@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use vm_memory::{ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -14,6 +14,7 @@ use crate::command::{decode, Command, Request};
 use crate::devmem::{DeviceMemory, FileId};
 use crate::engine::{Ctx, Moved};
 use crate::protocol::*;
+use crate::state::{Mutation, Origin, Restored, StateFile};
 
 /// How the guest sees device memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,7 +126,8 @@ pub struct Device {
     cfg: DeviceConfig,
     devmem: DeviceMemory,
     alloc: Mutex<Allocator>,
-    stats: [AtomicU64; STAT_COUNT],
+    /// Counters, allocations and the command journal; in the state file when there is one.
+    state: Arc<StateFile>,
     layout: RwLock<Layout>,
     events: Mutex<VecDeque<Event>>,
     event_seq: AtomicU64,
@@ -134,13 +136,33 @@ pub struct Device {
 }
 
 impl Device {
+    /// A device whose state lives in memory only.
     pub fn new(cfg: DeviceConfig, devmem: DeviceMemory) -> Device {
+        let state = StateFile::anonymous(devmem.size()).expect("anonymous state mapping");
+        let restored = Restored {
+            buffers: Vec::new(),
+            next_id: 1,
+            note: String::new(),
+        };
+        Device::with_state(cfg, devmem, Arc::new(state), restored)
+    }
+
+    /// A device continuing from a state file (allocations restored from it).
+    pub fn with_state(
+        cfg: DeviceConfig,
+        devmem: DeviceMemory,
+        state: Arc<StateFile>,
+        restored: Restored,
+    ) -> Device {
         let size = devmem.size();
+        // The state file validated these against the same size.
+        let alloc = Allocator::restore(size, restored.next_id, restored.buffers)
+            .unwrap_or_else(|_| Allocator::new(size));
         Device {
             cfg,
             devmem,
-            alloc: Mutex::new(Allocator::new(size)),
-            stats: Default::default(),
+            alloc: Mutex::new(alloc),
+            state,
             layout: RwLock::new(Layout::default()),
             events: Mutex::new(VecDeque::new()),
             event_seq: AtomicU64::new(0),
@@ -151,10 +173,10 @@ impl Device {
 
     /// Installs (or removes) the receiver of export changes; the current exports are
     /// announced to a new sink.
-    pub fn set_export_sink(&self, sink: Option<std::sync::Arc<dyn ExportSink>>) {
+    pub fn set_export_sink(&self, sink: Option<std::sync::Arc<dyn ExportSink>>, announce: bool) {
         // Under the allocator lock: no export can slip between the snapshot and the switch.
         let Ok(alloc) = self.alloc.lock() else { return };
-        if let Some(s) = &sink {
+        if let Some(s) = sink.as_ref().filter(|_| announce) {
             for b in alloc.buffers() {
                 if let Some(uuid) = b.uuid {
                     s.added(uuid);
@@ -251,11 +273,16 @@ impl Device {
     }
 
     pub fn stat(&self, i: usize) -> u64 {
-        self.stats[i].load(Ordering::Relaxed)
+        self.state.counter(i).load(Ordering::Relaxed)
     }
 
     fn add_stat(&self, i: usize, v: u64) {
-        self.stats[i].fetch_add(v, Ordering::Relaxed);
+        self.state.counter(i).fetch_add(v, Ordering::Relaxed);
+    }
+
+    /// The crash-safe state (counters, allocations, command journal).
+    pub fn state(&self) -> &Arc<StateFile> {
+        &self.state
     }
 
     pub fn layout(&self) -> Layout {
@@ -387,6 +414,17 @@ impl Device {
 
     /// Decodes and executes one request against a snapshot of guest memory.
     pub fn execute(&self, guest: &GuestMemoryMmap, bytes: &[u8]) -> Reply {
+        self.execute_from(guest, bytes, None)
+    }
+
+    /// Executes a request taken from a queue: `origin` ties a state change to the request
+    /// in the journal, so a restarted daemon can still give its answer.
+    pub fn execute_from(
+        &self,
+        guest: &GuestMemoryMmap,
+        bytes: &[u8],
+        origin: Option<Origin>,
+    ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
         let mut reply = match decode(bytes) {
             Ok(req) => {
@@ -395,7 +433,7 @@ impl Device {
                     ..Default::default()
                 };
                 reply.resp.tag = req.tag;
-                self.run(guest, &req, &mut reply);
+                self.run(guest, &req, &mut reply, origin);
                 reply
             }
             Err(e) => {
@@ -421,7 +459,13 @@ impl Device {
         reply
     }
 
-    fn run(&self, guest: &GuestMemoryMmap, req: &Request, reply: &mut Reply) {
+    fn run(
+        &self,
+        guest: &GuestMemoryMmap,
+        req: &Request,
+        reply: &mut Reply,
+        origin: Option<Origin>,
+    ) {
         let layout = self.layout();
         let ctx = Ctx {
             guest,
@@ -463,8 +507,8 @@ impl Device {
             }
             Command::Stats => {
                 let mut s = Stats::default();
-                for (i, c) in self.stats.iter().enumerate() {
-                    s.counter[i] = c.load(Ordering::Relaxed);
+                for (i, c) in s.counter.iter_mut().enumerate() {
+                    *c = self.stat(i);
                 }
                 reply.payload = s.as_slice().to_vec();
             }
@@ -480,6 +524,7 @@ impl Device {
                         }
                     }
                     *a = Allocator::new(self.devmem.size());
+                    self.state.record(&a, Mutation::Reset, origin, r);
                 }
                 if let Ok(mut q) = self.events.lock() {
                     q.clear();
@@ -543,6 +588,12 @@ impl Device {
                     Ok(b) => {
                         r.result0 = b.id;
                         r.result1 = b.offset;
+                        let m = Mutation::Alloc {
+                            id: b.id,
+                            offset: b.offset,
+                            size: b.size,
+                        };
+                        self.state.record(&a, m, origin, r);
                     }
                     Err(e) => fail(alloc_status(e), 0),
                 },
@@ -554,6 +605,8 @@ impl Device {
                 Ok(mut a) => match a.free(*id) {
                     Ok(b) => {
                         r.result0 = b.size;
+                        self.state
+                            .record(&a, Mutation::Free { id: b.id }, origin, r);
                         if let Some(uuid) = b.uuid {
                             self.notify_export(uuid, false);
                         }
@@ -564,7 +617,14 @@ impl Device {
             },
             Command::Export { id, uuid } => match self.alloc.lock() {
                 Ok(mut a) => match a.set_uuid(*id, *uuid) {
-                    Ok(()) => self.notify_export(*uuid, true),
+                    Ok(()) => {
+                        let m = Mutation::Export {
+                            id: *id,
+                            uuid: *uuid,
+                        };
+                        self.state.record(&a, m, origin, r);
+                        self.notify_export(*uuid, true);
+                    }
                     Err(e) => fail(alloc_status(e), 0),
                 },
                 Err(_) => fail(Status::Internal, 0),
@@ -573,6 +633,7 @@ impl Device {
                 Ok(mut a) => match a.clear_uuid(*uuid) {
                     Ok(id) => {
                         r.result0 = id;
+                        self.state.record(&a, Mutation::Unexport { id }, origin, r);
                         self.notify_export(*uuid, false);
                     }
                     Err(e) => fail(alloc_status(e), 0),

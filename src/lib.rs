@@ -16,3 +16,5 @@ pub mod engine;
 pub mod protocol;
 pub mod sandbox;
 pub mod server;
+pub mod state;
+pub mod supervisor;

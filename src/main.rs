@@ -9,6 +9,10 @@ use cxl_accel::devmem::DeviceMemory;
 use cxl_accel::dispatch::Dispatcher;
 use cxl_accel::protocol::VIRTIO_ID;
 use cxl_accel::server;
+use cxl_accel::state::StateFile;
+use cxl_accel::supervisor;
+use std::os::fd::FromRawFd;
+use vhost::vhost_user::Listener;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -22,7 +26,12 @@ fn main() -> ExitCode {
         };
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run(args) {
+    let result = if args.supervise && args.worker_fd.is_none() {
+        supervise(args)
+    } else {
+        run(args)
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
@@ -37,8 +46,10 @@ fn run(args: Args) -> Result<(), String> {
     cxl_accel::sandbox::prepare(args.seccomp);
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
-    let own_socket = (args.socket_mode == SocketMode::Server).then(|| args.socket_path.clone());
-    signals::exit_on_termination(own_socket)?;
+    let worker = args.worker_fd.is_some();
+    let own_socket =
+        (args.socket_mode == SocketMode::Server && !worker).then(|| args.socket_path.clone());
+    signals::exit_on_termination(own_socket.into_iter().collect())?;
     if args.virtio_id != VIRTIO_ID {
         log::warn!(
             "virtio ID {} differs from {VIRTIO_ID}, which the cxl_accel guest driver binds",
@@ -47,6 +58,10 @@ fn run(args: Args) -> Result<(), String> {
     }
     let devmem =
         DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
+    // A worker runs under its supervisor's lock on the state file.
+    let (state, restored) =
+        StateFile::open(&args.state_path(), devmem.id(), devmem.size(), !worker)?;
+    log::info!("state {}: {}", args.state_path().display(), restored.note);
     let cfg = DeviceConfig {
         index: args.index,
         attach: args.attach,
@@ -54,14 +69,16 @@ fn run(args: Args) -> Result<(), String> {
         peers: args.peer_memory_path.clone(),
         ..Default::default()
     };
-    let device = Arc::new(Device::new(cfg, devmem));
+    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
     let dispatcher = Arc::new(
         Dispatcher::new(args.dma_threads as usize)
             .map_err(|e| format!("cannot start DMA engines: {e}"))?,
     );
-    let mut listener = match args.socket_mode {
-        SocketMode::Server => Some(server::bind(&args.socket_path)?),
-        SocketMode::Client => None,
+    let mut listener = match (args.worker_fd, args.socket_mode) {
+        // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
+        (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
+        (None, SocketMode::Server) => Some(server::bind(&args.socket_path)?),
+        (None, SocketMode::Client) => None,
     };
     log::info!(
         "cxl-accel {} on {} ({} bytes of device memory in {}, {} DMA engines)",
@@ -80,8 +97,57 @@ fn run(args: Args) -> Result<(), String> {
         Some(l) => server::Endpoint::Listen(l),
         None => server::Endpoint::Connect(args.socket_path.clone()),
     };
-    server::serve_endpoint(endpoint, device, dispatcher, args.queue_size, None)
-        .map_err(|e| e.to_string())
+    // A worker serves its supervisor's one connection, then exits.
+    let sessions = worker.then_some(1);
+    server::serve_endpoint(
+        endpoint,
+        device,
+        dispatcher,
+        args.queue_size,
+        sessions,
+        args.resume,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
+fn supervise(args: Args) -> Result<(), String> {
+    let worker_socket = {
+        let mut p = args.socket_path.clone().into_os_string();
+        p.push(".worker");
+        std::path::PathBuf::from(p)
+    };
+    let mut cleanup = vec![worker_socket.clone()];
+    if args.socket_mode == SocketMode::Server {
+        cleanup.push(args.socket_path.clone());
+    }
+    signals::exit_on_termination(cleanup)?;
+    // Same checks as a worker makes, so a bad argument fails here once, not in a loop.
+    let devmem =
+        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
+    let _lock = cxl_accel::state::lock(&args.state_path())?;
+    drop(devmem);
+    let front = match args.socket_mode {
+        SocketMode::Server => supervisor::FrontEnd::Listen(server::bind_std(&args.socket_path)?),
+        SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path.clone()),
+    };
+    log::info!(
+        "cxl-accel {} supervising on {} (state in {})",
+        env!("CARGO_PKG_VERSION"),
+        args.socket_path.display(),
+        args.state_path().display()
+    );
+    let worker_args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--supervise")
+        .collect();
+    supervisor::run(
+        front,
+        supervisor::WorkerSpec {
+            args: worker_args,
+            worker_socket,
+        },
+    )
 }
 
 mod signals {
@@ -89,7 +155,7 @@ mod signals {
 
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
-    pub fn exit_on_termination(socket: Option<PathBuf>) -> Result<(), String> {
+    pub fn exit_on_termination(remove: Vec<PathBuf>) -> Result<(), String> {
         // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
         // runs before the worker threads that inherit the mask are created.
         let set = unsafe {
@@ -111,7 +177,14 @@ mod signals {
                 if rc == 0 {
                     log::info!("signal {sig} received, shutting down");
                 }
-                if let Some(s) = &socket {
+                // A supervisor takes its worker down with it.
+                let worker =
+                    cxl_accel::supervisor::WORKER_PID.load(std::sync::atomic::Ordering::Acquire);
+                if worker > 0 {
+                    // SAFETY: sends a signal; no memory is involved.
+                    unsafe { libc::kill(worker, libc::SIGTERM) };
+                }
+                for s in &remove {
                     let _ = std::fs::remove_file(s);
                 }
                 std::process::exit(0);

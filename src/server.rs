@@ -18,6 +18,11 @@ use crate::dispatch::Dispatcher;
 
 /// Binds the socket, refusing to steal one that a live daemon serves.
 pub fn bind(path: &Path) -> Result<Listener, String> {
+    bind_std(path).map(Listener::from)
+}
+
+/// [`bind`], as a plain listener.
+pub fn bind_std(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(format!(
@@ -27,7 +32,8 @@ pub fn bind(path: &Path) -> Result<Listener, String> {
         }
         log::info!("removing stale socket {}", path.display());
     }
-    let listener = Listener::new(path, true)
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     // Only the owner (QEMU runs as the same user) may connect.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -57,6 +63,7 @@ pub fn serve(
         dispatcher,
         queue_size,
         max_sessions,
+        false,
     )
 }
 
@@ -66,13 +73,16 @@ pub fn serve_endpoint(
     dispatcher: Arc<Dispatcher>,
     queue_size: u16,
     max_sessions: Option<usize>,
+    resume: bool,
 ) -> io::Result<()> {
     let mut sessions = 0;
     while max_sessions.is_none_or(|m| sessions < m) {
-        let backend = Arc::new(CxlBackend::new(
+        // Only the first session can continue a connection a previous daemon served.
+        let backend = Arc::new(CxlBackend::with_resume(
             device.clone(),
             dispatcher.clone(),
             queue_size,
+            resume && sessions == 0,
         ));
         let mut daemon = VhostUserDaemon::new(
             "cxl-accel".to_string(),
@@ -98,7 +108,7 @@ pub fn serve_endpoint(
             handler.send_exit_event();
         }
         // The backend channel died with the session.
-        device.set_export_sink(None);
+        device.set_export_sink(None, false);
         if !dispatcher.drain(Duration::from_secs(30)) {
             log::warn!("commands still running after the session ended");
         }

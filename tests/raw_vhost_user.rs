@@ -225,7 +225,7 @@ fn memory_table_replaced_under_running_queues() {
         h.call(&fill).resp.status,
         cxl_accel::protocol::Status::BadGpa as u32
     );
-    assert_eq!(h.device.layout().devmem_gpa, None);
+    assert_eq!(h.device().layout().devmem_gpa, None);
     let fe = h.frontend.as_mut().unwrap();
     assert!(fe.get_features().is_ok());
 }
@@ -280,6 +280,7 @@ fn client_mode_connects_to_a_listening_front_end_and_reconnects() {
             dispatcher,
             256,
             Some(2),
+            false,
         )
     });
     std::thread::sleep(Duration::from_millis(200));

@@ -73,7 +73,7 @@ fn device_memory_is_recognised_by_file_identity_not_size() {
     });
     // One round trip: the memory table has been processed.
     ok(&h.call(&hdr(OP_NOP, 0, 0)));
-    assert_eq!(h.device.layout().devmem_gpa, Some(DEVMEM_GPA));
+    assert_eq!(h.device().layout().devmem_gpa, Some(DEVMEM_GPA));
     let set = |gpa| with(hdr(OP_SET_DEVMEM_BASE, 0, 1), &SetDevmemBase { gpa });
     ok(&h.call(&set(DEVMEM_GPA)));
     assert_eq!(h.call(&set(0x2_0000_0000)).status(), Status::Invalid);
@@ -141,7 +141,7 @@ fn copy_in_every_direction_with_scatter_gather() {
         &[dev((4 << 20) + 16, 4096)],
     )));
     assert_eq!(h.devmem_read((4 << 20) + 16, 4096), data[..4096]);
-    assert!(h.device.stat(STAT_BYTES_COPIED) >= 5 * n as u64);
+    assert!(h.device().stat(STAT_BYTES_COPIED) >= 5 * n as u64);
 }
 
 #[test]
@@ -161,14 +161,14 @@ fn copy_to_a_peer_bar_is_peer_to_peer() {
         ..Default::default()
     });
     ok(&h.call(&hdr(OP_NOP, 0, 0)));
-    assert_eq!(h.device.layout().peers, vec![(peer_gpa, 4 << 20)]);
+    assert_eq!(h.device().layout().peers, vec![(peer_gpa, 4 << 20)]);
     let data = pattern(65536, 9);
     h.devmem_write(0, &data);
     ok(&h.call(&copy(1, &[dev(0, 65536)], &[gpa(peer_gpa + 4096, 65536)])));
     let mut back = vec![0u8; 65536];
     peer.slice(4096, 65536).unwrap().copy_to(&mut back[..]);
     assert_eq!(back, data);
-    assert_eq!(h.device.stat(STAT_BYTES_P2P), 65536);
+    assert_eq!(h.device().stat(STAT_BYTES_P2P), 65536);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -315,7 +315,7 @@ fn batched_page_copies_between_guest_and_device() {
     let back: Vec<u64> = (0..pages).map(|i| DATA + (8 << 20) + i * 4096).collect();
     ok(&h.call(&copy_pages(2, 4096, SPACE_DEVMEM, SPACE_GPA, &dst, &back)));
     assert_eq!(read_guest(&h, DATA + (8 << 20), data.len()), data);
-    assert_eq!(h.device.stat(STAT_PAGES_COPIED), 2 * pages);
+    assert_eq!(h.device().stat(STAT_PAGES_COPIED), 2 * pages);
     // Misaligned page addresses are refused before anything moves.
     let r = h.call(&copy_pages(
         3,
@@ -360,7 +360,7 @@ fn signal_events_reach_the_event_queue_even_when_posted_late() {
     let area = 0xC0000;
     ok(&h.call(&with(hdr(OP_SIGNAL, 0, 5), &Signal { value: 0xabcd })));
     // No event buffers yet: the event waits in the device.
-    assert!(h.device.has_events());
+    assert!(h.device().has_events());
     h.post_event_buffers(area, 4, 32);
     // First the device announced where the guest mapped its memory, then the signal.
     for _ in 0..2 {
@@ -383,7 +383,7 @@ fn signal_events_reach_the_event_queue_even_when_posted_late() {
     let ev: Event = h.guest.read_obj(GuestAddress(area + 128)).unwrap();
     assert_eq!((ev.kind, ev.value0), (EVENT_SIGNAL, 2));
     assert!(ev.seq > 0);
-    assert_eq!(h.device.stat(STAT_EVENTS_SENT), 3);
+    assert_eq!(h.device().stat(STAT_EVENTS_SENT), 3);
 }
 
 #[test]
@@ -438,7 +438,7 @@ fn reset_releases_everything_a_previous_driver_left() {
     let r = h.call(&hdr(OP_RESET, 0, 1));
     ok(&r);
     assert_eq!(r.resp.result0, 3);
-    assert!(!h.device.has_events());
+    assert!(!h.device().has_events());
     let ident = Identify::from_slice(&h.call(&hdr(OP_IDENTIFY, 0, 1)).payload)
         .copied()
         .unwrap();
@@ -457,7 +457,7 @@ fn numa_mode_refuses_buffers_and_device_offsets() {
     assert_eq!(c.features & F_ALLOC, 0);
     // The node's memory is found by file identity, as a BAR would be.
     ok(&h.call(&hdr(OP_NOP, 0, 0)));
-    assert_eq!(h.device.layout().devmem_gpa, Some(DEVMEM_GPA));
+    assert_eq!(h.device().layout().devmem_gpa, Some(DEVMEM_GPA));
     let alloc = with(
         hdr(OP_ALLOC, 0, 1),
         &Alloc {
@@ -617,7 +617,7 @@ fn requests_in_flight_are_bounded_by_the_queue_size() {
             .wait_used(&h.guest, Duration::from_secs(30))
             .expect("every published request completes");
     }
-    assert_eq!(h.device.stat(STAT_COMMANDS), rounds as u64 * 200 + 2);
+    assert_eq!(h.device().stat(STAT_COMMANDS), rounds as u64 * 200 + 2);
 }
 
 #[test]
@@ -869,5 +869,5 @@ fn a_corrupt_avail_index_does_not_kill_the_daemon() {
     std::thread::sleep(Duration::from_millis(100));
     // The control path still answers.
     assert_eq!(h.config().magic, MAGIC);
-    assert!(h.device.stat(STAT_ERRORS) >= 1);
+    assert!(h.device().stat(STAT_ERRORS) >= 1);
 }

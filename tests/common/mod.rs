@@ -199,6 +199,9 @@ pub struct Options {
     pub dma_threads: usize,
     pub peers: Vec<PathBuf>,
     pub extra_regions: Vec<(u64, File, u64)>,
+    /// Run the real binary with `--supervise` (and these extra arguments) instead of an
+    /// in-process daemon.
+    pub supervised: Option<Vec<String>>,
 }
 
 impl Default for Options {
@@ -210,6 +213,7 @@ impl Default for Options {
             dma_threads: 2,
             peers: Vec::new(),
             extra_regions: Vec::new(),
+            supervised: None,
         }
     }
 }
@@ -245,7 +249,9 @@ pub struct Harness {
     pub shared: Arc<SharedObjectLog>,
     pub guest: GuestMemoryMmap,
     pub devmem: MmapRegion,
-    pub device: Arc<Device>,
+    device: Option<Arc<Device>>,
+    /// The supervising daemon process (Options::supervised).
+    pub process: Option<std::process::Child>,
     pub frontend: Option<Frontend>,
     pub queues: [DriverQueue; 2],
     kicks: [EventFd; 2],
@@ -273,20 +279,50 @@ impl Harness {
         let dir = temp_dir();
         let sock = dir.join("cxl.sock");
         let devmem_path = dir.join("devmem");
-        let devmem = DeviceMemory::open(&devmem_path, DEVMEM_SIZE).unwrap();
-        let cfg = DeviceConfig {
-            attach: opts.attach,
-            dma_engines: opts.dma_threads as u32,
-            peers: opts.peers.clone(),
-            ..Default::default()
-        };
-        let device = Arc::new(Device::new(cfg, devmem));
-        let dispatcher = Arc::new(Dispatcher::new(opts.dma_threads).unwrap());
-        let mut listener = server::bind(&sock).unwrap();
-        let d2 = device.clone();
-        let daemon = std::thread::spawn(move || {
-            let _ = server::serve(&mut listener, d2, dispatcher, QUEUE_SIZE, Some(1));
-        });
+        let (mut device, mut daemon, mut process) = (None, None, None);
+        if let Some(extra) = &opts.supervised {
+            let child = std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+                .arg("--supervise")
+                .arg("--socket-path")
+                .arg(&sock)
+                .arg("--memory-path")
+                .arg(&devmem_path)
+                .arg("--memory-size")
+                .arg(DEVMEM_SIZE.to_string())
+                .arg("--queue-size")
+                .arg(QUEUE_SIZE.to_string())
+                .arg("--dma-threads")
+                .arg(opts.dma_threads.to_string())
+                .args(extra)
+                .spawn()
+                .expect("start the daemon");
+            process = Some(child);
+            // The daemon creates the memory file; wait for it to be sized.
+            let t = Instant::now();
+            while std::fs::metadata(&devmem_path).map(|m| m.len()).ok() != Some(DEVMEM_SIZE) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "daemon made no memory file"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        } else {
+            let devmem = DeviceMemory::open(&devmem_path, DEVMEM_SIZE).unwrap();
+            let cfg = DeviceConfig {
+                attach: opts.attach,
+                dma_engines: opts.dma_threads as u32,
+                peers: opts.peers.clone(),
+                ..Default::default()
+            };
+            let dev = Arc::new(Device::new(cfg, devmem));
+            let dispatcher = Arc::new(Dispatcher::new(opts.dma_threads).unwrap());
+            let mut listener = server::bind(&sock).unwrap();
+            let d2 = dev.clone();
+            daemon = Some(std::thread::spawn(move || {
+                let _ = server::serve(&mut listener, d2, dispatcher, QUEUE_SIZE, Some(1));
+            }));
+            device = Some(dev);
+        }
 
         // Guest RAM and, optionally, the device BAR and other regions, as QEMU would share them.
         let ram = memfd("guest-ram", GUEST_SIZE);
@@ -320,7 +356,7 @@ impl Harness {
             MmapRegion::from_file(FileOffset::new(devmem_file, 0), DEVMEM_SIZE as usize).unwrap();
 
         let mut fe = None;
-        for _ in 0..500 {
+        for _ in 0..2500 {
             if let Ok(f) = Frontend::connect(&sock, 2) {
                 fe = Some(f);
                 break;
@@ -391,14 +427,29 @@ impl Harness {
             guest,
             devmem: devmem_map,
             device,
+            process,
             frontend: Some(fe),
             queues,
             kicks,
             calls,
-            daemon: Some(daemon),
+            daemon,
             dir,
             _files: files,
         }
+    }
+
+    /// The in-process device model.
+    pub fn device(&self) -> &Arc<Device> {
+        self.device
+            .as_ref()
+            .expect("the device runs in another process (Options::supervised)")
+    }
+
+    /// The daemon's current worker process (Options::supervised).
+    pub fn worker_pid(&self) -> Option<u32> {
+        let pid = self.process.as_ref()?.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
     }
 
     /// The memfd behind guest RAM (region 0).
@@ -511,6 +562,11 @@ impl Harness {
         self.frontend.take();
         if let Some(h) = self.daemon.take() {
             h.join().unwrap();
+        }
+        if let Some(mut p) = self.process.take() {
+            // SAFETY: sends SIGTERM to our own child.
+            unsafe { libc::kill(p.id() as i32, libc::SIGTERM) };
+            let _ = p.wait();
         }
     }
 }
