@@ -49,33 +49,43 @@ static void cxla_buf_finish(struct cxla_buf *buf)
 	struct cxla_free *f;
 	struct cxla_req *req;
 	bool send;
-	int ret;
+	int ret, tries;
 
 	mutex_lock(&cd->buf_lock);
 	send = !buf->dev_freed;
 	buf->dev_freed = true;
 	mutex_unlock(&cd->buf_lock);
 
-	if (send && !READ_ONCE(cd->stopped)) {
+	for (tries = 0; send && !READ_ONCE(cd->stopped); tries++) {
 		req = cxla_req_alloc(cd, CXLA_OP_FREE, 0, sizeof(*f), 0);
 		if (IS_ERR(req)) {
 			dev_warn(&cd->dev, "cannot free device buffer %llu: %ld\n",
 				 buf->id, PTR_ERR(req));
-		} else {
-			f = cxla_req_payload(req);
-			f->id = cpu_to_le64(buf->id);
-			if (READ_ONCE(cd->wedged)) {
-				/* do not stall every close on a dead device */
-				cxla_req_fire_and_forget(cd, req);
-			} else {
-				ret = cxla_exec(cd, &req, 0, false);
-				cxla_req_free(cd, req);
-				if (ret && ret != -ENODEV)
-					dev_warn(&cd->dev,
-						 "FREE of device buffer %llu failed: %d\n",
-						 buf->id, ret);
-			}
+			break;
 		}
+		f = cxla_req_payload(req);
+		f->id = cpu_to_le64(buf->id);
+		if (READ_ONCE(cd->wedged)) {
+			/* do not stall every close on a dead device */
+			cxla_req_fire_and_forget(cd, req);
+			break;
+		}
+		ret = cxla_exec(cd, &req, 0, false);
+		cxla_req_free(cd, req);
+		/*
+		 * -EIO: the daemon restarted and cannot say whether the FREE
+		 * ran. FREE is idempotent: ask again; -ENOENT then means it
+		 * had.
+		 */
+		if (ret == -EIO && tries < 3)
+			continue;
+		if (ret == -ENOENT && tries)
+			ret = 0;
+		if (ret && ret != -ENODEV)
+			dev_warn(&cd->dev,
+				 "FREE of device buffer %llu failed: %d\n",
+				 buf->id, ret);
+		break;
 	}
 
 	mutex_lock(&cd->buf_lock);

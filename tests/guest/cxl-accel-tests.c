@@ -9,6 +9,7 @@
  * Usage: cxl-accel-tests [-d /dev/cxl-accelN] [-p prefix] [-t name]... [-l]
  *        cxl-accel-tests --hold /dev/cxl-accelN   (helper for the unbind test)
  *        cxl-accel-tests --multi                  (tests across all devices)
+ *        cxl-accel-tests --restart SECS DEV       (commands while the host kills the daemon)
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -1419,6 +1420,187 @@ static int multi(void)
 	return fails;
 }
 
+/*
+ * --restart SECS DEV: four threads keep issuing commands for SECS seconds
+ * while the host SIGKILLs the daemon's worker again and again (its
+ * supervisor starts a new one). Each command must succeed with correct data
+ * or fail with -EIO (in flight when the worker died): no other error, no
+ * timeout, no wrong data. A buffer written before the run keeps its
+ * contents, and all device memory is back after close.
+ */
+#define RESTART_THREADS	4
+#define RESTART_LEN	(256 * KiB)
+#define RESTART_ADDS	20000ULL
+/* thread 0 only runs these, so that the device is busy when a kill lands */
+#define RESTART_LONG_ADDS	(1ULL << 22)
+
+struct restart_arg {
+	int fd, idx, secs;
+	uint32_t counter;	/* buffer handle holding one u64 per thread */
+	long ok, eio, atomics_ok, atomics_eio;
+	char fail[160];
+};
+
+static uint64_t restart_adds(int idx)
+{
+	return idx ? RESTART_ADDS : RESTART_LONG_ADDS;
+}
+
+static int restart_op(struct restart_arg *a, uint64_t iter, uint8_t *ram,
+		      uint8_t *map, uint32_t handle)
+{
+	struct cxl_accel_alloc tmp;
+	uint64_t pattern = 0x0101010101010101ULL * (uint8_t)(iter * 13 + a->idx);
+	uint32_t crc;
+	size_t i;
+	int r;
+
+	switch (a->idx ? iter % 5 : 3) {
+	case 0:
+		fill_random(ram, RESTART_LEN, iter * 7 + a->idx);
+		r = cxla_copy(a->fd, cxla_user(ram), cxla_dev(handle, 0),
+			      RESTART_LEN, 0);
+		if (!r && memcmp(map, ram, RESTART_LEN))
+			snprintf(a->fail, sizeof(a->fail), "copy %llu: data differs",
+				 (unsigned long long)iter);
+		return r;
+	case 1:
+		r = cxla_fill(a->fd, cxla_dev(handle, 0), RESTART_LEN, pattern, 0);
+		for (i = 0; !r && i < RESTART_LEN; i += 8)
+			if (*(uint64_t *)(map + i) != pattern) {
+				snprintf(a->fail, sizeof(a->fail),
+					 "fill %llu: byte %zu differs",
+					 (unsigned long long)iter, i);
+				break;
+			}
+		return r;
+	case 2:
+		r = cxla_checksum(a->fd, cxla_user(ram), RESTART_LEN, 7, &crc);
+		if (!r && crc != crc32c(7, ram, RESTART_LEN))
+			snprintf(a->fail, sizeof(a->fail), "checksum %llu: %#x",
+				 (unsigned long long)iter, crc);
+		return r;
+	case 3:
+		r = cxla_atomic(a->fd, cxla_dev(a->counter, 8 * a->idx),
+				CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0, restart_adds(a->idx),
+				0, NULL);
+		if (!r)
+			a->atomics_ok++;
+		else if (r == -EIO)
+			a->atomics_eio++;
+		return r;
+	default:
+		r = cxla_alloc(a->fd, 64 * KiB, 0, &tmp);
+		if (!r)
+			cxla_free(a->fd, tmp.handle);
+		return r;
+	}
+}
+
+static void *restart_thread(void *p)
+{
+	struct restart_arg *a = p;
+	struct cxl_accel_alloc buf;
+	uint8_t *ram = malloc(RESTART_LEN), *map = NULL;
+	double t0 = now_sec();
+	uint64_t iter = 0;
+	int r;
+
+	if (!ram || cxla_alloc(a->fd, RESTART_LEN, 0, &buf) ||
+	    !(map = cxla_map(a->fd, &buf))) {
+		snprintf(a->fail, sizeof(a->fail), "set-up failed");
+		return NULL;
+	}
+	while (now_sec() - t0 < a->secs && !a->fail[0]) {
+		r = restart_op(a, iter++, ram, map, buf.handle);
+		if (!r)
+			a->ok++;
+		else if (r == -EIO)
+			a->eio++;
+		else if (!a->fail[0])
+			snprintf(a->fail, sizeof(a->fail), "op %llu: %s",
+				 (unsigned long long)(iter - 1) % 5, strerror(-r));
+	}
+	munmap(map, RESTART_LEN);
+	cxla_free(a->fd, buf.handle);
+	free(ram);
+	return NULL;
+}
+
+static int restart_stream(int secs, const char *path)
+{
+	struct restart_arg args[RESTART_THREADS] = { 0 };
+	pthread_t th[RESTART_THREADS];
+	struct cxl_accel_alloc keep, counter;
+	struct cxl_accel_identify id;
+	struct cxl_accel_stats st;
+	uint8_t *ref = malloc(MiB), *kp, *cp;
+	long ok = 0, eio = 0;
+	uint64_t start, v;
+	uint32_t crc = 0;
+	char why[200] = "";
+	int fd = open(path, O_RDWR), i, r;
+
+	if (fd < 0 || !ref || cxla_identify(fd, &id))
+		return 1;
+	start = id.devmem_free;
+	/* written before the first kill, checked after the last */
+	if (cxla_alloc(fd, MiB, 0, &keep) || !(kp = cxla_map(fd, &keep)) ||
+	    cxla_alloc(fd, 4096, 0, &counter) || !(cp = cxla_map(fd, &counter)))
+		return 1;
+	fill_random(ref, MiB, 4242);
+	memcpy(kp, ref, MiB);
+	memset(cp, 0, 4096);
+	for (i = 0; i < RESTART_THREADS; i++) {
+		args[i] = (struct restart_arg){ .fd = fd, .idx = i, .secs = secs,
+						.counter = counter.handle };
+		pthread_create(&th[i], NULL, restart_thread, &args[i]);
+	}
+	for (i = 0; i < RESTART_THREADS; i++) {
+		pthread_join(th[i], NULL);
+		ok += args[i].ok;
+		eio += args[i].eio;
+		if (args[i].fail[0] && !why[0])
+			snprintf(why, sizeof(why), "thread %d: %s", i, args[i].fail);
+		/* completed atomics counted in full; interrupted ones partly at most */
+		v = *(volatile uint64_t *)(cp + 8 * i);
+		if (!why[0] && (v < args[i].atomics_ok * restart_adds(i) ||
+				v > (args[i].atomics_ok + args[i].atomics_eio) * restart_adds(i)))
+			snprintf(why, sizeof(why),
+				 "thread %d: counter %llu after %ld+%ld atomics", i,
+				 (unsigned long long)v, args[i].atomics_ok,
+				 args[i].atomics_eio);
+	}
+	r = cxla_checksum(fd, cxla_dev(keep.handle, 0), MiB, 0, &crc);
+	if (!why[0] && (memcmp(kp, ref, MiB) || r || crc != crc32c(0, ref, MiB)))
+		snprintf(why, sizeof(why), "buffer written before the kills changed (%d)", r);
+	if (!why[0] && (cxla_stats(fd, &st) || st.driver[CXL_ACCEL_DSTAT_TIMEOUTS]))
+		snprintf(why, sizeof(why), "%llu commands timed out",
+			 (unsigned long long)st.driver[CXL_ACCEL_DSTAT_TIMEOUTS]);
+	if (!why[0] && !eio)
+		snprintf(why, sizeof(why), "no command was interrupted: were there kills?");
+	munmap(kp, MiB);
+	munmap(cp, 4096);
+	close(fd);
+	/* every buffer (interrupted ALLOC/FREE included) is back */
+	fd = open(path, O_RDWR);
+	for (i = 0; i < 50; i++) {
+		if (cxla_identify(fd, &id) || id.devmem_free == start)
+			break;
+		usleep(100000);
+	}
+	if (!why[0] && id.devmem_free != start)
+		snprintf(why, sizeof(why), "device memory free %llu, %llu at start",
+			 (unsigned long long)id.devmem_free,
+			 (unsigned long long)start);
+	close(fd);
+	printf("RESULT restart_stream %s %ld commands completed and checked, %ld failed with -EIO (in flight at a kill), 0 timeouts, over %d s with %d threads%s%s\n",
+	       why[0] ? "FAIL" : "PASS", ok, eio, secs, RESTART_THREADS,
+	       why[0] ? "; " : "", why);
+	free(ref);
+	return why[0] ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cxla_runner r = { .prefix = "", .timeout_s = TEST_TIMEOUT_S };
@@ -1441,11 +1623,13 @@ int main(int argc, char **argv)
 			return hold(argv[i + 1]);
 		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
 			return stall(atoi(argv[i + 1]), argv[i + 2]);
+		} else if (!strcmp(argv[i], "--restart") && i + 2 < argc) {
+			return restart_stream(atoi(argv[i + 1]), argv[i + 2]);
 		} else if (!strcmp(argv[i], "--multi")) {
 			return multi();
 		} else {
 			fprintf(stderr,
-				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev\n",
+				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev | --restart secs dev\n",
 				argv[0]);
 			return 2;
 		}

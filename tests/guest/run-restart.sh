@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Host side: restart without loss. Boots a guest with one device whose daemon
+# runs under --supervise; its worker is SIGKILLed KILLS times, INTERVAL
+# seconds apart, while four guest threads stream commands
+# (cxl-accel-tests --restart) and check every result. Then the driver is
+# unloaded and reloaded and the device checked again.
+#
+# Usage: tests/guest/run-restart.sh [ci/run-guest.sh options]
+# Environment: KILLS (default 15), INTERVAL (1.5), START (10: seconds after
+# the daemon starts, when the guest is streaming), STREAM (40: guest seconds).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
+# shellcheck source=/dev/null
+. "$CACHE/env.sh"
+KILLS=${KILLS:-15}
+INTERVAL=${INTERVAL:-1.5}
+START=${START:-10}
+STREAM=${STREAM:-40}
+DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
+
+make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
+make -s -C "$HERE"
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_KILLS="$START $KILLS $INTERVAL"
+cat >"$TMP/guest.sh" <<EOS
+#!/bin/sh
+insmod /cxl/cxl_accel.ko || exit 1
+/cxl/cxl-accel-tests --restart $STREAM /dev/cxl-accel0
+rc=\$?
+if rmmod cxl_accel && insmod /cxl/cxl_accel.ko &&
+   /cxl/cxl-accel-tests -d /dev/cxl-accel0 -p after_restarts_ -t identify -t copy_roundtrip -t alloc_many -t signal_event -t stats; then
+    echo "RESULT restart_reload PASS driver reloaded, device answers after the restarts"
+else
+    echo "RESULT restart_reload FAIL"; rc=1
+fi
+rmmod cxl_accel || rc=1
+exit \$rc
+EOS
+set +e
+"$REPO/ci/run-guest.sh" --devices 1 --timeout 400 --daemon "$HERE/killing-daemon" \
+    --module virtio_dma_buf --log "$TMP/run.log" \
+    --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
+    --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
+rc=$?
+set -e
+grep -v '^[0-9]* passed, [0-9]* failed$' "$TMP/out" || true
+kills=$(grep -c 'killing-daemon: SIGKILL worker' "$TMP/run.log" || true)
+restarts=$(grep -c 'worker pid .* started (resuming)' "$TMP/run.log" || true)
+summary=$(tail -n 1 "$TMP/out")
+echo "host: $kills workers killed, $restarts resumed by the supervisor"
+if [ "$rc" = 0 ] && [ "$kills" -lt "$KILLS" ]; then
+    echo "host: expected $KILLS kills, the guest finished first"
+    rc=1
+fi
+if [ "$rc" != 0 ]; then
+    grep -E 'supervisor|resumed|ERROR|panick' "$TMP/run.log" | tail -n 30 || true
+fi
+echo "$summary; $kills kills survived"
+exit $rc
