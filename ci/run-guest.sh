@@ -19,9 +19,17 @@
 #   --module NAME        guest kernel module to load (repeatable)
 #   --append ARGS        extra guest kernel command line
 #   --qemu-arg ARG       extra QEMU argument (repeatable)
+#   --monitor PATH       QMP monitor on the unix socket PATH (QEMU listens; HMP
+#                        commands go through QMP's human-monitor-command)
+#   --hotplug            put each device's slot behind a pcie-root-port of its own
+#                        (id cxlaccN-port), so that "device_del cxlaccN" unplugs it:
+#                        q35's pcie.0 takes no hot-unplug. device_del of function 0
+#                        (cxlaccN) ejects the whole slot, cxlaccN-bar included
 #   --daemon PATH        daemon binary (default: target/release/cxl-accel)
 #   --daemon-arg ARG     extra daemon argument (repeatable)
 #   --log FILE           also save the console (then the daemon logs) to FILE
+#   --console FILE       write the guest console to FILE while the guest runs (for
+#                        host-side scripts that act on what the guest prints)
 #   --keep               keep the work directory (sockets, devmem files, logs)
 #   --quiet              do not stream the guest console to stdout
 #
@@ -57,8 +65,11 @@ INTERACTIVE=0
 APPEND=
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 LOGFILE=
+CONSOLE=
 KEEP=0
 QUIET=0
+MONITOR=
+HOTPLUG=0
 MK_ARGS=()
 QEMU_EXTRA=()
 DAEMON_EXTRA=()
@@ -80,9 +91,12 @@ while [ $# -gt 0 ]; do
     --add | --insmod | --module) need "$@"; MK_ARGS+=("$1" "$2"); shift 2 ;;
     --append) need "$@"; APPEND="$APPEND $2"; shift 2 ;;
     --qemu-arg) need "$@"; QEMU_EXTRA+=("$2"); shift 2 ;;
+    --monitor) need "$@"; MONITOR=$2; shift 2 ;;
+    --hotplug) HOTPLUG=1; shift ;;
     --daemon) need "$@"; DAEMON=$2; shift 2 ;;
     --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
+    --console) need "$@"; CONSOLE=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --quiet) QUIET=1; shift ;;
     *) echo "run-guest: unknown argument $1" >&2; usage 2 ;;
@@ -135,7 +149,7 @@ stop_pid() { # politely, then not
 save_log() {
     [ -n "$LOGFILE" ] || return 0
     {
-        cat "$WORK/console.log" 2>/dev/null || true
+        cat "${CONSOLE:-$WORK/console.log}" 2>/dev/null || true
         local f
         for f in "$WORK"/daemon*.log "$WORK/qemu.log"; do
             [ -s "$f" ] || continue
@@ -218,7 +232,25 @@ start_daemon() {
     local args=()
     mapfile -d '' args < <(printf '%s' "$out" | split_args)
     [ "${#args[@]}" -gt 0 ] || die "run-guest: daemon $i printed no QEMU arguments"
+    [ "$HOTPLUG" = 0 ] || hotplug_slot "$i" args
     DEV_ARGS+=("${args[@]}")
+}
+
+# --hotplug: moves the functions of device i from slot S of pcie.0 (which
+# takes no hot-unplug on q35) to slot 0 behind a pcie-root-port at S, named
+# cxlacc<i>-port, placed before them. The device ids stay as printed.
+hotplug_slot() { # i name-of-args-array
+    local i=$1 k slot='' re='bus=pcie\.0,addr=(0x[0-9a-fA-F]+)\.([0-7])'
+    local -n a=$2
+    for k in "${!a[@]}"; do
+        if [[ "${a[$k]}" =~ $re ]]; then
+            slot=${BASH_REMATCH[1]}
+            a[k]=${a[$k]/"${BASH_REMATCH[0]}"/bus=cxlacc$i-port,addr=0x0.${BASH_REMATCH[2]}}
+        fi
+    done
+    [ -n "$slot" ] || die "run-guest: --hotplug: no bus=pcie.0,addr=... in daemon $i's QEMU arguments"
+    a=(-device "pcie-root-port,id=cxlacc$i-port,bus=pcie.0,addr=$slot.0,chassis=$((i + 1)),slot=$((i + 1))"
+        "${a[@]}")
 }
 
 for ((i = 0; i < DEVICES; i++)); do start_daemon "$i"; done
@@ -240,6 +272,7 @@ QEMU_CMD=("$QEMU" $QEMU_FIRMWARE_ARGS
     -nodefaults -no-reboot -display none
     -kernel "$GUEST_KERNEL" -initrd "$WORK/initramfs.cpio.gz" -append "$CMDLINE"
     "${DEV_ARGS[@]}" "${QEMU_EXTRA[@]}")
+[ -z "$MONITOR" ] || QEMU_CMD+=(-qmp "unix:$MONITOR,server=on,wait=off")
 
 if [ "$INTERACTIVE" = 1 ]; then
     echo "run-guest: interactive guest; 'exit' powers it off, Ctrl-A X kills QEMU" >&2
@@ -247,7 +280,7 @@ if [ "$INTERACTIVE" = 1 ]; then
     exit $?
 fi
 
-CONSOLE=$WORK/console.log
+CONSOLE=${CONSOLE:-$WORK/console.log}
 : >"$CONSOLE"
 T0=$(now)
 "${QEMU_CMD[@]}" -monitor none -serial "file:$CONSOLE" </dev/null >"$WORK/qemu.log" 2>&1 &

@@ -82,6 +82,7 @@ struct cxla_dev {
 
 	/* device memory */
 	struct pci_dev *mem_pdev;	/* the paired ivshmem-plain function */
+	struct list_head mem_node;	/* cxla_mem_devs while mem_pdev is held */
 	phys_addr_t devmem_gpa;
 	struct dev_pagemap pgmap;
 	bool pgmap_live;
@@ -215,6 +216,8 @@ int cxla_devmem_init(struct cxla_dev *cd);
 void cxla_devmem_free_all(struct cxla_dev *cd);
 void cxla_devmem_teardown(struct cxla_dev *cd);
 void cxla_devmem_release_pci(struct cxla_dev *cd);
+int cxla_devmem_notifier_register(void);
+void cxla_devmem_notifier_unregister(void);
 int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 		   struct cxla_buf **out);
 void cxla_buf_put(struct cxla_buf *buf);

@@ -277,6 +277,69 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 	return 0;
 }
 
+/*
+ * Hot-unplug of a slot (acpiphp, pciehp) removes its functions last to
+ * first, so the ivshmem function goes before the virtio function it pairs
+ * with. Its removal releases its BAR resource together with our busy region
+ * inside it: the range is free for others while our pages still map it and
+ * the device may still write it, and our pci_release_region() later finds
+ * nothing ("Trying to free nonexistent resource", the region leaks). No
+ * driver binds the ivshmem function, so a device link cannot order the two:
+ * when a memory function in use is about to be deleted, unbind the virtio
+ * device that uses it first, while the BAR is still whole.
+ */
+static LIST_HEAD(cxla_mem_devs);
+static DEFINE_MUTEX(cxla_mem_lock);
+
+static void cxla_mem_track(struct cxla_dev *cd, bool on)
+{
+	mutex_lock(&cxla_mem_lock);
+	if (on)
+		list_add(&cd->mem_node, &cxla_mem_devs);
+	else
+		list_del(&cd->mem_node);
+	mutex_unlock(&cxla_mem_lock);
+}
+
+static int cxla_pci_notify(struct notifier_block *nb, unsigned long action,
+			   void *data)
+{
+	struct device *dev = data, *vdev = NULL;
+	struct cxla_dev *cd;
+
+	if (action != BUS_NOTIFY_DEL_DEVICE)
+		return NOTIFY_DONE;
+	mutex_lock(&cxla_mem_lock);
+	list_for_each_entry(cd, &cxla_mem_devs, mem_node) {
+		if (&cd->mem_pdev->dev == dev) {
+			vdev = get_device(&cd->vdev->dev);
+			break;
+		}
+	}
+	mutex_unlock(&cxla_mem_lock);
+	if (!vdev)
+		return NOTIFY_DONE;
+	dev_info(vdev, "memory function %s is being removed: unbinding first\n",
+		 dev_name(dev));
+	device_release_driver(vdev);	/* remove(), unless already gone */
+	put_device(vdev);
+	return NOTIFY_OK;
+}
+
+static struct notifier_block cxla_pci_nb = {
+	.notifier_call = cxla_pci_notify,
+};
+
+int cxla_devmem_notifier_register(void)
+{
+	return bus_register_notifier(&pci_bus_type, &cxla_pci_nb);
+}
+
+void cxla_devmem_notifier_unregister(void)
+{
+	bus_unregister_notifier(&pci_bus_type, &cxla_pci_nb);
+}
+
 static struct pci_dev *cxla_find_mem_function(struct cxla_dev *cd)
 {
 	struct device *parent = cd->vdev->dev.parent;
@@ -343,6 +406,7 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	if (!pdev)
 		return -ENODEV;
 	cd->mem_pdev = pdev;
+	cxla_mem_track(cd, true);
 
 	ret = pci_enable_device_mem(pdev);
 	if (ret) {
@@ -409,6 +473,7 @@ err_release:
 err_disable:
 	pci_disable_device(pdev);
 err_put:
+	cxla_mem_track(cd, false);
 	pci_dev_put(pdev);
 	cd->mem_pdev = NULL;
 	return ret;
@@ -482,6 +547,7 @@ void cxla_devmem_release_pci(struct cxla_dev *cd)
 {
 	if (!cd->mem_pdev)
 		return;
+	cxla_mem_track(cd, false);
 	pci_release_region(cd->mem_pdev, CXLA_IVSHMEM_BAR);
 	pci_disable_device(cd->mem_pdev);
 	pci_dev_put(cd->mem_pdev);

@@ -309,11 +309,16 @@ static int __init cxla_init(void)
 	ret = cxla_chrdev_init();
 	if (ret)
 		goto err_wq;
-	ret = register_virtio_driver(&cxla_driver);
+	ret = cxla_devmem_notifier_register();
 	if (ret)
 		goto err_chrdev;
+	ret = register_virtio_driver(&cxla_driver);
+	if (ret)
+		goto err_notifier;
 	return 0;
 
+err_notifier:
+	cxla_devmem_notifier_unregister();
 err_chrdev:
 	cxla_chrdev_exit();
 err_wq:
@@ -324,6 +329,7 @@ err_wq:
 static void __exit cxla_exit(void)
 {
 	unregister_virtio_driver(&cxla_driver);
+	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */
 	destroy_workqueue(cxla_wq);
 	cxla_chrdev_exit();
