@@ -237,6 +237,7 @@ static long cxla_ioc_alloc(struct cxla_file *cf, void __user *arg)
 	struct cxl_accel_alloc a;
 	struct cxla_buf *buf;
 	u64 size, align;
+	bool undo;
 	u32 handle;
 	int ret;
 
@@ -256,28 +257,38 @@ static long cxla_ioc_alloc(struct cxla_file *cf, void __user *arg)
 	ret = cxla_buf_alloc(cd, size, align, &buf);
 	if (ret)
 		return ret;
+	a.offset = buf->offset;
+	a.alloc_size = size;
+
+	/*
+	 * Once the handle exists, another thread may FREE it (handles are
+	 * easy to guess) and drop the reference it owns: keep one of our own
+	 * until the handle is reported, and undo only a handle that still
+	 * names this buffer, not one freed and reused meanwhile.
+	 */
+	cxla_buf_get(buf);
 	mutex_lock(&cf->lock);
 	ret = xa_alloc(&cf->bufs, &handle, buf, XA_LIMIT(1, CXLA_MAX_HANDLE),
 		       GFP_KERNEL);
 	mutex_unlock(&cf->lock);
 	if (ret) {
-		cxla_buf_put(buf);
+		cxla_buf_put(buf);	/* ours */
+		cxla_buf_put(buf);	/* the handle's: FREE */
 		return ret == -EBUSY ? -ENOSPC : ret;
 	}
 
 	a.handle = handle;
-	a.offset = buf->offset;
 	a.mmap_offset = (u64)handle << CXL_ACCEL_MMAP_SHIFT;
-	a.alloc_size = size;
 	if (copy_to_user(arg, &a, sizeof(a))) {
 		mutex_lock(&cf->lock);
-		buf = xa_erase(&cf->bufs, handle);
+		undo = xa_cmpxchg(&cf->bufs, handle, buf, NULL, 0) == buf;
 		mutex_unlock(&cf->lock);
-		if (buf)
+		if (undo)
 			cxla_buf_put(buf);
-		return -EFAULT;
+		ret = -EFAULT;
 	}
-	return 0;
+	cxla_buf_put(buf);
+	return ret;
 }
 
 static long cxla_ioc_free(struct cxla_file *cf, void __user *arg)
@@ -384,8 +395,9 @@ static long cxla_ioc_wait_event(struct cxla_file *cf, void __user *arg)
 		left = wait_event_interruptible_timeout(cd->evt_wait,
 							cxla_evt_wait_cond(cf, &w, &found),
 							msecs_to_jiffies(w.timeout_ms));
+		/* nothing taken yet: restarted after task work or SA_RESTART */
 		if (left < 0)
-			return -EINTR;
+			return -ERESTARTSYS;
 		if (!found)
 			return left ? -ENODEV : -ETIMEDOUT;
 	}

@@ -96,6 +96,7 @@ struct cxla_dev {
 
 	/* DMA-BUF exports and imports (dmabuf.c) */
 	struct mutex dmabuf_lock;	/* exports, imports */
+	struct mutex export_lock;	/* export lookup and creation */
 	struct list_head exports;
 	struct list_head imports;
 	atomic_t dmabuf_stat[CXLA_DMABUF_NSTATS];
@@ -121,6 +122,7 @@ struct cxla_buf {
 	struct work_struct release_work;	/* last reference, deferred */
 	struct work_struct finish_work;		/* last page back, deferred */
 	struct cxla_chunk *chunk;	/* migration pool chunk (migrate.c) */
+	bool export_fence;		/* an UNEXPORT not waited for (dmabuf.c) */
 };
 
 struct cxla_file {

@@ -139,6 +139,7 @@ void cxla_dmabuf_init_dev(struct cxla_dev *cd)
 	int i;
 
 	mutex_init(&cd->dmabuf_lock);
+	mutex_init(&cd->export_lock);
 	INIT_LIST_HEAD(&cd->exports);
 	INIT_LIST_HEAD(&cd->imports);
 	for (i = 0; i < CXLA_DB_COUNT; i++)
@@ -387,6 +388,8 @@ static void cxla_export_unexport(struct cxla_dev *cd, struct cxla_exported *exp,
 	u = cxla_req_payload(req);
 	memcpy(u->uuid, exp->uuid.b, sizeof(u->uuid));
 	if (async || READ_ONCE(cd->wedged)) {
+		/* the next EXPORT of the buffer must not overtake it */
+		WRITE_ONCE(exp->buf->export_fence, true);
 		cxla_req_fire_and_forget(cd, req);
 		return;
 	}
@@ -410,13 +413,18 @@ static void cxla_dmabuf_release(struct dma_buf *dmabuf)
 	struct cxla_exported *exp = dmabuf->priv;
 	struct cxla_dev *cd = cxla_export_dev(exp);
 
+	/*
+	 * UNEXPORT before leaving the list: an export of the same buffer
+	 * waits while it finds this one on the list, and its EXPORT would be
+	 * refused (EXISTS) while the device still knows the old UUID.
+	 */
+	if (!exp->revoked)
+		cxla_export_unexport(cd, exp, false);
 	mutex_lock(&cd->dmabuf_lock);
 	list_del(&exp->node);
 	mutex_unlock(&cd->dmabuf_lock);
 	wake_up_all(&cxla_export_wq);
 
-	if (!exp->revoked)
-		cxla_export_unexport(cd, exp, false);
 	cxla_db_dec(cd, CXLA_DB_EXPORTS);
 	atomic_dec(&cxla_all_exports);
 	/* device memory goes back once no mapping or pin holds a page */
@@ -485,6 +493,8 @@ static struct dma_buf *cxla_export_create(struct cxla_dev *cd,
 	struct cxla_export cmd;		/* wire format: EXPORT payload */
 	struct cxla_exported *exp;
 	struct dma_buf *dmabuf;
+	struct cxla_req *req;
+	bool fence;
 	int ret;
 
 	exp = kzalloc(sizeof(*exp), GFP_KERNEL);
@@ -501,8 +511,25 @@ static struct dma_buf *cxla_export_create(struct cxla_dev *cd,
 
 	cmd.id = cpu_to_le64(buf->id);
 	memcpy(cmd.uuid, exp->uuid.b, sizeof(cmd.uuid));
-	ret = cxla_simple_cmd(cd, CXLA_OP_EXPORT, &cmd, sizeof(cmd), NULL, 0,
-			      NULL, 0, true);
+	/*
+	 * An UNEXPORT of an earlier UUID of this buffer that nobody waited
+	 * for (an EXPORT interrupted or timed out) may not have run yet; it
+	 * is fenced behind busy engines, and later commands are not: fence
+	 * this EXPORT too, or the device still sees the old UUID (EXISTS).
+	 * export_lock keeps other exports of the buffer out meanwhile.
+	 */
+	fence = READ_ONCE(buf->export_fence);
+	req = cxla_req_alloc(cd, CXLA_OP_EXPORT, fence ? CXLA_FLAG_FENCE : 0,
+			     sizeof(cmd), 0);
+	if (IS_ERR(req)) {
+		ret = PTR_ERR(req);
+		goto err_free;
+	}
+	memcpy(cxla_req_payload(req), &cmd, sizeof(cmd));
+	ret = cxla_exec(cd, &req, 0, true);
+	cxla_req_free(cd, req);		/* NULL when abandoned */
+	if (!ret && fence)
+		WRITE_ONCE(buf->export_fence, false);
 	if (ret) {
 		if (ret == -EEXIST)
 			dev_err(&cd->dev,
@@ -570,6 +597,16 @@ long cxla_ioc_export_dmabuf(struct cxla_file *cf, void __user *arg)
 	if (!buf)
 		return -ENOENT;
 
+	/*
+	 * Lookup and creation in one go: two exports of a buffer at the same
+	 * time would both find no DMA-BUF and both send EXPORT, and the
+	 * device refuses the second (EXISTS), where the caller must get
+	 * another fd of the first.
+	 */
+	if (mutex_lock_interruptible(&cd->export_lock)) {
+		cxla_buf_put(buf);
+		return -ERESTARTSYS;	/* nothing done yet */
+	}
 	for (;;) {
 		dmabuf = cxla_export_lookup(cd, buf);
 		if (dmabuf != ERR_PTR(-EAGAIN))
@@ -577,14 +614,16 @@ long cxla_ioc_export_dmabuf(struct cxla_file *cf, void __user *arg)
 		/* its last fd is closing right now: wait for the release */
 		if (wait_event_interruptible(cxla_export_wq,
 					     cxla_export_gone(cd, buf))) {
+			mutex_unlock(&cd->export_lock);
 			cxla_buf_put(buf);
-			return -EINTR;
+			return -ERESTARTSYS;	/* nothing done yet */
 		}
 	}
 	if (dmabuf)
 		cxla_buf_put(buf);	/* the DMA-BUF holds its own */
 	else
 		dmabuf = cxla_export_create(cd, buf);
+	mutex_unlock(&cd->export_lock);
 	if (IS_ERR(dmabuf))
 		return PTR_ERR(dmabuf);
 
@@ -800,6 +839,7 @@ long cxla_ioc_import_dmabuf(struct cxla_file *cf, void __user *arg)
 	struct device *dma_dev;
 	struct dma_buf *dmabuf;
 	uuid_t uuid = { };
+	bool undo;
 	u32 idx;
 	int ret;
 
@@ -875,30 +915,40 @@ long cxla_ioc_import_dmabuf(struct cxla_file *cf, void __user *arg)
 	ret = cxla_import_map(imp);
 	if (ret)
 		goto err_put;
-
-	mutex_lock(&cf->lock);
-	ret = xa_alloc(&cf->imports, &idx, imp, XA_LIMIT(1, CXLA_MAX_HANDLE),
-		       GFP_KERNEL);
-	mutex_unlock(&cf->lock);
-	if (ret) {
-		ret = ret == -EBUSY ? -ENOSPC : ret;
-		goto err_put;
-	}
-
-	in.handle = idx | CXL_ACCEL_HANDLE_IMPORTED;
 	in.kind = imp->kind;
 	in.size = imp->size;
 	memcpy(in.uuid, uuid.b, sizeof(in.uuid));
 	in.attach_flags = imp->attach_flags;
 	in.nr_segments = cxla_import_nsegs(imp);
-	if (copy_to_user(arg, &in, sizeof(in))) {
-		mutex_lock(&cf->lock);
-		xa_erase(&cf->imports, idx);
-		mutex_unlock(&cf->lock);
-		ret = -EFAULT;
+
+	/*
+	 * Once the handle exists, another thread may FREE it (handles are
+	 * easy to guess) and drop the reference it owns: keep one of our own
+	 * until the handle is reported, and undo only a handle that still
+	 * names this import, not one freed and reused meanwhile.
+	 */
+	kref_get(&imp->ref);
+	mutex_lock(&cf->lock);
+	ret = xa_alloc(&cf->imports, &idx, imp, XA_LIMIT(1, CXLA_MAX_HANDLE),
+		       GFP_KERNEL);
+	mutex_unlock(&cf->lock);
+	if (ret) {
+		cxla_import_put(imp);	/* ours; err_put drops the other */
+		ret = ret == -EBUSY ? -ENOSPC : ret;
 		goto err_put;
 	}
-	return 0;
+
+	in.handle = idx | CXL_ACCEL_HANDLE_IMPORTED;
+	if (copy_to_user(arg, &in, sizeof(in))) {
+		mutex_lock(&cf->lock);
+		undo = xa_cmpxchg(&cf->imports, idx, imp, NULL, 0) == imp;
+		mutex_unlock(&cf->lock);
+		if (undo)
+			cxla_import_put(imp);
+		ret = -EFAULT;
+	}
+	cxla_import_put(imp);
+	return ret;
 
 err_put:
 	cxla_import_put(imp);	/* detaches and drops the DMA-BUF */

@@ -16,6 +16,7 @@
  *   (cxla_cancel_all). Only then is the memory released.
  */
 #include <linux/jiffies.h>
+#include <linux/sched/signal.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -114,6 +115,38 @@ void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 	kfree(req);
 }
 
+/*
+ * Task work queued with TWA_SIGNAL (io_uring does, e.g. when a ring is
+ * closed) sets TIF_NOTIFY_SIGNAL, which ends interruptible waits although
+ * no signal is pending: the work runs on the way back to user space.
+ * Failing a command with -EINTR for that would be spurious (and abandon
+ * it); such waits go on, killable, in slices that notice a real signal.
+ */
+#define CXLA_NOTIFY_SLICE	max_t(unsigned long, HZ / 100, 1)
+
+static bool cxla_notify_only(void)
+{
+	return signal_pending(current) && !task_sigpending(current);
+}
+
+/* wait_for_completion_interruptible_timeout(), task work aside */
+static long cxla_wait_done(struct completion *done, unsigned long timeout)
+{
+	unsigned long end = jiffies + timeout;
+	long left;
+
+	left = wait_for_completion_interruptible_timeout(done, timeout);
+	while (left == -ERESTARTSYS && cxla_notify_only()) {
+		if (time_after_eq(jiffies, end))
+			return 0;
+		left = wait_for_completion_killable_timeout(done,
+				min(end - jiffies, CXLA_NOTIFY_SLICE));
+		if (!left)
+			left = -ERESTARTSYS;	/* slice over: signals? */
+	}
+	return left;
+}
+
 static bool cxla_cmd_room(struct cxla_dev *cd, unsigned int needed)
 {
 	return READ_ONCE(cd->stopped) ||
@@ -195,14 +228,16 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 			ret = -ETIMEDOUT;
 			break;
 		}
-		if (intr)
+		if (intr && !cxla_notify_only())
 			left = wait_event_interruptible_timeout(cd->cmd_space,
 								cxla_cmd_room(cd, needed),
 								deadline - jiffies);
-		else
+		else	/* task work only: a slice, then look again */
 			left = wait_event_timeout(cd->cmd_space,
 						  cxla_cmd_room(cd, needed),
-						  deadline - jiffies);
+						  intr ? min(deadline - jiffies,
+							     CXLA_NOTIFY_SLICE) :
+							 deadline - jiffies);
 		if (left < 0) {
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
 			ret = -EINTR;
@@ -264,8 +299,7 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 	long left;
 
 	if (intr)
-		left = wait_for_completion_interruptible_timeout(&req->done,
-								 timeout);
+		left = cxla_wait_done(&req->done, timeout);
 	else
 		left = wait_for_completion_timeout(&req->done, timeout);
 	if (left <= 0) {

@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # Guest side of the cxl-accel driver tests (busybox sh). Loads cxl_accel.ko,
-# runs cxl-accel-tests on every device, the multi-device and demo programs,
-# then the removal tests: unbind a device while a process holds mapped
-# buffers, bind it again, unload and reload the module.
+# runs cxl-accel-tests on every device, the multi-device, DMA-BUF, migration,
+# race and demo programs, then the removal tests: unbind a device while a
+# process holds mapped buffers, bind it again, unload and reload the module.
 #
 # Files are looked for next to this script, then in /cxl, then (programs) in
 # PATH and (module) in /lib/modules/extra: cxl_accel.ko, cxl-accel-tests,
@@ -215,6 +215,38 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     fi
 else
     result hmm FAIL "hmm-tests or hmm-bench not found"
+fi
+
+# Garbage arguments and races (tests/guest/race-tests.c) on every device in
+# turn, another device importing its DMA-BUFs; not in parallel: each run
+# checks the exact leak counters of both. Then the module must unload:
+# nothing the races left behind may hold it.
+RACE=$(find_file race-tests)
+if [ -n "$RACE" ]; then
+    for dev in $(device_list); do
+        peer=$(device_list | grep -vx "$dev" | head -n 1)
+        if [ -n "$peer" ]; then
+            "$RACE" -d "/dev/$dev" -P "/dev/$peer" -p "$dev.race." || RC=1
+        else
+            "$RACE" -d "/dev/$dev" -p "$dev.race." || RC=1
+        fi
+    done
+    if [ -z "$KO" ]; then
+        result race.unload_reload FAIL "cxl_accel.ko not found"
+    elif rmmod cxl_accel; then
+        # shellcheck disable=SC2086
+        insmod "$KO" ${CXLA_PARAMS:-}
+        ensure_nodes
+        if [ "$(device_list | wc -l)" = "$expected" ]; then
+            result race.unload_reload PASS "rmmod after the race tests, insmod: $expected device(s) again"
+        else
+            result race.unload_reload FAIL "$(device_list | wc -l) device(s) after insmod, $expected expected"
+        fi
+    else
+        result race.unload_reload FAIL "rmmod refused after the race tests (module refcnt $(cat /sys/module/cxl_accel/refcnt))"
+    fi
+else
+    result race FAIL "race-tests not found"
 fi
 
 echo "----- cxl-accel-demo"
