@@ -28,6 +28,8 @@ const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
 
 // Front-end requests the parent needs to tell apart.
+const GET_FEATURES: u32 = 1;
+const GET_PROTOCOL_FEATURES: u32 = 15;
 const SET_FEATURES: u32 = 2;
 const SET_OWNER: u32 = 3;
 const RESET_OWNER: u32 = 4;
@@ -308,6 +310,24 @@ impl Recording {
 
     /// Sends the recorded set-up to a new worker, asking for no replies.
     pub fn replay(&self, sock: BorrowedFd) -> io::Result<()> {
+        // The backend learns that acks are on (REPLY_ACK) only from a GET_FEATURES it
+        // answered; without one, a later NEED_REPLY from the front-end would go
+        // unanswered and the front-end would wait for ever.
+        for query in [GET_FEATURES, GET_PROTOCOL_FEATURES] {
+            let mut header = [0u8; HEADER];
+            header[0..4].copy_from_slice(&query.to_le_bytes());
+            header[4..8].copy_from_slice(&1u32.to_le_bytes());
+            let q = Message {
+                header,
+                payload: Vec::new(),
+                fds: Vec::new(),
+            };
+            send_message(sock, &q)?;
+            match recv_message(sock)? {
+                Some(r) if r.request() == query && r.flags() & FLAG_REPLY != 0 => {}
+                _ => return Err(io::Error::other("the worker did not answer a query")),
+            }
+        }
         for m in &self.kept {
             let mut m = m.try_clone()?;
             m.set_flags(m.flags() & !FLAG_NEED_REPLY);
@@ -471,6 +491,11 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         if fds[1].revents != 0 {
             match recv_message(worker.conn.as_fd()) {
                 Ok(Some(reply)) => {
+                    log::debug!(
+                        "supervisor: worker -> front-end: request {} flags {:#x}",
+                        reply.request(),
+                        reply.flags()
+                    );
                     if reply.flags() & FLAG_REPLY != 0 {
                         if let Some(p) = pending.take() {
                             if p.request() == GET_VRING_BASE {
@@ -489,6 +514,12 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         if !worker_died && fds[0].revents != 0 {
             match recv_message(qemu.as_fd()) {
                 Ok(Some(m)) => {
+                    log::debug!(
+                        "supervisor: front-end -> worker: request {} flags {:#x}, {} fds",
+                        m.request(),
+                        m.flags(),
+                        m.fds.len()
+                    );
                     rec.note(&m)
                         .map_err(|e| format!("cannot keep a descriptor: {e}"))?;
                     if m.expects_reply() {

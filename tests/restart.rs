@@ -209,6 +209,13 @@ fn commands_survive_worker_kills() {
         let r = h.call(&with(hdr(OP_FREE, 0, 4), &Free { id: *id }));
         assert_eq!(r.status(), Status::Ok, "buffer {id} lost in a restart");
     }
+    // The front-end can still stop the rings (as a driver unload does), and gets the
+    // position of the last request taken.
+    let posted = h.queues[0].used_idx(&h.guest);
+    let fe = h.frontend.as_mut().unwrap();
+    let base = vhost::VhostBackend::get_vring_base(fe, 0).expect("GET_VRING_BASE answered");
+    assert_eq!(base as u16, posted);
+    vhost::VhostBackend::get_vring_base(fe, 1).expect("GET_VRING_BASE answered");
     // The export was announced once, not again by each new worker, and its removal
     // reached the front-end over the replayed backend channel.
     let t = Instant::now();
@@ -241,4 +248,32 @@ fn a_second_daemon_on_the_same_memory_file_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("locked by another running cxl-accel"), "{err}");
+}
+
+#[test]
+fn rings_started_again_after_a_restart_work() {
+    // A front-end waiting for an ack that never comes would hang the test.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        eprintln!("rings_started_again_after_a_restart_work: hung");
+        std::process::exit(1);
+    });
+    let mut h = supervised();
+    let nop = hdr(OP_NOP, 0, 1);
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+    // Killed while idle, then the driver is reloaded: the front-end stops and restarts
+    // the rings on the new worker.
+    let w = wait_for_worker(&h, None);
+    kill(w);
+    wait_for_worker(&h, Some(w));
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+    h.restart_rings();
+    for _ in 0..3 {
+        assert_eq!(h.call(&nop).status(), Status::Ok);
+    }
+    // And a kill after the restart still resumes.
+    let w = wait_for_worker(&h, None);
+    kill(w);
+    wait_for_worker(&h, Some(w));
+    assert_eq!(h.call(&nop).status(), Status::Ok);
 }

@@ -400,27 +400,7 @@ impl Harness {
         ];
         queues[0].call_fd = Some(calls[0].as_raw_fd());
         queues[1].call_fd = Some(calls[1].as_raw_fd());
-        let va = |gpa: u64| guest.get_host_address(GuestAddress(gpa)).unwrap() as u64;
-        for (i, q) in queues.iter().enumerate() {
-            fe.set_vring_num(i, QUEUE_SIZE).unwrap();
-            fe.set_vring_addr(
-                i,
-                &VringConfigData {
-                    queue_max_size: QUEUE_SIZE,
-                    queue_size: QUEUE_SIZE,
-                    flags: 0,
-                    desc_table_addr: va(q.desc_addr()),
-                    used_ring_addr: va(q.used_addr()),
-                    avail_ring_addr: va(q.avail_addr()),
-                    log_addr: None,
-                },
-            )
-            .unwrap();
-            fe.set_vring_base(i, 0).unwrap();
-            fe.set_vring_call(i, &calls[i]).unwrap();
-            fe.set_vring_kick(i, &kicks[i]).unwrap();
-            fe.set_vring_enable(i, true).unwrap();
-        }
+        start_rings(&mut fe, &guest, &queues, &kicks, &calls);
         let files = regions.into_iter().map(|(_, f, _)| f).collect();
         Harness {
             shared,
@@ -436,6 +416,27 @@ impl Harness {
             dir,
             _files: files,
         }
+    }
+
+    /// What a driver reload does: the front-end stops both rings, the driver clears them,
+    /// and the front-end starts them again from 0.
+    pub fn restart_rings(&mut self) {
+        let fe = self.frontend.as_mut().unwrap();
+        // As QEMU does: every set-up message waits for the backend's ack.
+        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        for i in 0..2 {
+            vhost::VhostBackend::get_vring_base(fe, i).expect("GET_VRING_BASE answered");
+        }
+        let zeros = vec![0u8; 0x10000];
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            self.guest
+                .write_slice(&zeros, GuestAddress(RING_BASE[i]))
+                .unwrap();
+            let call = q.call_fd;
+            *q = DriverQueue::new(RING_BASE[i], QUEUE_SIZE);
+            q.call_fd = call;
+        }
+        start_rings(fe, &self.guest, &self.queues, &self.kicks, &self.calls);
     }
 
     /// The in-process device model.
@@ -568,6 +569,37 @@ impl Harness {
             unsafe { libc::kill(p.id() as i32, libc::SIGTERM) };
             let _ = p.wait();
         }
+    }
+}
+
+/// Configures and starts both rings from position 0, as QEMU does at DRIVER_OK.
+fn start_rings(
+    fe: &mut Frontend,
+    guest: &GuestMemoryMmap,
+    queues: &[DriverQueue; 2],
+    kicks: &[EventFd; 2],
+    calls: &[EventFd; 2],
+) {
+    let va = |gpa: u64| guest.get_host_address(GuestAddress(gpa)).unwrap() as u64;
+    for (i, q) in queues.iter().enumerate() {
+        fe.set_vring_num(i, QUEUE_SIZE).unwrap();
+        fe.set_vring_addr(
+            i,
+            &VringConfigData {
+                queue_max_size: QUEUE_SIZE,
+                queue_size: QUEUE_SIZE,
+                flags: 0,
+                desc_table_addr: va(q.desc_addr()),
+                used_ring_addr: va(q.used_addr()),
+                avail_ring_addr: va(q.avail_addr()),
+                log_addr: None,
+            },
+        )
+        .unwrap();
+        fe.set_vring_base(i, 0).unwrap();
+        fe.set_vring_call(i, &calls[i]).unwrap();
+        fe.set_vring_kick(i, &kicks[i]).unwrap();
+        fe.set_vring_enable(i, true).unwrap();
     }
 }
 
