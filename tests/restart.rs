@@ -277,3 +277,49 @@ fn rings_started_again_after_a_restart_work() {
     wait_for_worker(&h, Some(w));
     assert_eq!(h.call(&nop).status(), Status::Ok);
 }
+
+#[test]
+fn runs_as_an_unprivileged_user() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        // Not root: this whole test suite already ran unprivileged.
+        return;
+    }
+    let nobody = 65534;
+    let mut h = Harness::with(Options {
+        supervised: Some(vec!["--seccomp".into(), "enforce".into()]),
+        run_as: Some(nobody),
+        ..Default::default()
+    });
+    let r = h.call(&with(
+        hdr(OP_ALLOC, 0, 1),
+        &Alloc {
+            size: 1 << 20,
+            align: 0,
+        },
+    ));
+    assert_eq!(r.status(), Status::Ok);
+    let dst = [sge(SPACE_DEVMEM, r.resp.result1, 4096)];
+    assert_eq!(
+        h.call(&fill(2, 0x7777_7777_7777_7777, &dst)).status(),
+        Status::Ok
+    );
+    let w = wait_for_worker(&h, None);
+    let status = std::fs::read_to_string(format!("/proc/{w}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid_line.split_whitespace().skip(1).all(|u| u == "65534"),
+        "{uid_line}"
+    );
+    let cap_line = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+    assert!(cap_line.ends_with("0000000000000000"), "{cap_line}");
+    use std::os::unix::fs::MetadataExt;
+    let sock = std::fs::metadata(h.dir.join("cxl.sock")).unwrap();
+    assert_eq!((sock.uid(), sock.mode() & 0o777), (nobody, 0o600));
+    // A restart works without privileges too.
+    kill(w);
+    wait_for_worker(&h, Some(w));
+    let r = h.call(&checksum(3, 0, &dst));
+    assert_eq!(r.status(), Status::Ok);
+    assert_eq!(r.resp.result0, crc32c(0, &[0x77; 4096]) as u64);
+}

@@ -202,6 +202,8 @@ pub struct Options {
     /// Run the real binary with `--supervise` (and these extra arguments) instead of an
     /// in-process daemon.
     pub supervised: Option<Vec<String>>,
+    /// With `supervised`: run the daemon as this unprivileged uid/gid (needs root).
+    pub run_as: Option<u32>,
 }
 
 impl Default for Options {
@@ -214,6 +216,7 @@ impl Default for Options {
             peers: Vec::new(),
             extra_regions: Vec::new(),
             supervised: None,
+            run_as: None,
         }
     }
 }
@@ -281,7 +284,21 @@ impl Harness {
         let devmem_path = dir.join("devmem");
         let (mut device, mut daemon, mut process) = (None, None, None);
         if let Some(extra) = &opts.supervised {
-            let child = std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+            let mut cmd = match opts.run_as {
+                Some(id) => {
+                    // The daemon creates its files in the test directory.
+                    std::os::unix::fs::chown(&dir, Some(id), Some(id)).unwrap();
+                    let mut c = std::process::Command::new("setpriv");
+                    c.arg(format!("--reuid={id}"))
+                        .arg(format!("--regid={id}"))
+                        .arg("--clear-groups")
+                        .arg("--inh-caps=-all")
+                        .arg(env!("CARGO_BIN_EXE_cxl-accel"));
+                    c
+                }
+                None => std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel")),
+            };
+            let child = cmd
                 .arg("--supervise")
                 .arg("--socket-path")
                 .arg(&sock)
