@@ -70,6 +70,20 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message as a front-end would send it (`size` is normally the payload's length;
+    /// tests lie about it).
+    pub fn new(request: u32, flags: u32, size: u32, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Self {
+        let mut header = [0u8; HEADER];
+        header[0..4].copy_from_slice(&request.to_le_bytes());
+        header[4..8].copy_from_slice(&flags.to_le_bytes());
+        header[8..12].copy_from_slice(&size.to_le_bytes());
+        Message {
+            header,
+            payload,
+            fds,
+        }
+    }
+
     fn field(&self, i: usize) -> u32 {
         u32::from_le_bytes(self.header[i * 4..i * 4 + 4].try_into().unwrap_or([0; 4]))
     }

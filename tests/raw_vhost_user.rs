@@ -295,3 +295,197 @@ fn client_mode_connects_to_a_listening_front_end_and_reconnects() {
     daemon.join().unwrap().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// xorshift64: reproducible random numbers without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One random message: mostly real requests with plausible payloads (ring indices 0-2,
+/// small sizes, addresses inside a small shared region), sometimes lies about sizes,
+/// versions and fds.
+fn random_message(rng: &mut Rng, region: &std::fs::File) -> cxl_accel::supervisor::Message {
+    use std::os::fd::OwnedFd;
+    let request = match rng.below(10) {
+        0 => rng.below(64) as u32,
+        _ => [
+            1, 2, 3, 5, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 21, 24, 25, 36, 37, 38,
+        ][rng.below(21) as usize],
+    };
+    let ring = rng.below(3) as u32;
+    let mut payload: Vec<u8> = match request {
+        // vring state: index, value
+        8 | 10 | 11 | 18 => [ring.to_le_bytes(), (rng.below(512) as u32).to_le_bytes()].concat(),
+        // vring addresses inside the region (guest address = region offset)
+        9 => [
+            [ring.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+            u64s(&[
+                0x7f00_0000_0000 + rng.below(1 << 20),
+                0x7f00_0000_0000 + rng.below(1 << 20),
+                0x7f00_0000_0000 + rng.below(1 << 20),
+                0,
+            ]),
+        ]
+        .concat(),
+        // kick/call/err: index, maybe the "no fd" bit
+        12..=14 => u64s(&[ring as u64 | (rng.below(2) << 8)]),
+        // memory table: one region over (part of) the memfd, sometimes beyond it
+        5 => u64s(&[
+            1,
+            0,
+            0,
+            [1 << 20, 4096, 2 << 20][rng.below(3) as usize],
+            0x7f00_0000_0000,
+            [0, 4096, 1 << 20][rng.below(3) as usize],
+        ]),
+        2 | 16 => u64s(&[rng.next() & 0x1_7000_0000 | 1 << 30]),
+        24 | 25 => [
+            0u32.to_le_bytes(),
+            (rng.below(80) as u32).to_le_bytes(),
+            0u32.to_le_bytes(),
+        ]
+        .concat(),
+        _ => Vec::new(),
+    };
+    if rng.below(8) == 0 {
+        let n = rng.below(64) as usize;
+        payload = (0..n).map(|_| rng.next() as u8).collect();
+    }
+    let flags = if rng.below(16) == 0 {
+        rng.next() as u32
+    } else {
+        0x1 | (rng.below(2) as u32) << 3
+    };
+    let size = if rng.below(32) == 0 {
+        rng.below(5000) as u32
+    } else {
+        payload.len() as u32
+    };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let want_fd = matches!(request, 5 | 12..=14 | 21) || rng.below(16) == 0;
+    if want_fd && rng.below(6) != 0 {
+        let fd: OwnedFd = if request == 5 {
+            region.try_clone().unwrap().into()
+        } else {
+            vmm_sys_util::eventfd::EventFd::new(0)
+                .map(|e| e.try_clone().unwrap())
+                .map(|e| {
+                    use std::os::fd::{FromRawFd, IntoRawFd};
+                    // SAFETY: the raw fd comes from an EventFd we own and give up here.
+                    unsafe { OwnedFd::from_raw_fd(e.into_raw_fd()) }
+                })
+                .unwrap()
+        };
+        fds.push(fd);
+        if rng.below(8) == 0 {
+            fds.push(region.try_clone().unwrap().into());
+        }
+    }
+    cxl_accel::supervisor::Message::new(request, flags, size, payload, fds)
+}
+
+/// Sends random message sequences, then kicks every ring, from many short sessions.
+/// Returns the number of messages sent.
+fn random_sessions(sock: &std::path::Path, sessions: usize, seed: u64) -> usize {
+    use std::os::fd::AsFd;
+    let mut rng = Rng(seed);
+    let region = common::memfd("random-region", 2 << 20);
+    let mut sent = 0;
+    for _ in 0..sessions {
+        // Ring memory full of garbage, so any ring the daemon accepts gives it bad chains.
+        let junk: Vec<u8> = (0..1 << 16).map(|_| rng.next() as u8).collect();
+        std::os::unix::fs::FileExt::write_all_at(&region, &junk, rng.below(1 << 20)).unwrap();
+        let mut s = None;
+        for _ in 0..500 {
+            if let Ok(c) = UnixStream::connect(sock) {
+                s = Some(c);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let s = s.expect("daemon accepts connections");
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        s.set_nonblocking(false).unwrap();
+        let mut kicks = Vec::new();
+        for _ in 0..(1 + rng.below(30)) {
+            let m = random_message(&mut rng, &region);
+            if m.request() == SET_VRING_KICK {
+                kicks.push(());
+            }
+            if cxl_accel::supervisor::send_message(s.as_fd(), &m).is_err() {
+                break;
+            }
+            sent += 1;
+            // Replies, if any, are drained so the daemon never blocks on us.
+            let mut buf = [0u8; 4096];
+            let _ = s.set_nonblocking(true);
+            while matches!((&s).read(&mut buf), Ok(n) if n > 0) {}
+            let _ = s.set_nonblocking(false);
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(3)));
+        drop(s);
+    }
+    sent
+}
+
+#[test]
+fn random_message_sequences_never_take_the_daemon_down() {
+    let d = start();
+    let sent = random_sessions(&d.sock, 300, 0x5eed_1234_abcd_0001);
+    healthy(&d);
+    eprintln!("in-process daemon: {sent} random messages in 300 sessions, still serving");
+    assert!(sent > 3000);
+    let _ = std::fs::remove_dir_all(&d.dir);
+}
+
+#[test]
+fn random_message_sequences_through_the_supervisor() {
+    let dir = common::temp_dir();
+    let sock = dir.join("sup.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+        .arg("--supervise")
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--memory-path")
+        .arg(dir.join("devmem"))
+        .arg("--memory-size")
+        .arg("4M")
+        .arg("--seccomp")
+        .arg("enforce")
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sent = random_sessions(&sock, 150, 0x5eed_1234_abcd_0002);
+    let d = Daemon {
+        sock: sock.clone(),
+        device: Arc::new(Device::new(
+            DeviceConfig::default(),
+            DeviceMemory::open(&dir.join("other"), 2 << 20).unwrap(),
+        )),
+        dir: dir.clone(),
+    };
+    healthy(&d);
+    assert!(child.try_wait().unwrap().is_none(), "the supervisor exited");
+    eprintln!("supervised daemon: {sent} random messages in 150 sessions, still serving");
+    // SAFETY: sends SIGTERM to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // No input may kill a worker (a panic, a refused system call): the supervisor would
+    // hide it by restarting.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("supervisor: worker"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
