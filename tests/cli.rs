@@ -273,3 +273,91 @@ fn sandboxed_daemon_serves_and_exits_cleanly() {
     assert!(!err.contains("refused system call"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// The supervisor: SIGTERM stops it and its worker and removes both sockets; after a
+/// SIGKILL of everything, the stale socket, worker socket and state file are taken over.
+#[test]
+fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
+    let d = temp_dir("supervise");
+    let sock = d.join("s.sock");
+    let worker_sock = d.join("s.sock.worker");
+    let state = d.join("mem.state");
+    let mem = d.join("mem");
+    let args = [
+        "--supervise",
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--memory-path",
+        mem.to_str().unwrap(),
+        "--memory-size",
+        "4M",
+    ];
+    let wait_connectable = || {
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let children = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default()
+    };
+    let sup = bin().args(args).stderr(Stdio::piped()).spawn().unwrap();
+    wait_connectable();
+    // A connection starts a worker; the state file is locked meanwhile.
+    let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let t = Instant::now();
+    while children(sup.id()).trim().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "no worker");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let worker: i32 = children(sup.id()).trim().parse().unwrap();
+    assert!(state.exists() && worker_sock.exists());
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    let out = sup.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sock.exists() && !worker_sock.exists(), "sockets removed");
+    let t = Instant::now();
+    // SAFETY: signal 0 only checks whether the process exists.
+    while unsafe { libc::kill(worker, 0) } == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "worker outlived SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(conn);
+
+    // A crash of both processes leaves the sockets and the state file behind.
+    let mut sup = bin().args(args).stderr(Stdio::null()).spawn().unwrap();
+    wait_connectable();
+    let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let t = Instant::now();
+    while children(sup.id()).trim().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "no worker");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let worker: i32 = children(sup.id()).trim().parse().unwrap();
+    // SAFETY: kill(2) on our own child and its child.
+    unsafe {
+        libc::kill(worker, libc::SIGKILL);
+        libc::kill(sup.id() as i32, libc::SIGKILL);
+    }
+    sup.wait().unwrap();
+    drop(conn);
+    assert!(sock.exists() && state.exists());
+    let sup = bin().args(args).stderr(Stdio::piped()).spawn().unwrap();
+    wait_connectable();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
+    let out = sup.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("supervising on"), "{log}");
+    let _ = std::fs::remove_dir_all(d);
+}
