@@ -1551,6 +1551,9 @@ static int restart_stream(int secs, const char *path)
 	fill_random(ref, MiB, 4242);
 	memcpy(kp, ref, MiB);
 	memset(cp, 0, 4096);
+	/* the host starts killing when it sees this */
+	printf("RESTART STREAMING for %d s\n", secs);
+	fflush(stdout);
 	for (i = 0; i < RESTART_THREADS; i++) {
 		args[i] = (struct restart_arg){ .fd = fd, .idx = i, .secs = secs,
 						.counter = counter.handle };

@@ -8,8 +8,8 @@
 # unloaded and reloaded and the device checked again.
 #
 # Usage: tests/guest/run-restart.sh [ci/run-guest.sh options]
-# Environment: KILLS (default 15), INTERVAL (1.5), START (10: seconds after
-# the daemon starts, when the guest is streaming), STREAM (40: guest seconds).
+# Environment: KILLS (default 15), INTERVAL (1.5), START (2: seconds after
+# the guest program says it is streaming), STREAM (40: guest seconds).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,7 +19,7 @@ CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
 . "$CACHE/env.sh"
 KILLS=${KILLS:-15}
 INTERVAL=${INTERVAL:-1.5}
-START=${START:-10}
+START=${START:-2}
 STREAM=${STREAM:-40}
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 
@@ -29,6 +29,8 @@ make -s -C "$HERE"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_KILLS="$START $KILLS $INTERVAL"
+# Kills start once the guest streams, however long the boot took.
+export CXL_ACCEL_KILLS_CONSOLE=$TMP/console CXL_ACCEL_KILLS_AFTER="RESTART STREAMING"
 cat >"$TMP/guest.sh" <<EOS
 #!/bin/sh
 insmod /cxl/cxl_accel.ko || exit 1
@@ -45,7 +47,7 @@ exit \$rc
 EOS
 set +e
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 400 --daemon "$HERE/killing-daemon" \
-    --module virtio_dma_buf --log "$TMP/run.log" \
+    --module virtio_dma_buf --log "$TMP/run.log" --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
