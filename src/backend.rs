@@ -159,6 +159,7 @@ impl Session {
             queue.set_next_used(used.0);
         }
         let pending = self.journal().pending(ring.size, next_avail);
+        log::debug!("in flight at the restart: {pending:?}");
         let (mut answered, mut interrupted_n, mut republished) = (0, 0, 0);
         for p in &pending {
             let written = match p.outcome {
@@ -224,6 +225,7 @@ fn publish(
 ) -> bool {
     use virtio_queue::QueueT;
     let slot = state.get_queue().next_used();
+    log::trace!("returned head {head} at used {slot}");
     s.journal().completing(head, slot, written);
     let ok = state.add_used(head, written).is_ok();
     s.journal().release(head);
@@ -278,6 +280,12 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
                     head: req.head,
                     nonce: s.journal().next_nonce(),
                 };
+                log::trace!(
+                    "took head {} tag {} at {}",
+                    req.head,
+                    req.tag(),
+                    start.wrapping_add(k as u16)
+                );
                 // Before the request can take effect: a successor must know it was taken.
                 s.journal().begin(
                     QUEUE_CMD,
@@ -328,20 +336,27 @@ fn submit(
 
 /// A descriptor chain turned into owned data: request bytes (or why there are none) and
 /// where the response goes.
-struct ChainRequest {
-    head: u16,
-    bytes: Vec<u8>,
-    error: Option<Status>,
-    writable: Vec<(u64, u32)>,
+/// Public, with its fields, for the fuzz target (fuzz/fuzz_targets/chain.rs).
+pub struct ChainRequest {
+    /// The chain's head index (public for the fuzz target).
+    pub head: u16,
+    /// The request: the readable descriptors' bytes in order (public for the fuzz target).
+    pub bytes: Vec<u8>,
+    /// Why the chain is not a request (public for the fuzz target).
+    pub error: Option<Status>,
+    /// Writable descriptors (address, length) for the response (public for the fuzz target).
+    pub writable: Vec<(u64, u32)>,
 }
 
 impl ChainRequest {
     /// The driver's tag, echoed in the response (0 when the header is missing).
-    fn tag(&self) -> u64 {
+    /// Public for the fuzz target.
+    pub fn tag(&self) -> u64 {
         chain_error_reply(Status::Ok, &self.bytes).resp.tag
     }
 
-    fn parse<M>(chain: &virtio_queue::DescriptorChain<M>, mem: &GuestMemoryMmap) -> Self
+    /// Reads a chain; public for the fuzz target.
+    pub fn parse<M>(chain: &virtio_queue::DescriptorChain<M>, mem: &GuestMemoryMmap) -> Self
     where
         M: std::ops::Deref + Clone,
         M::Target: vm_memory::GuestMemory,
@@ -379,7 +394,8 @@ impl ChainRequest {
     }
 }
 
-fn chain_error_reply(status: Status, bytes: &[u8]) -> Reply {
+/// The reply to a malformed chain; public for the fuzz target.
+pub fn chain_error_reply(status: Status, bytes: &[u8]) -> Reply {
     let mut r = Reply::default();
     r.resp.status = status as u32;
     if let Some(h) = bytes.get(..std::mem::size_of::<CmdHdr>()) {
@@ -462,7 +478,8 @@ fn complete(
 }
 
 /// Writes `data` across the writable descriptors; returns the bytes written.
-fn write_out(mem: &GuestMemoryMmap, writable: &[(u64, u32)], data: &[u8]) -> u32 {
+/// Public for the fuzz target.
+pub fn write_out(mem: &GuestMemoryMmap, writable: &[(u64, u32)], data: &[u8]) -> u32 {
     let mut pos = 0usize;
     for &(addr, len) in writable {
         if pos == data.len() {

@@ -327,27 +327,24 @@ impl Recording {
         // The backend learns that acks are on (REPLY_ACK) only from a GET_FEATURES it
         // answered; without one, a later NEED_REPLY from the front-end would go
         // unanswered and the front-end would wait for ever.
-        for query in [GET_FEATURES, GET_PROTOCOL_FEATURES] {
-            let mut header = [0u8; HEADER];
-            header[0..4].copy_from_slice(&query.to_le_bytes());
-            header[4..8].copy_from_slice(&1u32.to_le_bytes());
-            let q = Message {
-                header,
-                payload: Vec::new(),
-                fds: Vec::new(),
-            };
-            send_message(sock, &q)?;
-            match recv_message(sock)? {
-                Some(r) if r.request() == query && r.flags() & FLAG_REPLY != 0 => {}
-                _ => return Err(io::Error::other("the worker did not answer a query")),
-            }
-        }
-        for m in &self.kept {
+        query(sock, GET_FEATURES)?;
+        query(sock, GET_PROTOCOL_FEATURES)?;
+        // Rings are enabled last, once fully set up: an enabled ring may be served at once
+        // (a kick is waiting), and a completion signalled before its call fd is known is
+        // lost; with EVENT_IDX the driver would then wait for ever.
+        let (enables, setup): (Vec<&Message>, Vec<&Message>) = self
+            .kept
+            .iter()
+            .partition(|m| m.request() == SET_VRING_ENABLE);
+        for m in setup.into_iter().chain(enables) {
             let mut m = m.try_clone()?;
             m.set_flags(m.flags() & !FLAG_NEED_REPLY);
             send_message(sock, &m)?;
         }
-        Ok(())
+        // The worker handles messages in order: once this is answered, its rings are set
+        // up and enabled, so a kick sent now is not dropped by a ring not yet ready (with
+        // EVENT_IDX the driver would not kick again until the device has looked).
+        query(sock, GET_FEATURES)
     }
 
     /// Wakes every recorded ring, so a new worker looks at what arrived meanwhile.
@@ -359,6 +356,15 @@ impl Recording {
                 unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
             }
         }
+    }
+}
+
+/// Sends a request that is always answered and waits for (and drops) the answer.
+fn query(sock: BorrowedFd, request: u32) -> io::Result<()> {
+    send_message(sock, &Message::new(request, 0x1, 0, Vec::new(), Vec::new()))?;
+    match recv_message(sock)? {
+        Some(r) if r.request() == request && r.flags() & FLAG_REPLY != 0 => Ok(()),
+        _ => Err(io::Error::other("the worker did not answer a query")),
     }
 }
 
@@ -594,21 +600,21 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
                     .retain(|k| !(k.header == p.header && k.payload == p.payload));
             }
         }
-        let replayed = rec
-            .replay(worker.conn.as_fd())
-            .and_then(|_| match &pending {
+        let replayed = rec.replay(worker.conn.as_fd()).and_then(|_| {
+            rec.kick_all();
+            match &pending {
                 Some(p) => {
                     rec.note(p)?;
                     send_message(worker.conn.as_fd(), p)
                 }
                 None => Ok(()),
-            });
+            }
+        });
         if let Err(e) = replayed {
             log::warn!("supervisor: replay to the new worker failed: {e}");
             // Handled as another death on the next turn (its socket reports the hang-up).
             continue;
         }
-        rec.kick_all();
     }
 }
 

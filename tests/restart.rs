@@ -323,3 +323,34 @@ fn runs_as_an_unprivileged_user() {
     assert_eq!(r.status(), Status::Ok);
     assert_eq!(r.resp.result0, crc32c(0, &[0x77; 4096]) as u64);
 }
+
+#[test]
+fn a_restarted_worker_signals_what_it_answers() {
+    let mut h = supervised();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let long = Atomic {
+        op: ATOMIC_FETCH_ADD,
+        width: 8,
+        space: SPACE_DEVMEM,
+        reserved: 0,
+        addr: COUNTER,
+        operand: 1,
+        compare: 0,
+        repeat: 1 << 27,
+    };
+    h.post(&atomic(2, long), 1, 64);
+    std::thread::sleep(Duration::from_millis(20));
+    h.drain_call(0);
+    let w = wait_for_worker(&h, None);
+    kill(w);
+    // Only the new worker can complete the atomic (as INTERRUPTED), and the driver learns
+    // of it only through the call eventfd: polling the used ring would hide a lost signal.
+    assert!(
+        h.wait_call(0, Duration::from_secs(10)),
+        "the interrupted request was answered without an interrupt"
+    );
+    let (_, len) = h.queues[0]
+        .wait_used(&h.guest, Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(h.read_reply(1, len).status(), Status::Interrupted);
+}

@@ -456,6 +456,23 @@ impl Harness {
         start_rings(fe, &self.guest, &self.queues, &self.kicks, &self.calls);
     }
 
+    /// Whether the device signals queue `q`'s call eventfd within `timeout` (consumes it).
+    pub fn wait_call(&self, q: usize, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.calls[q].as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on an eventfd we own.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        n == 1 && self.calls[q].read().is_ok()
+    }
+
+    /// Forgets earlier signals on queue `q`.
+    pub fn drain_call(&self, q: usize) {
+        while self.wait_call(q, Duration::ZERO) {}
+    }
+
     /// The in-process device model.
     pub fn device(&self) -> &Arc<Device> {
         self.device
@@ -617,6 +634,10 @@ fn start_rings(
         fe.set_vring_call(i, &calls[i]).unwrap();
         fe.set_vring_kick(i, &kicks[i]).unwrap();
         fe.set_vring_enable(i, true).unwrap();
+    }
+    // QEMU sets the call fds once more after enabling (when it unmasks the vectors).
+    for (i, call) in calls.iter().enumerate() {
+        fe.set_vring_call(i, call).unwrap();
     }
 }
 

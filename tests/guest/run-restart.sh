@@ -9,7 +9,8 @@
 #
 # Usage: tests/guest/run-restart.sh [ci/run-guest.sh options]
 # Environment: KILLS (default 15), INTERVAL (1.5), START (2: seconds after
-# the guest program says it is streaming), STREAM (40: guest seconds).
+# the guest program says it is streaming), STREAM (40: guest seconds),
+# KEEP_LOG (a file to keep the console and daemon logs in).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -53,6 +54,8 @@ set +e
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e
+# KEEP_LOG=FILE keeps the console and daemon logs.
+if [ -n "${KEEP_LOG:-}" ]; then cp "$TMP/run.log" "$KEEP_LOG"; fi
 grep -v '^[0-9]* passed, [0-9]* failed$' "$TMP/out" || true
 kills=$(grep -c 'killing-daemon: SIGKILL worker' "$TMP/run.log" || true)
 restarts=$(grep -c 'worker pid .* started (resuming)' "$TMP/run.log" || true)
