@@ -298,7 +298,10 @@ impl Harness {
                 }
                 None => std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel")),
             };
+            // Quiet unless asked: every kill makes the daemon log a restart.
+            let level = std::env::var("CXL_ACCEL_TEST_LOG").unwrap_or_else(|_| "error".into());
             let child = cmd
+                .env("RUST_LOG", level)
                 .arg("--supervise")
                 .arg("--socket-path")
                 .arg(&sock)
