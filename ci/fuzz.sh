@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bounded coverage-guided fuzzing of the device model with cargo-fuzz (libFuzzer):
-# request decoding and request execution. Runs each target for SECONDS (default 60)
+# request decoding, request execution, and descriptor chains taken from a virtqueue and
+# handled by the daemon's backend code. Runs each target for SECONDS (default 60)
 # on a copy of the seed corpus in fuzz/corpus/, so the repository is not modified.
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
@@ -23,7 +24,7 @@ cd "$ROOT/fuzz"
 cargo fuzz build -O >/dev/null 2>&1 || cargo fuzz build -O
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-for target in decode execute; do
+for target in decode execute chain; do
     cp -r "corpus/$target" "$WORK/$target"
     log "== fuzz $target for ${SECONDS_PER_TARGET}s"
     cargo fuzz run -O "$target" "$WORK/$target" -- \

@@ -247,9 +247,12 @@ impl Session {
 fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
     let Some(mem) = s.memory() else { return };
     let vring = &vrings[QUEUE_CMD];
+    // Passes in a row that took nothing although the ring index showed more.
+    let mut idle = 0;
     loop {
         let _ = vring.disable_notification();
         let snapshot = mem.memory().into_inner();
+        let mut taken = 0;
         {
             let mut state = vring.get_mut();
             s.adopt_ring(QUEUE_CMD, &mut state, &snapshot);
@@ -275,6 +278,7 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             // Submitted under the vring lock, so that a queue stop (which takes the lock
             // first) always sees them in flight.
             for (k, chain) in iter.take(room).enumerate() {
+                taken = k + 1;
                 let req = ChainRequest::parse(&chain, &snapshot);
                 let origin = Origin {
                     head: req.head,
@@ -300,7 +304,20 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             }
         }
         match vring.enable_notification() {
-            Ok(true) => continue,
+            Ok(true) => {
+                // A driver that published while we looked is taken on the next pass. Twice
+                // nothing means the index counts entries that cannot be read (a ring
+                // outside guest memory) or that our own notification-flag writes move
+                // (overlapping rings): looping would spin for ever.
+                idle = if taken == 0 { idle + 1 } else { 0 };
+                if idle < 2 {
+                    continue;
+                }
+                s.device.reject(format_args!(
+                    "command queue unusable: its index shows requests that cannot be taken"
+                ));
+                break;
+            }
             _ => break,
         }
     }

@@ -1,0 +1,238 @@
+//! Descriptor chains from a hostile driver, handled by the daemon's own code: a split
+//! virtqueue in a small guest memory, chains taken with `virtio_queue::Queue`, each turned
+//! into a request by `ChainRequest::parse`, executed by the device model, answered over its
+//! writable descriptors by `write_out` and returned with `add_used`, in the order and with
+//! the checks of `process_commands`, `complete` and `publish` in src/backend.rs.
+//!
+//! Input: a 16-byte header, then an image copied into guest memory at GPA 0 and again at
+//! `HIGH` (everything else is zero):
+//!
+//! | bytes  | meaning |
+//! |--------|---------|
+//! | 0..2   | queue size (u16; an invalid size leaves the maximum, as in vhost-user-backend) |
+//! | 2..4   | descriptor table offset (u16) |
+//! | 4..6   | available ring offset (u16) |
+//! | 6..8   | used ring offset (u16) |
+//! | 8..10  | next available index (u16) |
+//! | 10..12 | next used index (u16) |
+//! | 12     | flags: bit 0 EVENT_IDX; bits 1, 2, 3: descriptor table, available ring, used |
+//! |        | ring at `HIGH` + offset; bit 4: maximum queue size 32768 instead of 256   |
+//! | 13..16 | ignored |
+//!
+//! Descriptors (16 bytes: address, length, flags NEXT/WRITE/INDIRECT, next) may point
+//! anywhere, loop, chain into indirect tables, or name heads outside the ring.
+#![no_main]
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::OnceLock;
+
+use cxl_accel::backend::{chain_error_reply, write_out, ChainRequest};
+use cxl_accel::device::{Device, DeviceConfig};
+use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::protocol::{CmdHdr, Resp, Status, EVENT_ERROR, MAX_REQUEST, OP_RESET, QUEUE_CMD};
+use cxl_accel::state::Origin;
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// Guest RAM: two adjacent 64 KiB regions at 0 (rings and buffers may straddle them) and
+/// one more at `HIGH`, above a hole.
+const REGION: usize = 64 << 10;
+const HIGH: u64 = 0x1_0000_0000;
+const DEVMEM: u64 = 64 << 10;
+/// The daemon's default and largest `--queue-size` (the ring's maximum size).
+const DEFAULT_QUEUE_SIZE: u16 = 256;
+const MAX_QUEUE_SIZE: u16 = 32768;
+/// Chains taken per input (the daemon takes up to the queue size per kick); keeps each
+/// run short.
+const MAX_CHAINS: usize = 64;
+const HEADER: usize = 16;
+
+fn memfd(size: u64) -> File {
+    // SAFETY: memfd_create with a static C string; the fd is owned by the File.
+    let fd = unsafe { libc::memfd_create(c"cxl-accel-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: fd was just created and is not owned elsewhere.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    f
+}
+
+struct World {
+    device: Device,
+    mem: GuestMemoryMmap,
+}
+
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
+    W.get_or_init(|| {
+        let dm = DeviceMemory::from_file(memfd(DEVMEM), DEVMEM).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), REGION),
+            (GuestAddress(REGION as u64), REGION),
+            (GuestAddress(HIGH), REGION),
+        ])
+        .unwrap();
+        World {
+            device: Device::new(DeviceConfig::default(), dm),
+            mem,
+        }
+    })
+}
+
+fn u16_at(h: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([h[i], h[i + 1]])
+}
+
+/// A fresh guest: zeroed RAM with the image at 0 and at `HIGH`, and a device without
+/// buffers or pending events (RESET), so that each input runs the same way on its own.
+fn reset(w: &World, image: &[u8]) {
+    for base in [0, REGION as u64, HIGH] {
+        let host = w.mem.get_host_address(GuestAddress(base)).unwrap();
+        // SAFETY: each region is REGION bytes mapped at `host`, and nothing else uses
+        // guest memory between runs.
+        unsafe { std::ptr::write_bytes(host, 0, REGION) };
+    }
+    w.mem.write_slice(image, GuestAddress(0)).unwrap();
+    w.mem.write_slice(image, GuestAddress(HIGH)).unwrap();
+    let hdr = CmdHdr {
+        opcode: OP_RESET,
+        ..Default::default()
+    };
+    let reply = w.device.execute(&w.mem, hdr.as_slice());
+    assert_eq!(reply.resp.status, Status::Ok as u32);
+}
+
+/// What `complete` in src/backend.rs does with a request before it returns the chain:
+/// execute it only when the response can be delivered, then write the reply. Returns the
+/// bytes written.
+fn complete(w: &World, req: &ChainRequest, origin: Origin) -> u32 {
+    let (device, mem) = (&w.device, &w.mem);
+    assert!(req.bytes.len() <= MAX_REQUEST as usize);
+    let room: u64 = req.writable.iter().map(|&(_, l)| l as u64).sum();
+    let resp_len = std::mem::size_of::<Resp>() as u64;
+    let answerable = room >= resp_len
+        && req
+            .writable
+            .iter()
+            .all(|&(a, l)| mem.check_range(GuestAddress(a), l as usize));
+    if !answerable {
+        let (opcode, _) = Device::request_opcode_flags(&req.bytes);
+        device.reject(format_args!("no usable response buffer"));
+        device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
+        return 0;
+    }
+    let mut reply = match req.error {
+        None => device.execute_from(mem, &req.bytes, Some(origin)),
+        Some(status) => {
+            assert_ne!(status, Status::Ok);
+            chain_error_reply(status, &req.bytes)
+        }
+    };
+    let status = Status::from_u32(reply.resp.status).expect("a known status");
+    if req.error.is_some() {
+        assert_ne!(status, Status::Ok, "a malformed chain was answered OK");
+    }
+    if room < resp_len + reply.payload.len() as u64 {
+        reply.payload.clear();
+        reply.resp.status = Status::BadChain as u32;
+    }
+    let data = reply.bytes();
+    let written = write_out(mem, &req.writable, &data);
+    // Every writable range was checked and there is room: the whole reply arrives.
+    assert_eq!(written as usize, data.len(), "reply cut short");
+    written
+}
+
+fuzz_target!(|data: &[u8]| {
+    let w = world();
+    let mut header = [0u8; HEADER];
+    let n = data.len().min(HEADER);
+    header[..n].copy_from_slice(&data[..n]);
+    let image = &data[n..data.len().min(HEADER + REGION)];
+    reset(w, image);
+
+    let flags = header[12];
+    let ring_addr = |off: usize, bit: u8| {
+        let base = if flags & bit != 0 { HIGH } else { 0 };
+        GuestAddress(base + u16_at(&header, off) as u64)
+    };
+    // The set-up the front-end drives through vhost-user-backend's VringState.
+    let max_size = if flags & 16 != 0 {
+        MAX_QUEUE_SIZE
+    } else {
+        DEFAULT_QUEUE_SIZE
+    };
+    let mut queue = Queue::new(max_size).unwrap();
+    queue.set_size(u16_at(&header, 0));
+    if queue.try_set_desc_table_address(ring_addr(2, 2)).is_err()
+        || queue.try_set_avail_ring_address(ring_addr(4, 4)).is_err()
+        || queue.try_set_used_ring_address(ring_addr(6, 8)).is_err()
+    {
+        return;
+    }
+    queue.set_next_avail(u16_at(&header, 8));
+    queue.set_next_used(u16_at(&header, 10));
+    queue.set_event_idx(flags & 1 != 0);
+    queue.set_ready(true);
+
+    let (mem, journal) = (&w.mem, w.device.state());
+    let size = queue.size();
+    let (mut taken, mut idle) = (0, 0);
+    // process_commands: take chains until the ring is empty and stays empty once
+    // notifications are enabled again, or until passes keep finding nothing.
+    'kicks: loop {
+        let _ = queue.disable_notification(mem);
+        let taken_before = taken;
+        loop {
+            if taken == MAX_CHAINS {
+                break 'kicks;
+            }
+            let pos = queue.next_avail();
+            // One chain at a time: a reply written over the ring (legal for a hostile
+            // driver's buffers) is seen by the next chain, as with the daemon's engines.
+            let chain = match queue.iter(mem) {
+                Ok(mut it) => it.next(),
+                Err(_) => break 'kicks,
+            };
+            let Some(chain) = chain else { break };
+            taken += 1;
+            let req = ChainRequest::parse(&chain, mem);
+            let origin = Origin {
+                head: req.head,
+                nonce: journal.next_nonce(),
+            };
+            journal.begin(
+                QUEUE_CMD,
+                req.head,
+                size,
+                pos,
+                origin.nonce,
+                req.tag(),
+                req.writable.first().copied().unwrap_or((0, 0)),
+            );
+            let written = complete(w, &req, origin);
+            // publish
+            let slot = queue.next_used();
+            journal.completing(req.head, slot, written);
+            let ok = queue.add_used(mem, req.head, written).is_ok();
+            journal.release(req.head);
+            if ok && queue.event_idx_enabled() {
+                let _ = queue.needs_notification(mem);
+            }
+        }
+        match queue.enable_notification(mem) {
+            Ok(true) => {
+                idle = if taken == taken_before { idle + 1 } else { 0 };
+                if idle < 2 {
+                    continue;
+                }
+                break;
+            }
+            _ => break,
+        }
+    }
+    // Events the requests raised are dropped with the next input's RESET.
+    while w.device.pop_event().is_some() {}
+});
