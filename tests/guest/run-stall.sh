@@ -3,7 +3,7 @@
 #
 # Host side: a dead-then-alive device. Boots a guest with one device whose
 # daemon is stopped (SIGSTOP) for STOP_FOR seconds, STOP_AT seconds after
-# it started, then resumed; the guest keeps issuing commands meanwhile
+# the guest started copying, then resumed; the guest keeps issuing commands meanwhile
 # (cxl-accel-tests --stall) and checks -ETIMEDOUT, recovery, the quarantine
 # and clean unload.
 #
@@ -15,7 +15,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
 # shellcheck source=/dev/null
 . "$CACHE/env.sh"
-STOP_AT=${STOP_AT:-8}
+STOP_AT=${STOP_AT:-4}
 STOP_FOR=${STOP_FOR:-6}
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 
@@ -25,6 +25,9 @@ make -s -C "$HERE"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_STALLS="$STOP_AT:$STOP_FOR"
+# The stop comes STOP_AT seconds after the guest starts copying, however long the boot took.
+export CXL_ACCEL_STALLS_CONSOLE=$TMP/console CXL_ACCEL_STALLS_AFTER="STALL "
+
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=2000 || exit 1
@@ -36,7 +39,7 @@ exit $rc
 EOS
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
-    --module virtio_dma_buf \
+    --module virtio_dma_buf --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
     --script "$TMP/guest.sh" "$@"
