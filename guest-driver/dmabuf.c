@@ -369,18 +369,20 @@ static int cxla_dmabuf_get_uuid(struct dma_buf *dmabuf, uuid_t *uuid)
 
 /*
  * UNEXPORT the UUID; the device forgets it anyway when the buffer is freed.
- * async: an EXPORT of it timed out or was interrupted and may still run:
- * fenced, so that it runs after that EXPORT, and not waited for.
+ * async: an EXPORT of it timed out or was interrupted and may still run, or
+ * came back -EIO (a daemon restart: it may have run): fenced, so that it
+ * runs after that EXPORT, and not waited for.
  */
 static void cxla_export_unexport(struct cxla_dev *cd, struct cxla_exported *exp,
 				 bool async)
 {
 	struct cxla_unexport *u;
 	struct cxla_req *req;
-	int ret;
+	int ret, tries = 0;
 
 	if (READ_ONCE(cd->stopped))
 		return;
+again:
 	req = cxla_req_alloc(cd, CXLA_OP_UNEXPORT, async ? CXLA_FLAG_FENCE : 0,
 			     sizeof(*u), 0);
 	if (IS_ERR(req))
@@ -402,6 +404,16 @@ static void cxla_export_unexport(struct cxla_dev *cd, struct cxla_exported *exp,
 			exp->buf->id);
 	}
 	cxla_req_free(cd, req);
+	/*
+	 * -EIO: the daemon restarted with the UNEXPORT in flight and cannot
+	 * say whether it ran. Left alone, the UUID could stay on the buffer
+	 * and every later EXPORT of it fail (EXISTS): ask again; -ENOENT then
+	 * means the first one had run.
+	 */
+	if (ret == -EIO && tries++ < 3 && !READ_ONCE(cd->stopped))
+		goto again;
+	if (ret == -ENOENT && tries)
+		ret = 0;
 	if (ret && ret != -ENODEV)
 		dev_warn(&cd->dev, "UNEXPORT of buffer %llu (%pUb) failed: %d\n",
 			 exp->buf->id, &exp->uuid, ret);
@@ -535,7 +547,7 @@ static struct dma_buf *cxla_export_create(struct cxla_dev *cd,
 			dev_err(&cd->dev,
 				"EXPORT of buffer %llu: the device says it is exported already\n",
 				buf->id);
-		else if (ret == -ETIMEDOUT || ret == -EINTR)
+		else if (ret == -ETIMEDOUT || ret == -EINTR || ret == -EIO)
 			cxla_export_unexport(cd, exp, true);
 		goto err_free;
 	}

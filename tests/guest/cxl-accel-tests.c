@@ -10,6 +10,7 @@
  *        cxl-accel-tests --hold /dev/cxl-accelN   (helper for the unbind test)
  *        cxl-accel-tests --multi                  (tests across all devices)
  *        cxl-accel-tests --restart SECS DEV       (commands while the host kills the daemon)
+ *        cxl-accel-tests --soak SECS DEV          (the same, one part of run-soak.sh)
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -1427,12 +1428,23 @@ static int multi(void)
  * or fail with -EIO (in flight when the worker died): no other error, no
  * timeout, no wrong data. A buffer written before the run keeps its
  * contents, and all device memory is back after close.
+ *
+ * --soak SECS DEV: the same streams as one part of a soak
+ * (tests/guest/run-soak.sh), next to other programs using the device: the
+ * result is named soak_commands.<device>, and device memory is left to the
+ * soak's own check at the very end.
  */
 #define RESTART_THREADS	4
 #define RESTART_LEN	(256 * KiB)
 #define RESTART_ADDS	20000ULL
 /* thread 0 only runs these, so that the device is busy when a kill lands */
 #define RESTART_LONG_ADDS	(1ULL << 22)
+/*
+ * Threads running only those: 1; in a soak 2 (threads 0 and 1), so that both
+ * DMA engines stay busy and the other programs' commands wait in the
+ * device's queue, where a kill interrupts them too.
+ */
+static int restart_long = 1;
 
 struct restart_arg {
 	int fd, idx, secs;
@@ -1443,7 +1455,7 @@ struct restart_arg {
 
 static uint64_t restart_adds(int idx)
 {
-	return idx ? RESTART_ADDS : RESTART_LONG_ADDS;
+	return idx >= restart_long ? RESTART_ADDS : RESTART_LONG_ADDS;
 }
 
 static int restart_op(struct restart_arg *a, uint64_t iter, uint8_t *ram,
@@ -1455,7 +1467,7 @@ static int restart_op(struct restart_arg *a, uint64_t iter, uint8_t *ram,
 	size_t i;
 	int r;
 
-	switch (a->idx ? iter % 5 : 3) {
+	switch (a->idx >= restart_long ? iter % 5 : 3) {
 	case 0:
 		fill_random(ram, RESTART_LEN, iter * 7 + a->idx);
 		r = cxla_copy(a->fd, cxla_user(ram), cxla_dev(handle, 0),
@@ -1527,7 +1539,7 @@ static void *restart_thread(void *p)
 	return NULL;
 }
 
-static int restart_stream(int secs, const char *path)
+static int restart_stream(int secs, const char *path, bool soak)
 {
 	struct restart_arg args[RESTART_THREADS] = { 0 };
 	pthread_t th[RESTART_THREADS];
@@ -1543,6 +1555,8 @@ static int restart_stream(int secs, const char *path)
 
 	if (fd < 0 || !ref || cxla_identify(fd, &id))
 		return 1;
+	if (soak)
+		restart_long = 2;
 	start = id.devmem_free;
 	/* written before the first kill, checked after the last */
 	if (cxla_alloc(fd, MiB, 0, &keep) || !(kp = cxla_map(fd, &keep)) ||
@@ -1587,17 +1601,19 @@ static int restart_stream(int secs, const char *path)
 	close(fd);
 	/* every buffer (interrupted ALLOC/FREE included) is back */
 	fd = open(path, O_RDWR);
-	for (i = 0; i < 50; i++) {
+	for (i = 0; i < 50 && !soak; i++) {
 		if (cxla_identify(fd, &id) || id.devmem_free == start)
 			break;
 		usleep(100000);
 	}
-	if (!why[0] && id.devmem_free != start)
+	if (!why[0] && !soak && id.devmem_free != start)
 		snprintf(why, sizeof(why), "device memory free %llu, %llu at start",
 			 (unsigned long long)id.devmem_free,
 			 (unsigned long long)start);
 	close(fd);
-	printf("RESULT restart_stream %s %ld commands completed and checked, %ld failed with -EIO (in flight at a kill), 0 timeouts, over %d s with %d threads%s%s\n",
+	printf("RESULT %s%s %s %ld commands completed and checked, %ld failed with -EIO (in flight at a kill), 0 timeouts, over %d s with %d threads%s%s\n",
+	       soak ? "soak_commands." : "restart_stream",
+	       soak ? (strrchr(path, '/') ? strrchr(path, '/') + 1 : path) : "",
 	       why[0] ? "FAIL" : "PASS", ok, eio, secs, RESTART_THREADS,
 	       why[0] ? "; " : "", why);
 	free(ref);
@@ -1627,12 +1643,14 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
 			return stall(atoi(argv[i + 1]), argv[i + 2]);
 		} else if (!strcmp(argv[i], "--restart") && i + 2 < argc) {
-			return restart_stream(atoi(argv[i + 1]), argv[i + 2]);
+			return restart_stream(atoi(argv[i + 1]), argv[i + 2], false);
+		} else if (!strcmp(argv[i], "--soak") && i + 2 < argc) {
+			return restart_stream(atoi(argv[i + 1]), argv[i + 2], true);
 		} else if (!strcmp(argv[i], "--multi")) {
 			return multi();
 		} else {
 			fprintf(stderr,
-				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev | --restart secs dev\n",
+				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev | --restart secs dev | --soak secs dev\n",
 				argv[0]);
 			return 2;
 		}

@@ -8,6 +8,7 @@
  *
  * Usage: dmabuf-tests [-t name]... [-l]
  *        dmabuf-tests --bench [--full] [SIZE_MiB...]
+ *        dmabuf-tests --soak SECS   (under daemon restarts: run-soak.sh)
  *
  * Devices are every /dev/cxl-accelN (sorted); "dev0" exports and "dev1"
  * imports. Tests that need two devices are skipped with one. The revocation
@@ -1492,6 +1493,478 @@ static int bench(int argc, char **argv)
 	return fails ? 1 : 0;
 }
 
+/* ------------------------------------------------------------ soak */
+
+/*
+ * --soak SECS: DMA-BUF under daemon restarts (tests/guest/run-soak.sh kills
+ * the device workers meanwhile). Two processes, one per direction: device X
+ * exports a buffer E, device Y imports it (peer-to-peer) and owns a buffer
+ * L; a system-RAM buffer R. For SECS seconds random steps: CPU writes (E
+ * through its handle mapping or the DMA-BUF mapping, L, R), Y's copies
+ * between the import and L or R both ways, FILL, CHECKSUM (by Y through the
+ * import and by X on E), fetch-add on the import, CPU reads through the
+ * DMA-BUF mapping, E exported again (the old DMA-BUF released: UNEXPORT)
+ * and everything made anew now and then. A command may fail with -EIO (in
+ * flight when a worker died: counted), nothing else may fail. After every
+ * step E, L and R are compared with their reference copies; a write that
+ * failed may have written part of its destination: each byte must then be
+ * the old or the new value, and the copy takes what is there. At the end
+ * no DMA-BUF, attachment, mapping, pin or import may be left.
+ */
+#define DSOAK_PROCS	2
+
+enum {
+	DK_CPU_WRITE, DK_PULL, DK_PUSH, DK_TO_RAM, DK_FROM_RAM, DK_FILL, DK_CRC,
+	DK_ATOMIC, DK_MMAP_READ, DK_REEXPORT, DK_RECREATE, DK_NOPS
+};
+
+static const char * const dk_names[DK_NOPS] = {
+	"cpu-write", "pull", "push", "to-ram", "from-ram", "fill", "checksum",
+	"atomic", "mmap-read", "re-export", "re-create",
+};
+
+struct dsoak_stats {		/* one per process, shared with the parent */
+	long ops[DK_NOPS];
+	long eio[DK_NOPS];
+	long alloc_eio, export_eio;	/* while (re-)creating */
+	long exports, imports, partial;
+	unsigned long long verified;	/* bytes compared */
+	unsigned long long copied;	/* bytes moved by Y through the import */
+	char fail[300];
+};
+
+struct dsoak {
+	int xfd, yfd, x, y;	/* exporter and importer: fds, indices */
+	size_t len;
+	struct cxl_accel_alloc e, l;
+	uint8_t *pe, *pl, *pr, *pdm;	/* E, L, R; E through its DMA-BUF */
+	uint8_t *re, *rl, *rr;		/* reference copies */
+	int efd;
+	uint32_t ie;			/* Y's import of E */
+	uint8_t uuid[16];
+	uint64_t rnd;
+	struct dsoak_stats *st;
+};
+
+#define DS_FAIL(s, ...) \
+	(snprintf((s)->st->fail, sizeof((s)->st->fail), __VA_ARGS__), -1)
+
+static int ds_cmp(struct dsoak *s, const uint8_t *p, const uint8_t *ref,
+		  const char *name, const char *what)
+{
+	size_t i;
+
+	s->st->verified += s->len;
+	if (!memcmp(p, ref, s->len))
+		return 0;
+	for (i = 0; p[i] == ref[i]; i++)
+		;
+	return DS_FAIL(s, "after %s: %s byte %zu of %zu is %#x, expected %#x",
+		       what, name, i, s->len, p[i], ref[i]);
+}
+
+static int ds_verify(struct dsoak *s, const char *what)
+{
+	return ds_cmp(s, s->pe, s->re, "E", what) ||
+	       ds_cmp(s, s->pl, s->rl, "L", what) ||
+	       ds_cmp(s, s->pr, s->rr, "R", what) ? -1 : 0;
+}
+
+/* a failed write of [off, off + n): old or new bytes, the copy takes them */
+static int ds_adopt(struct dsoak *s, const uint8_t *p, uint8_t *ref,
+		    size_t off, size_t n, const uint8_t *want, const char *what)
+{
+	bool part = false;
+	size_t i;
+
+	for (i = off; i < off + n; i++) {
+		if (p[i] == ref[i])
+			continue;
+		if (p[i] != want[i - off])
+			return DS_FAIL(s, "%s failed: byte %zu is %#x, neither old %#x nor new %#x",
+				       what, i, p[i], ref[i], want[i - off]);
+		ref[i] = p[i];
+		part = true;
+	}
+	s->st->partial += part;
+	return 0;
+}
+
+/* export E and import it into Y (-EIO from EXPORT: again) */
+static int ds_export(struct dsoak *s)
+{
+	struct cxl_accel_dmabuf_export ex;
+	struct cxl_accel_dmabuf_import im;
+	int r, tries = 0;
+
+	while ((r = export_buf(s->xfd, s->e.handle, CXL_ACCEL_DMABUF_CLOEXEC,
+			       &ex)) == -EIO && tries++ < 5)
+		s->st->export_eio++;
+	if (r)
+		return DS_FAIL(s, "EXPORT of E (dev%d, %zu bytes): %s", s->x,
+			       s->len, strerror(-r));
+	if (!memcmp(ex.uuid, s->uuid, 16))
+		return DS_FAIL(s, "export again: same UUID");
+	memcpy(s->uuid, ex.uuid, 16);
+	s->efd = ex.fd;
+	s->st->exports++;
+	r = import_buf(s->yfd, s->efd, &im);
+	if (r)
+		return DS_FAIL(s, "IMPORT into dev%d: %s", s->y, strerror(-r));
+	if (im.kind != CXL_ACCEL_IMPORT_PEER || !(im.attach_flags & CXL_ACCEL_IMPORT_P2P) ||
+	    im.size != s->e.alloc_size)
+		return DS_FAIL(s, "import: kind %u flags %#x size %llu", im.kind,
+			       im.attach_flags, (unsigned long long)im.size);
+	s->ie = im.handle;
+	s->st->imports++;
+	s->pdm = map_fd(s->efd, s->len, 0);
+	if (!s->pdm)
+		return DS_FAIL(s, "mmap of the DMA-BUF: %s", strerror(errno));
+	return 0;
+}
+
+static int ds_unexport(struct dsoak *s)
+{
+	int r = cxla_free(s->yfd, s->ie);
+
+	munmap(s->pdm, s->len);
+	close(s->efd);		/* the last reference: release, UNEXPORT */
+	return r ? DS_FAIL(s, "FREE of the import: %s", strerror(-r)) : 0;
+}
+
+static int ds_alloc(struct dsoak *s, int fd, struct cxl_accel_alloc *a,
+		    uint8_t **p)
+{
+	int r, tries = 0;
+
+	while ((r = cxla_alloc(fd, s->len, 0, a)) == -EIO && tries++ < 5)
+		s->st->alloc_eio++;
+	if (r)
+		return DS_FAIL(s, "ALLOC of %zu bytes: %s", s->len, strerror(-r));
+	*p = cxla_map(fd, a);
+	return *p ? 0 : DS_FAIL(s, "mmap: %s", strerror(errno));
+}
+
+static int ds_create(struct dsoak *s)
+{
+	static const size_t sizes[] = { 64 * KiB, 256 * KiB, 1 * MiB, 2 * MiB };
+
+	s->len = sizes[rnd64(&s->rnd) % 4];
+	s->re = malloc(s->len);
+	s->rl = malloc(s->len);
+	s->rr = malloc(s->len);
+	s->pr = mmap(NULL, s->len, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!s->re || !s->rl || !s->rr || s->pr == MAP_FAILED)
+		return DS_FAIL(s, "memory");
+	if (ds_alloc(s, s->xfd, &s->e, &s->pe) || ds_alloc(s, s->yfd, &s->l, &s->pl))
+		return -1;
+	fill_random(s->re, s->len, rnd64(&s->rnd));
+	fill_random(s->rl, s->len, rnd64(&s->rnd));
+	fill_random(s->rr, s->len, rnd64(&s->rnd));
+	memcpy(s->pe, s->re, s->len);
+	memcpy(s->pl, s->rl, s->len);
+	memcpy(s->pr, s->rr, s->len);
+	return ds_export(s);
+}
+
+static int ds_destroy(struct dsoak *s)
+{
+	int r = ds_unexport(s), r1, r2;
+
+	munmap(s->pe, s->len);
+	munmap(s->pl, s->len);
+	munmap(s->pr, s->len);
+	r1 = cxla_free(s->xfd, s->e.handle);
+	r2 = cxla_free(s->yfd, s->l.handle);
+	free(s->re);
+	free(s->rl);
+	free(s->rr);
+	if (!r && (r1 || r2))
+		r = DS_FAIL(s, "FREE of the buffers: %d, %d", r1, r2);
+	return r;
+}
+
+static int ds_step(struct dsoak *s, int op, uint8_t *tmp)
+{
+	size_t len = s->len, so = rnd64(&s->rnd) % len, dof = rnd64(&s->rnd) % len;
+	size_t n = 1 + rnd64(&s->rnd) % (len - (so > dof ? so : dof));
+	uint64_t pat = rnd64(&s->rnd);
+	struct cxl_accel_atomic at;
+	uint8_t *dp = NULL, *dref = NULL;
+	const char *what = dk_names[op];
+	uint64_t old;
+	uint32_t crc;
+	int r = 0;
+	size_t i;
+
+	switch (op) {
+	case DK_CPU_WRITE:
+		switch (pat % 4) {
+		case 0: dp = s->pe; dref = s->re; break;
+		case 1: dp = s->pdm; dref = s->re; break;	/* same memory */
+		case 2: dp = s->pl; dref = s->rl; break;
+		default: dp = s->pr; dref = s->rr; break;
+		}
+		fill_random(dref + dof, n, pat);
+		memcpy(dp + dof, dref + dof, n);
+		break;
+	case DK_PULL:	/* E (peer memory) -> L */
+		memcpy(tmp, s->re + so, n);
+		dp = s->pl;
+		dref = s->rl;
+		r = cxla_copy(s->yfd, cxla_dev(s->ie, so), cxla_dev(s->l.handle, dof), n, 0);
+		break;
+	case DK_PUSH:	/* L -> E */
+		memcpy(tmp, s->rl + so, n);
+		dp = s->pe;
+		dref = s->re;
+		r = cxla_copy(s->yfd, cxla_dev(s->l.handle, so), cxla_dev(s->ie, dof), n, 0);
+		break;
+	case DK_TO_RAM:	/* E -> R */
+		memcpy(tmp, s->re + so, n);
+		dp = s->pr;
+		dref = s->rr;
+		r = cxla_copy(s->yfd, cxla_dev(s->ie, so), cxla_user(s->pr + dof), n, 0);
+		break;
+	case DK_FROM_RAM:	/* R -> E */
+		memcpy(tmp, s->rr + so, n);
+		dp = s->pe;
+		dref = s->re;
+		r = cxla_copy(s->yfd, cxla_user(s->pr + so), cxla_dev(s->ie, dof), n, 0);
+		break;
+	case DK_FILL:
+		for (i = 0; i < n; i++)
+			tmp[i] = (uint8_t)(pat >> (8 * (i % 8)));
+		dp = s->pe;
+		dref = s->re;
+		r = cxla_fill(s->yfd, cxla_dev(s->ie, dof), n, pat, 0);
+		break;
+	case DK_CRC:
+		r = cxla_checksum(s->yfd, cxla_dev(s->ie, so), n, 0, &crc);
+		if (!r && crc != crc32c(0, s->re + so, n))
+			return DS_FAIL(s, "dev%d checksum of the import, %zu bytes at %zu: %#x, expected %#x",
+				       s->y, n, so, crc, crc32c(0, s->re + so, n));
+		if (r == -EIO)
+			break;
+		if (!r)
+			r = cxla_checksum(s->xfd, cxla_dev(s->e.handle, so), n, 0, &crc);
+		if (!r && crc != crc32c(0, s->re + so, n))
+			return DS_FAIL(s, "dev%d checksum of E, %zu bytes at %zu: %#x, expected %#x",
+				       s->x, n, so, crc, crc32c(0, s->re + so, n));
+		s->st->verified += r ? 0 : 2 * n;
+		break;
+	case DK_ATOMIC:
+		dof &= ~7UL;
+		memcpy(&old, s->re + dof, 8);
+		r = cxla_atomic(s->yfd, cxla_dev(s->ie, dof), CXL_ACCEL_ATOMIC_FETCH_ADD,
+				8, pat, 0, 1, 0, &at);
+		if (!r && at.result != old)
+			return DS_FAIL(s, "fetch-add at %zu: old value %#llx, expected %#llx",
+				       dof, (unsigned long long)at.result,
+				       (unsigned long long)old);
+		old += pat;
+		memcpy(tmp, &old, 8);
+		n = 8;
+		dp = s->pe;
+		dref = s->re;
+		break;
+	case DK_MMAP_READ:
+		s->st->verified += len;
+		if (memcmp(s->pdm, s->re, len))
+			return DS_FAIL(s, "the DMA-BUF mapping differs from the buffer's");
+		break;
+	case DK_REEXPORT:
+		if (ds_unexport(s) || ds_export(s))
+			return -1;
+		/* what was there is still there, seen through the new import */
+		r = cxla_checksum(s->yfd, cxla_dev(s->ie, 0), len, 0, &crc);
+		if (!r && crc != crc32c(0, s->re, len))
+			return DS_FAIL(s, "E exported again: checksum %#x, expected %#x",
+				       crc, crc32c(0, s->re, len));
+		break;
+	case DK_RECREATE:
+		if (ds_destroy(s) || ds_create(s))
+			return -1;
+		break;
+	}
+	s->st->ops[op]++;
+	if (r == -EIO && op == DK_ATOMIC) {
+		uint64_t now = *(volatile uint64_t *)(s->pe + dof);
+
+		/* one addition, done or not */
+		if (now != old && now != old - pat)
+			return DS_FAIL(s, "fetch-add at %zu failed: value %#llx, neither %#llx nor %#llx",
+				       dof, (unsigned long long)now,
+				       (unsigned long long)(old - pat),
+				       (unsigned long long)old);
+	}
+	if (r == -EIO) {
+		s->st->eio[op]++;
+		if (dp && op != DK_CPU_WRITE &&
+		    ds_adopt(s, dp, dref, dof, n, tmp, what))
+			return -1;
+	} else if (r) {
+		return DS_FAIL(s, "%s (%zu bytes, %zu -> %zu, dev%d -> dev%d): %s",
+			       what, n, so, dof, s->x, s->y, strerror(-r));
+	} else if (dp && op != DK_CPU_WRITE) {
+		memcpy(dref + dof, tmp, n);
+		s->st->copied += n;
+	}
+	return ds_verify(s, what);
+}
+
+static int ds_proc(const struct ctx *c, int id, int secs, struct dsoak_stats *st)
+{
+	static const int weight[DK_NOPS] = { 10, 12, 12, 8, 8, 8, 10, 6, 4, 6, 2 };
+	struct dsoak s = { .st = st, .x = id, .y = 1 - id,
+			   .rnd = 0xd5ULL * (id + 1) + (uint64_t)time(NULL) };
+	double t0 = now_sec();
+	uint8_t *tmp = malloc(2 * MiB);
+	int k, total = 0;
+
+	s.xfd = open(c->path[s.x], O_RDWR | O_CLOEXEC);
+	s.yfd = open(c->path[s.y], O_RDWR | O_CLOEXEC);
+	if (s.xfd < 0 || s.yfd < 0 || !tmp)
+		return DS_FAIL(&s, "set-up: %s", strerror(errno));
+	if (ds_create(&s))
+		return -1;
+	for (k = 0; k < DK_NOPS; k++)
+		total += weight[k];
+	while (now_sec() - t0 < secs) {
+		int pick = (int)(rnd64(&s.rnd) % total), op = 0;
+
+		while (pick >= weight[op])
+			pick -= weight[op++];
+		if (ds_step(&s, op, tmp))
+			return -1;
+	}
+	if (ds_destroy(&s))
+		return -1;
+	close(s.xfd);
+	close(s.yfd);
+	return 0;
+}
+
+static int dmabuf_soak(int secs)
+{
+	static const char * const zero[] = {
+		"exports", "attachments", "p2p_attachments", "mappings", "pins",
+		"imports", "imports_mapped",
+	};
+	struct dsoak_stats *st = mmap(NULL, DSOAK_PROCS * sizeof(*st),
+				      PROT_READ | PROT_WRITE,
+				      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	long ops = 0, eio = 0, op[DK_NOPS] = { 0 }, eop[DK_NOPS] = { 0 };
+	long exports = 0, imports = 0, partial = 0, aeio = 0, xeio = 0, live[3], v;
+	unsigned long long verified = 0, copied = 0;
+	char why[400] = "", eios[300] = "";
+	struct ctx cc = { 0 }, *c = &cc;
+	struct cxl_accel_stats sts;
+	pid_t pids[DSOAK_PROCS];
+	double t0 = now_sec(), last = t0;
+	int i, k, d, status, left = DSOAK_PROCS;
+	size_t el = 0;
+
+	if (st == MAP_FAILED || discover(c) || c->ndev < 2) {
+		printf("RESULT soak_dmabuf FAIL needs two devices (%d found)\n", c->ndev);
+		return 1;
+	}
+	memset(st, 0, DSOAK_PROCS * sizeof(*st));
+	for (i = 0; i < DSOAK_PROCS; i++) {
+		pids[i] = fork();
+		if (!pids[i]) {
+			alarm(secs + 180);	/* a hang ends as a failure */
+			_exit(ds_proc(c, i, secs, &st[i]) ? 1 : 0);
+		}
+	}
+	while (left) {
+		pid_t p = waitpid(-1, &status, WNOHANG);
+
+		if (p > 0) {
+			for (i = 0; i < DSOAK_PROCS && pids[i] != p; i++)
+				;
+			if (i < DSOAK_PROCS && !why[0] &&
+			    (!WIFEXITED(status) || WEXITSTATUS(status)))
+				snprintf(why, sizeof(why), "process %d (dev%d -> dev%d): %s",
+					 i, i, 1 - i, st[i].fail[0] ? st[i].fail :
+					 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
+					 "failed");
+			left--;
+			continue;
+		}
+		if (secs >= 300 && now_sec() - last >= 60) {
+			last = now_sec();
+			for (i = 0, ops = 0, eio = 0; i < DSOAK_PROCS; i++)
+				for (k = 0; k < DK_NOPS; k++) {
+					ops += st[i].ops[k];
+					eio += st[i].eio[k];
+				}
+			printf("# soak_dmabuf %.0f s: %ld steps, %ld -EIO\n",
+			       last - t0, ops, eio);
+			fflush(stdout);
+		}
+		usleep(100000);
+	}
+	ops = eio = 0;
+	for (i = 0; i < DSOAK_PROCS; i++) {
+		for (k = 0; k < DK_NOPS; k++) {
+			op[k] += st[i].ops[k];
+			eop[k] += st[i].eio[k];
+			ops += st[i].ops[k];
+			eio += st[i].eio[k];
+		}
+		exports += st[i].exports;
+		imports += st[i].imports;
+		partial += st[i].partial;
+		aeio += st[i].alloc_eio;
+		xeio += st[i].export_eio;
+		verified += st[i].verified;
+		copied += st[i].copied;
+	}
+	for (k = 0; k < DK_NOPS; k++)
+		if (eop[k])
+			el += snprintf(eios + el, sizeof(eios) - el, "%s%s %ld",
+				       el ? ", " : "", dk_names[k], eop[k]);
+	if (aeio)
+		el += snprintf(eios + el, sizeof(eios) - el, "%salloc %ld",
+			       el ? ", " : "", aeio);
+	if (xeio)
+		el += snprintf(eios + el, sizeof(eios) - el, "%sexport %ld",
+			       el ? ", " : "", xeio);
+	eio += aeio + xeio;
+	/* nothing left behind: the exports were released, UNEXPORTs included */
+	if (!why[0] && module_live(c, live))
+		snprintf(why, sizeof(why), "module_live unreadable");
+	if (!why[0] && (live[0] || live[1] || live[2]))
+		snprintf(why, sizeof(why), "module-wide live exports %ld attachments %ld imports %ld",
+			 live[0], live[1], live[2]);
+	if (!why[0] && (k = bufinfo_count()) != 0)
+		snprintf(why, sizeof(why), "dma_buf/bufinfo lists %d cxl_accel buffers", k);
+	for (d = 0; d < c->ndev && !why[0]; d++) {
+		for (k = 0; k < (int)ARRAY_SIZE(zero) && !why[0]; k++)
+			if ((v = sysfs_long(c->name[d], zero[k])) != 0)
+				snprintf(why, sizeof(why), "%s dmabuf/%s = %ld",
+					 c->name[d], zero[k], v);
+		if (!why[0] && (cxla_stats(c->fd[d], &sts) ||
+				sts.driver[CXL_ACCEL_DSTAT_TIMEOUTS] ||
+				sts.driver[CXL_ACCEL_DSTAT_QUARANTINED]))
+			snprintf(why, sizeof(why), "%s: %llu timeouts, %llu quarantined",
+				 c->name[d],
+				 (unsigned long long)sts.driver[CXL_ACCEL_DSTAT_TIMEOUTS],
+				 (unsigned long long)sts.driver[CXL_ACCEL_DSTAT_QUARANTINED]);
+	}
+	if (!why[0] && !eio)
+		snprintf(why, sizeof(why), "no step was interrupted: were there kills?");
+	printf("RESULT soak_dmabuf %s %d processes x %d s: %ld steps (%ld exports, %ld peer-to-peer imports, %ld copies/fills/atomics through imports moving %.1f MB, %ld checksums), %ld -EIO (%s; %ld failed writes had written part), %.1f MB verified; no DMA-BUF, attachment, mapping or import left%s%s\n",
+	       why[0] ? "FAIL" : "PASS", DSOAK_PROCS, secs, ops, exports, imports,
+	       op[DK_PULL] + op[DK_PUSH] + op[DK_TO_RAM] + op[DK_FROM_RAM] +
+	       op[DK_FILL] + op[DK_ATOMIC], copied / 1e6, op[DK_CRC], eio,
+	       el ? eios : "none", partial, verified / 1e6,
+	       why[0] ? "; " : "", why);
+	return why[0] ? 1 : 0;
+}
+
 /* ------------------------------------------------------------ runner */
 
 struct test {
@@ -1547,8 +2020,10 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(argv[i], "--bench")) {
 			return bench(argc - i - 1, argv + i + 1);
+		} else if (!strcmp(argv[i], "--soak") && i + 1 < argc) {
+			return dmabuf_soak(atoi(argv[i + 1]));
 		} else {
-			fprintf(stderr, "usage: %s [-t test]... [-l] | --bench [--full] [MiB...]\n",
+			fprintf(stderr, "usage: %s [-t test]... [-l] | --bench [--full] [MiB...] | --soak SECS\n",
 				argv[0]);
 			return 2;
 		}

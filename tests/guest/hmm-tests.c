@@ -8,6 +8,7 @@
  *
  * Usage: hmm-tests [-d /dev/cxl-accelN] [-P /dev/cxl-accelM] [-p prefix]
  *                  [-t name]... [-l] [-s stress-seconds]
+ *        hmm-tests --soak SECS DEV PEER-DEV   (migration soak, run-soak.sh)
  *   -P names a second device for the peer tests (skipped without it).
  * Every test checks at its end that the migration pool of the device holds
  * no page any more (no leaked page references).
@@ -2205,6 +2206,376 @@ static int hmm_stall(int secs, const char *path)
 	return 0;
 }
 
+/* ------------------------------------------------------------- soak */
+
+/*
+ * --soak SECS DEV PEER: migration under daemon restarts (tests/guest/
+ * run-soak.sh kills the device workers meanwhile). SOAK_PROCS processes,
+ * each with a region of anonymous memory and a copy of what it must hold
+ * (in system RAM, never migrated), repeat random steps for SECS seconds:
+ * migrations to either device (from RAM or from the other device) and back
+ * to RAM through either device, CPU writes, device reads (checksum, READ
+ * into a device buffer), device writes (FILL, WRITE from a device buffer)
+ * on either device, the odd EVICT. Every step may fail with -EIO (a command
+ * in flight when a worker died: counted), nothing else. After every step
+ * the whole region is compared with its copy. A device write that failed
+ * may have written part of its range: each byte must then be the old or
+ * the new value, and the copy takes what is there. At the end everything
+ * goes back to RAM and both migration pools must be empty.
+ */
+#define SOAK_PROCS	2
+
+enum {
+	SK_TO_DEV, SK_TO_RAM, SK_CPU_WRITE, SK_SVM_CRC, SK_SVM_READ,
+	SK_SVM_FILL, SK_SVM_WRITE, SK_EVICT, SK_NOPS
+};
+
+static const char * const soak_op_names[SK_NOPS] = {
+	"to-dev", "to-ram", "cpu-write", "svm-crc", "svm-read", "svm-fill",
+	"svm-write", "evict",
+};
+
+struct soak_stats {		/* one per process, shared with the parent */
+	long ops[SK_NOPS];
+	long eio[SK_NOPS];
+	long moved;		/* pages migrated */
+	long alloc_eio;		/* ALLOCs of the device buffers */
+	long partial;		/* failed device writes that had written part */
+	long local_checks;	/* snapshots that agreed with a migration */
+	unsigned long long verified;	/* bytes compared */
+	char fail[300];
+};
+
+struct soak {
+	int fd[2];
+	uint8_t *p;		/* the region */
+	uint8_t *ref;		/* what it must hold */
+	size_t len, npages;
+	struct cxl_accel_alloc buf[2];	/* one device buffer per device */
+	uint8_t *bmap[2];
+	uint64_t rnd;
+	struct soak_stats *st;
+};
+
+#define SOAK_FAIL(s, ...) \
+	(snprintf((s)->st->fail, sizeof((s)->st->fail), __VA_ARGS__), -1)
+
+/* The region must equal ref; a difference is described in st->fail. */
+static int soak_verify(struct soak *s, const char *what)
+{
+	size_t i;
+	uint8_t f = 0;
+
+	s->st->verified += s->len;
+	if (!memcmp(s->p, s->ref, s->len))
+		return 0;
+	for (i = 0; i < s->len && s->p[i] == s->ref[i]; i++)
+		;
+	snapshot(s->fd[0], s->p + i / PG * PG, PG, &f);
+	return SOAK_FAIL(s, "after %s: byte %zu (page %zu) is %#x, expected %#x (snapshot on dev0 %#x)",
+			 what, i, i / PG, s->p[i], s->ref[i], f);
+}
+
+/*
+ * A device write of [off, off + len) failed: each byte must be the old
+ * value (ref) or the new one (want); ref takes what is there.
+ */
+static int soak_adopt(struct soak *s, size_t off, size_t len,
+		      const uint8_t *want, const char *what)
+{
+	size_t i;
+	bool part = false;
+
+	for (i = 0; i < len; i++) {
+		uint8_t v = s->p[off + i];
+
+		if (v == s->ref[off + i])
+			continue;
+		if (v != want[i])
+			return SOAK_FAIL(s, "%s failed: byte %zu is %#x, neither old %#x nor new %#x",
+					 what, off + i, v, s->ref[off + i], want[i]);
+		s->ref[off + i] = v;
+		part = true;
+	}
+	s->st->partial += part;
+	return 0;
+}
+
+static int soak_step(struct soak *s, int op, int d, size_t off, size_t len,
+		     uint8_t *tmp)
+{
+	int fd = s->fd[d], r = 0;
+	uint64_t pat = rnd64(&s->rnd) | 1;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_evict ev;
+	uint32_t crc;
+	size_t i;
+	long local;
+
+	switch (op) {
+	case SK_TO_DEV:
+	case SK_TO_RAM:
+		/* whole pages */
+		off &= ~(PG - 1);
+		len = (len + PG - 1) & ~(PG - 1);
+		if (off + len > s->len)
+			len = s->len - off;
+		r = migrate(fd, s->p + off, len, op == SK_TO_DEV, &m);
+		if (!r) {
+			s->st->moved += m.migrated;
+			/*
+			 * Where the pages are agrees with the report (one
+			 * thread per region; an EVICT elsewhere only takes
+			 * pages off a device).
+			 */
+			local = local_pages(fd, s->p + off, len);
+			if (local < 0 ||
+			    local > (long)(op == SK_TO_DEV ?
+					   m.migrated + m.already + m.busy :
+					   m.already + m.busy))
+				return SOAK_FAIL(s, "%s of %zu pages through dev%d: %llu moved, %llu already, %llu busy, but %ld on dev%d",
+						 soak_op_names[op], len / PG, d,
+						 (unsigned long long)m.migrated,
+						 (unsigned long long)m.already,
+						 (unsigned long long)m.busy, local, d);
+			s->st->local_checks++;
+		}
+		break;
+	case SK_CPU_WRITE:
+		fill_random(s->ref + off, len, pat);
+		memcpy(s->p + off, s->ref + off, len);
+		break;
+	case SK_SVM_CRC:
+		r = svm_crc(fd, s->p + off, len, &crc);
+		if (!r && crc != crc32c(0, s->ref + off, len))
+			return SOAK_FAIL(s, "dev%d checksum of %zu bytes at %zu: %#x, expected %#x",
+					 d, len, off, crc, crc32c(0, s->ref + off, len));
+		s->st->verified += r ? 0 : len;
+		break;
+	case SK_SVM_READ:
+		memset(s->bmap[d], 0x5a, len);
+		r = svm(fd, CXL_ACCEL_SVM_READ, s->p + off, len, s->buf[d].handle,
+			0, NULL, NULL);
+		if (!r && memcmp(s->bmap[d], s->ref + off, len)) {
+			for (i = 0; s->bmap[d][i] == s->ref[off + i]; i++)
+				;
+			return SOAK_FAIL(s, "dev%d read %zu bytes at %zu: byte %zu differs",
+					 d, len, off, i);
+		}
+		s->st->verified += r ? 0 : len;
+		break;
+	case SK_SVM_FILL:
+	case SK_SVM_WRITE:
+		if (op == SK_SVM_FILL) {
+			for (i = 0; i < len; i++)
+				tmp[i] = (uint8_t)(pat >> (8 * (i % 8)));
+			r = svm(fd, CXL_ACCEL_SVM_FILL, s->p + off, len, 0, 0, &pat,
+				NULL);
+		} else {
+			fill_random(s->bmap[d], len, pat);
+			memcpy(tmp, s->bmap[d], len);
+			r = svm(fd, CXL_ACCEL_SVM_WRITE, s->p + off, len,
+				s->buf[d].handle, 0, NULL, NULL);
+		}
+		if (!r)
+			memcpy(s->ref + off, tmp, len);
+		else if (r == -EIO &&
+			 soak_adopt(s, off, len, tmp, soak_op_names[op]))
+			return -1;
+		break;
+	case SK_EVICT:
+		memset(&ev, 0, sizeof(ev));
+		r = evict(fd, &ev);
+		break;
+	}
+	s->st->ops[op]++;
+	if (r == -EIO) {
+		s->st->eio[op]++;
+	} else if (r) {
+		return SOAK_FAIL(s, "%s on dev%d (%zu bytes at %zu): %s",
+				 soak_op_names[op], d, len, off, strerror(-r));
+	}
+	return soak_verify(s, soak_op_names[op]);
+}
+
+/* One process: its region, random steps until the time is up. */
+static int soak_proc(int id, int secs, const char *path, const char *peer,
+		     struct soak_stats *st)
+{
+	static const int weight[SK_NOPS] = { 30, 20, 10, 10, 8, 8, 6, 1 };
+	struct soak s = { .st = st, .rnd = 0x50a4ULL * (id + 1) + (uint64_t)time(NULL) };
+	double t0 = now_sec();
+	uint8_t *tmp;
+	int d, k, tries, total = 0;
+
+	/* process 0: 1 MiB of small pages; 1: 4 MiB that may start as THPs */
+	s.len = id ? 4 * MiB : 1 * MiB;
+	s.npages = s.len / PG;
+	s.p = map_aligned(s.len, 2 * MiB);
+	s.ref = malloc(s.len);
+	tmp = malloc(s.len);
+	s.fd[0] = open(path, O_RDWR);
+	s.fd[1] = open(peer, O_RDWR);
+	if (!s.p || !s.ref || !tmp || s.fd[0] < 0 || s.fd[1] < 0)
+		return SOAK_FAIL(&s, "set-up: %s", strerror(errno));
+	madvise(s.p, s.len, id ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	for (d = 0; d < 2; d++) {
+		/* ALLOC may be interrupted too */
+		for (tries = 0; (k = alloc_map(NULL, s.fd[d], s.len, &s.buf[d],
+					       &s.bmap[d])) == -EIO && tries < 5; tries++)
+			st->alloc_eio++;
+		if (k)
+			return SOAK_FAIL(&s, "buffer on dev%d: %s", d, strerror(-k));
+	}
+	fill_random(s.ref, s.len, s.rnd);
+	memcpy(s.p, s.ref, s.len);
+	for (k = 0; k < SK_NOPS; k++)
+		total += weight[k];
+
+	while (now_sec() - t0 < secs) {
+		int pick = (int)(rnd64(&s.rnd) % total), op = 0;
+		size_t off, len;
+
+		while (pick >= weight[op])
+			pick -= weight[op++];
+		/* a random piece, now and then all of it */
+		if (rnd64(&s.rnd) % 8 == 0) {
+			off = 0;
+			len = s.len;
+		} else {
+			off = rnd64(&s.rnd) % s.len;
+			len = 1 + rnd64(&s.rnd) % (s.len - off);
+		}
+		if (soak_step(&s, op, (int)(rnd64(&s.rnd) & 1), off, len, tmp))
+			return -1;
+	}
+	/* everything back to RAM (through either device), intact */
+	for (tries = 0; tries < 10; tries++) {
+		d = tries & 1;
+		k = migrate(s.fd[d], s.p, s.len, false, NULL);
+		if (k && k != -EIO)
+			return SOAK_FAIL(&s, "final migration to RAM: %s", strerror(-k));
+		if (!k && local_pages(s.fd[0], s.p, s.len) == 0 &&
+		    local_pages(s.fd[1], s.p, s.len) == 0)
+			break;
+	}
+	if (tries == 10)
+		return SOAK_FAIL(&s, "pages stay on device memory after 10 migrations to RAM");
+	if (soak_verify(&s, "the final migration to RAM"))
+		return -1;
+	munmap(s.p, s.len);
+	for (d = 0; d < 2; d++) {
+		munmap(s.bmap[d], s.len);
+		cxla_free(s.fd[d], s.buf[d].handle);
+		close(s.fd[d]);
+	}
+	return 0;
+}
+
+static int hmm_soak(int secs, const char *path, const char *peer)
+{
+	struct soak_stats *st = mmap(NULL, SOAK_PROCS * sizeof(*st),
+				     PROT_READ | PROT_WRITE,
+				     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	long ops = 0, eio = 0, moved = 0, partial = 0, op[SK_NOPS] = { 0 },
+	     eop[SK_NOPS] = { 0 }, eop_alloc = 0, placed = 0;
+	unsigned long long verified = 0;
+	char detail[DETAIL_LEN + 1] = "", why[400] = "", eios[200] = "";
+	struct ctx cc = { .detail = detail }, *c = &cc;
+	struct cxl_accel_stats sts;
+	pid_t pids[SOAK_PROCS];
+	double t0 = now_sec(), last = t0;
+	int i, k, status, left = SOAK_PROCS, fds[2];
+	size_t el = 0;
+
+	fds[0] = open(path, O_RDWR);
+	fds[1] = open(peer, O_RDWR);
+	if (st == MAP_FAILED || fds[0] < 0 || fds[1] < 0) {
+		printf("RESULT soak_migrate FAIL set-up: %s\n", strerror(errno));
+		return 1;
+	}
+	memset(st, 0, SOAK_PROCS * sizeof(*st));
+	for (i = 0; i < SOAK_PROCS; i++) {
+		pids[i] = fork();
+		if (!pids[i]) {
+			alarm(secs + 180);	/* a hang ends as a failure */
+			_exit(soak_proc(i, secs, path, peer, &st[i]) ? 1 : 0);
+		}
+	}
+	while (left) {
+		pid_t p = waitpid(-1, &status, WNOHANG);
+
+		if (p > 0) {
+			for (i = 0; i < SOAK_PROCS && pids[i] != p; i++)
+				;
+			if (i < SOAK_PROCS && !why[0] &&
+			    (!WIFEXITED(status) || WEXITSTATUS(status)))
+				snprintf(why, sizeof(why), "process %d: %s", i,
+					 st[i].fail[0] ? st[i].fail :
+					 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
+					 "failed");
+			left--;
+			continue;
+		}
+		if (secs >= 300 && now_sec() - last >= 60) {
+			last = now_sec();
+			for (i = 0, k = 0, ops = 0, eio = 0; i < SOAK_PROCS; i++)
+				for (k = 0; k < SK_NOPS; k++) {
+					ops += st[i].ops[k];
+					eio += st[i].eio[k];
+				}
+			printf("# soak_migrate %.0f s: %ld steps, %ld -EIO\n",
+			       last - t0, ops, eio);
+			fflush(stdout);
+		}
+		usleep(100000);
+	}
+	ops = eio = 0;
+	for (i = 0; i < SOAK_PROCS; i++) {
+		for (k = 0; k < SK_NOPS; k++) {
+			op[k] += st[i].ops[k];
+			eop[k] += st[i].eio[k];
+			ops += st[i].ops[k];
+			eio += st[i].eio[k];
+		}
+		moved += st[i].moved;
+		partial += st[i].partial;
+		eop_alloc += st[i].alloc_eio;
+		placed += st[i].local_checks;
+		verified += st[i].verified;
+	}
+	for (k = 0; k < SK_NOPS; k++)
+		if (eop[k])
+			el += snprintf(eios + el, sizeof(eios) - el, "%s%s %ld",
+				       el ? ", " : "", soak_op_names[k], eop[k]);
+	if (eop_alloc)
+		el += snprintf(eios + el, sizeof(eios) - el, "%salloc %ld",
+			       el ? ", " : "", eop_alloc);
+	eio += eop_alloc;
+	/* every page came back: no leaked page reference, no chunk kept */
+	for (i = 0; i < 2 && !why[0]; i++) {
+		if (pool_idle(c, fds[i]))
+			snprintf(why, sizeof(why), "dev%d: %s", i, detail);
+		else if (cxla_stats(fds[i], &sts) ||
+			 sts.driver[CXL_ACCEL_DSTAT_TIMEOUTS] ||
+			 sts.driver[CXL_ACCEL_DSTAT_QUARANTINED])
+			snprintf(why, sizeof(why), "dev%d: %llu timeouts, %llu quarantined",
+				 i, (unsigned long long)sts.driver[CXL_ACCEL_DSTAT_TIMEOUTS],
+				 (unsigned long long)sts.driver[CXL_ACCEL_DSTAT_QUARANTINED]);
+	}
+	if (!why[0] && (!op[SK_TO_DEV] || !moved))
+		snprintf(why, sizeof(why), "no page was migrated");
+	if (!why[0] && !eio)
+		snprintf(why, sizeof(why), "no step was interrupted: were there kills?");
+	printf("RESULT soak_migrate %s %d processes x %d s: %ld steps (%ld migrations moving %ld pages, placement checked %ld times, %ld device reads, %ld device writes, %ld CPU writes, %ld evictions), %ld -EIO (%s; %ld failed device writes had written part), %.1f MB verified; pools empty%s%s\n",
+	       why[0] ? "FAIL" : "PASS", SOAK_PROCS, secs, ops,
+	       op[SK_TO_DEV] + op[SK_TO_RAM], moved, placed,
+	       op[SK_SVM_CRC] + op[SK_SVM_READ], op[SK_SVM_FILL] + op[SK_SVM_WRITE],
+	       op[SK_CPU_WRITE], op[SK_EVICT], eio, el ? eios : "none", partial,
+	       verified / 1e6, why[0] ? "; " : "", why);
+	return why[0] ? 1 : 0;
+}
+
 /* ---------------------------------------------------------- runner */
 
 struct test {
@@ -2317,6 +2688,8 @@ int main(int argc, char **argv)
 					     !strcmp(argv[i + 2], "--close"));
 		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
 			return hmm_stall(atoi(argv[i + 1]), argv[i + 2]);
+		} else if (!strcmp(argv[i], "--soak") && i + 3 < argc) {
+			return hmm_soak(atoi(argv[i + 1]), argv[i + 2], argv[i + 3]);
 		} else if (!strcmp(argv[i], "--peer-only")) {
 			peer_only = 1;
 		} else if (!strcmp(argv[i], "-l")) {
@@ -2328,7 +2701,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr,
 				"usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-s stress-secs] [--peer-only] [-l]\n"
-				"       %s --hold-migrated dev [--close] | --stall secs dev\n",
+				"       %s --hold-migrated dev [--close] | --stall secs dev | --soak secs dev peer-dev\n",
 				argv[0], argv[0]);
 			return 2;
 		}
