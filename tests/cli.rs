@@ -356,8 +356,8 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
     let out = sup.wait_with_output().unwrap();
-    assert!(out.status.success());
     let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {log}", out.status);
     assert!(log.contains("supervising on"), "{log}");
     let _ = std::fs::remove_dir_all(d);
 }
