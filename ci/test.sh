@@ -74,6 +74,9 @@ HMM_STALL=$(tail -n 1 "$OUT")
 log "== guest: daemon killed 15 times under load (--supervise)"
 tests/guest/run-restart.sh --quiet "${SANDBOX[@]}" | tee "$OUT"
 RESTART=$(tail -n 1 "$OUT")
+log "== guest: soak, 60 s of commands, migration and DMA-BUF on two devices whose workers are killed"
+tests/guest/run-soak.sh --quiet "${SANDBOX[@]}" | tee "$OUT"
+SOAK=$(tail -n 1 "$OUT")
 log "== guest: hot-unplug under load"
 tests/guest/run-unplug.sh --quiet "${SANDBOX[@]}" | tee "$OUT"
 UNPLUG=$(tail -n 1 "$OUT")
@@ -91,6 +94,6 @@ log "== guest: end-to-end suite"
 SUITE=$(tail -n 1 "$OUT")
 T_GUEST=$(elapsed "$T2")
 log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
-log "guest stall test: $STALL; migration stall test: $HMM_STALL; restarts: $RESTART; hot-unplug: $UNPLUG; NUMA mode: $NUMA"
+log "guest stall test: $STALL; migration stall test: $HMM_STALL; restarts: $RESTART; soak: $SOAK; hot-unplug: $UNPLUG; NUMA mode: $NUMA"
 # The last line is the guest suite's verdict ("N passed, N failed").
 echo "$SUITE"
