@@ -33,6 +33,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Shutting down removes the sockets under the serving thread's feet: what fails
+        // then is the shutdown's doing, not an error.
+        Err(_) if signals::terminating() => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
 }
@@ -153,6 +156,13 @@ fn supervise(args: Args) -> Result<(), String> {
 mod signals {
     use std::path::PathBuf;
 
+    static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// A termination signal arrived and the process is on its way out.
+    pub fn terminating() -> bool {
+        TERMINATING.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
     pub fn exit_on_termination(remove: Vec<PathBuf>) -> Result<(), String> {
@@ -174,6 +184,7 @@ mod signals {
                 let mut sig: libc::c_int = 0;
                 // SAFETY: `set` is a valid, initialised signal set and `sig` a valid out-pointer.
                 let rc = unsafe { libc::sigwait(&set, &mut sig) };
+                TERMINATING.store(true, std::sync::atomic::Ordering::Release);
                 if rc == 0 {
                     log::info!("signal {sig} received, shutting down");
                 }
