@@ -3,9 +3,9 @@
 //! get a status, never a panic, and must never change memory outside the ranges a
 //! successful command named. Deterministic (fixed seeds), so a failure reproduces.
 
-use std::fs::File;
-use std::os::fd::FromRawFd;
+mod common;
 
+use common::Rng;
 use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::devmem::DeviceMemory;
 use cxl_accel::protocol::*;
@@ -18,58 +18,38 @@ const DEVMEM: u64 = 2 << 20;
 /// A second RAM region after a hole, so ranges can straddle regions and holes.
 const HIGH: u64 = 0x1_0000_0000;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+/// Addresses and lengths near the interesting edges.
+fn edgy(r: &mut Rng) -> u64 {
+    let edges = [
+        0,
+        8,
+        4096,
+        RAM,
+        DEVMEM,
+        HIGH,
+        HIGH + RAM,
+        1 << 32,
+        u64::MAX,
+        u32::MAX as u64,
+    ];
+    let base = edges[r.below(edges.len() as u64) as usize];
+    match r.below(4) {
+        0 => base,
+        1 => base.wrapping_sub(r.below(64)),
+        2 => base.wrapping_add(r.below(64)),
+        _ => r.next() >> r.below(64),
     }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// Addresses and lengths near the interesting edges.
-    fn edgy(&mut self) -> u64 {
-        let edges = [
-            0,
-            8,
-            4096,
-            RAM,
-            DEVMEM,
-            HIGH,
-            HIGH + RAM,
-            1 << 32,
-            u64::MAX,
-            u32::MAX as u64,
-        ];
-        let base = edges[self.below(edges.len() as u64) as usize];
-        match self.below(4) {
-            0 => base,
-            1 => base.wrapping_sub(self.below(64)),
-            2 => base.wrapping_add(self.below(64)),
-            _ => self.next() >> self.below(64),
-        }
-    }
-}
-
-fn memfd(size: u64) -> File {
-    // SAFETY: memfd_create with a static C string; the fd is owned by the File.
-    let fd = unsafe { libc::memfd_create(c"cxl-accel-random".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: fd was just created and is not owned elsewhere.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
-    f
 }
 
 fn guest() -> GuestMemoryMmap {
     let regions = [(0, RAM), (HIGH, RAM)]
         .into_iter()
         .map(|(gpa, size)| {
-            let r = MmapRegion::from_file(FileOffset::new(memfd(size), 0), size as usize).unwrap();
+            let r = MmapRegion::from_file(
+                FileOffset::new(common::memfd("cxl-accel-random", size), 0),
+                size as usize,
+            )
+            .unwrap();
             GuestRegionMmap::new(r, GuestAddress(gpa)).unwrap()
         })
         .collect();
@@ -107,8 +87,8 @@ fn random_request(r: &mut Rng) -> Vec<u8> {
     .as_slice()
     .to_vec();
     let sge = |r: &mut Rng| Sge {
-        addr: r.edgy(),
-        len: (r.edgy() as u32) & if r.below(2) == 0 { 0xffff } else { u32::MAX },
+        addr: edgy(r),
+        len: (edgy(r) as u32) & if r.below(2) == 0 { 0xffff } else { u32::MAX },
         space: if r.below(10) == 0 {
             r.next() as u16
         } else {
@@ -132,7 +112,7 @@ fn random_request(r: &mut Rng) -> Vec<u8> {
                 width: [4, 8, 2, 0][r.below(4) as usize],
                 space: r.below(3) as u16,
                 reserved: 0,
-                addr: r.edgy() & !3,
+                addr: edgy(r) & !3,
                 operand: r.next(),
                 compare: r.next(),
                 repeat: r.below(3),
@@ -150,7 +130,7 @@ fn random_request(r: &mut Rng) -> Vec<u8> {
             };
             v.extend_from_slice(p.as_slice());
             for _ in 0..2 * n {
-                v.extend_from_slice(&(r.edgy() & !4095).to_le_bytes());
+                v.extend_from_slice(&(edgy(r) & !4095).to_le_bytes());
             }
         }
         _ => {

@@ -68,10 +68,10 @@ fn connect(d: &Daemon) -> UnixStream {
 }
 
 /// A well-behaved front-end still gets served.
-fn healthy(d: &Daemon) {
+fn healthy(sock: &std::path::Path) {
     let mut fe = None;
     for _ in 0..500 {
-        if let Ok(f) = Frontend::connect(&d.sock, 2) {
+        if let Ok(f) = Frontend::connect(sock, 2) {
             fe = Some(f);
             break;
         }
@@ -180,7 +180,7 @@ fn malformed_messages_end_the_session_not_the_daemon() {
         let mut s = connect(&d);
         let _closed = send_and_see_closed(&mut s, bytes);
         drop(s);
-        healthy(&d);
+        healthy(&d.sock);
         eprintln!("survived: {name}");
     }
     assert_eq!(d.device.stat(cxl_accel::protocol::STAT_COMMANDS), 0);
@@ -258,7 +258,7 @@ fn a_memory_region_larger_than_its_file_is_refused() {
     let _ = fe.set_mem_table(&[region]);
     let _ = fe.get_features();
     drop(fe);
-    healthy(&d);
+    healthy(&d.sock);
     assert_eq!(d.device.stat(cxl_accel::protocol::STAT_ERRORS), 1);
     assert_eq!(d.device.layout().devmem_gpa, None);
     let _ = std::fs::remove_dir_all(&d.dir);
@@ -296,25 +296,10 @@ fn client_mode_connects_to_a_listening_front_end_and_reconnects() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// xorshift64: reproducible random numbers without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// One random message: mostly real requests with plausible payloads (ring indices 0-2,
 /// small sizes, addresses inside a small shared region), sometimes lies about sizes,
 /// versions and fds.
-fn random_message(rng: &mut Rng, region: &std::fs::File) -> cxl_accel::supervisor::Message {
+fn random_message(rng: &mut common::Rng, region: &std::fs::File) -> cxl_accel::supervisor::Message {
     use std::os::fd::OwnedFd;
     let request = match rng.below(10) {
         0 => rng.below(64) as u32,
@@ -398,7 +383,7 @@ fn random_message(rng: &mut Rng, region: &std::fs::File) -> cxl_accel::superviso
 /// Returns the number of messages sent.
 fn random_sessions(sock: &std::path::Path, sessions: usize, seed: u64) -> usize {
     use std::os::fd::AsFd;
-    let mut rng = Rng(seed);
+    let mut rng = common::Rng(seed);
     let region = common::memfd("random-region", 2 << 20);
     let mut sent = 0;
     for _ in 0..sessions {
@@ -443,7 +428,7 @@ fn random_sessions(sock: &std::path::Path, sessions: usize, seed: u64) -> usize 
 fn random_message_sequences_never_take_the_daemon_down() {
     let d = start();
     let sent = random_sessions(&d.sock, 300, 0x5eed_1234_abcd_0001);
-    healthy(&d);
+    healthy(&d.sock);
     eprintln!("in-process daemon: {sent} random messages in 300 sessions, still serving");
     // How many get in before the daemon drops a session depends on timing; each session
     // delivers at least its first message.
@@ -470,15 +455,7 @@ fn random_message_sequences_through_the_supervisor() {
         .spawn()
         .unwrap();
     let sent = random_sessions(&sock, 150, 0x5eed_1234_abcd_0002);
-    let d = Daemon {
-        sock: sock.clone(),
-        device: Arc::new(Device::new(
-            DeviceConfig::default(),
-            DeviceMemory::open(&dir.join("other"), 2 << 20).unwrap(),
-        )),
-        dir: dir.clone(),
-    };
-    healthy(&d);
+    healthy(&sock);
     assert!(child.try_wait().unwrap().is_none(), "the supervisor exited");
     eprintln!("supervised daemon: {sent} random messages in 150 sessions, still serving");
     // SAFETY: sends SIGTERM to our own child.

@@ -67,13 +67,8 @@ fn commands_survive_worker_kills() {
     let r = h.call(&with(hdr(OP_EXPORT, 0, 1), &Export { id: ids[0], uuid }));
     assert_eq!(r.status(), Status::Ok);
 
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut next = || rng.next();
     let (mut done, mut interrupted, mut atomics_done, mut atomics_cut) = (0, 0, 0u64, 0u64);
     let mut worker = wait_for_worker(&h, None);
     for round in 0..KILLS {

@@ -46,6 +46,22 @@ pub fn memfd(name: &str, size: u64) -> File {
     f
 }
 
+/// xorshift64*: reproducible random numbers without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
 /// Driver side of one split virtqueue.
 pub struct DriverQueue {
     /// The queue's call eventfd, to sleep on instead of polling.
