@@ -144,11 +144,23 @@ pub struct Args {
 }
 
 impl Args {
+    /// `--state-path`, by default the memory file's path plus ".state".
     pub fn state_path(&self) -> PathBuf {
         self.state_path
             .clone()
-            .unwrap_or_else(|| crate::state::path_for(&self.memory_path))
+            .unwrap_or_else(|| with_suffix(&self.memory_path, ".state"))
     }
+
+    /// Where a supervisor meets its workers: the socket path plus ".worker".
+    pub fn worker_socket(&self) -> PathBuf {
+        with_suffix(&self.socket_path, ".worker")
+    }
+}
+
+fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {

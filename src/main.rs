@@ -115,11 +115,7 @@ fn run(args: Args) -> Result<(), String> {
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
 fn supervise(args: Args) -> Result<(), String> {
-    let worker_socket = {
-        let mut p = args.socket_path.clone().into_os_string();
-        p.push(".worker");
-        std::path::PathBuf::from(p)
-    };
+    let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
     if args.socket_mode == SocketMode::Server {
         cleanup.push(args.socket_path.clone());

@@ -152,13 +152,6 @@ fn words_for(devmem_size: u64) -> usize {
     LOG + LOG_RECORDS * RECORD_WORDS + 2 * (SNAP_HEADER + max_buffers * SNAP_BUFFER_WORDS)
 }
 
-/// The state file that goes with a memory file.
-pub fn path_for(memory_path: &Path) -> PathBuf {
-    let mut s = memory_path.as_os_str().to_owned();
-    s.push(".state");
-    PathBuf::from(s)
-}
-
 impl StateFile {
     /// State kept in memory only (tests, fuzzing): same code paths, nothing survives.
     pub fn anonymous(devmem_size: u64) -> Result<StateFile, String> {
@@ -179,16 +172,11 @@ impl StateFile {
         size: u64,
         lock: bool,
     ) -> Result<(StateFile, Restored), String> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| format!("cannot open state file {}: {e}", path.display()))?;
-        if lock {
-            lock_exclusive(&file, path)?;
-        }
+        let file = if lock {
+            self::lock(path)?
+        } else {
+            open_file(path)?
+        };
         let len = (words_for(size) * 8) as u64;
         let on_disk = file
             .metadata()
@@ -633,15 +621,19 @@ pub fn interrupted(tag: u64) -> Resp {
 /// Takes the "a daemon owns this device" lock on the state file (a supervisor holds it
 /// for its workers). The lock lasts as long as the returned file is open.
 pub fn lock(path: &Path) -> Result<File, String> {
-    let file = OpenOptions::new()
+    let file = open_file(path)?;
+    lock_exclusive(&file, path)?;
+    Ok(file)
+}
+
+fn open_file(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| format!("cannot open state file {}: {e}", path.display()))?;
-    lock_exclusive(&file, path)?;
-    Ok(file)
+        .map_err(|e| format!("cannot open state file {}: {e}", path.display()))
 }
 
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), String> {

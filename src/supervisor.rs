@@ -591,14 +591,8 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         worker = start_worker(spec, workers, true)?;
         // The request the dead worker owed an answer: replay the rest, then ask again.
         if let Some(p) = &pending {
-            if rec
-                .kept
-                .iter()
-                .any(|k| k.header == p.header && k.payload == p.payload)
-            {
-                rec.kept
-                    .retain(|k| !(k.header == p.header && k.payload == p.payload));
-            }
+            rec.kept
+                .retain(|k| !(k.header == p.header && k.payload == p.payload));
         }
         let replayed = rec.replay(worker.conn.as_fd()).and_then(|_| {
             rec.kick_all();
@@ -661,15 +655,8 @@ mod tests {
     use super::*;
 
     fn msg(req: u32, flags: u32, payload: &[u8]) -> Message {
-        let mut header = [0u8; HEADER];
-        header[0..4].copy_from_slice(&req.to_le_bytes());
-        header[4..8].copy_from_slice(&(flags | 1).to_le_bytes());
-        header[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        Message {
-            header,
-            payload: payload.to_vec(),
-            fds: Vec::new(),
-        }
+        let size = payload.len() as u32;
+        Message::new(req, flags | 1, size, payload.to_vec(), Vec::new())
     }
 
     fn ring_msg(req: u32, ring: u32, v: u32) -> Message {
