@@ -23,8 +23,10 @@
 //! anywhere, loop, chain into indirect tables, or name heads outside the ring.
 #![no_main]
 
-use std::fs::File;
-use std::os::fd::FromRawFd;
+#[path = "memfd.rs"]
+mod memfd;
+
+use memfd::memfd;
 use std::sync::OnceLock;
 
 use cxl_accel::backend::{chain_error_reply, write_out, ChainRequest};
@@ -48,16 +50,6 @@ const MAX_QUEUE_SIZE: u16 = 32768;
 /// run short.
 const MAX_CHAINS: usize = 64;
 const HEADER: usize = 16;
-
-fn memfd(size: u64) -> File {
-    // SAFETY: memfd_create with a static C string; the fd is owned by the File.
-    let fd = unsafe { libc::memfd_create(c"cxl-accel-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: fd was just created and is not owned elsewhere.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
-    f
-}
 
 struct World {
     device: Device,

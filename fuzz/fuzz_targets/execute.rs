@@ -2,8 +2,10 @@
 //! memories: a status for everything, no panic, and failed commands change nothing.
 #![no_main]
 
-use std::fs::File;
-use std::os::fd::FromRawFd;
+#[path = "memfd.rs"]
+mod memfd;
+
+use memfd::memfd;
 use std::sync::OnceLock;
 
 use cxl_accel::device::{Device, DeviceConfig};
@@ -14,16 +16,6 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMma
 
 const RAM: u64 = 64 << 10;
 const DEVMEM: u64 = 64 << 10;
-
-fn memfd(size: u64) -> File {
-    // SAFETY: memfd_create with a static C string; the fd is owned by the File.
-    let fd = unsafe { libc::memfd_create(c"cxl-accel-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: fd was just created and is not owned elsewhere.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
-    f
-}
 
 struct World {
     device: Device,
