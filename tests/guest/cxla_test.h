@@ -119,6 +119,42 @@ static inline int cxla_atomic(int fd, struct cxl_accel_mem target, uint16_t op,
 	return ret;
 }
 
+/* Move [p, p + len) to this device's memory or back to RAM; *out gets the counts. */
+static inline int cxla_migrate(int fd, void *p, size_t len, bool to_dev,
+			       struct cxl_accel_migrate *out)
+{
+	struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len };
+	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
+				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
+
+	if (out)
+		*out = m;
+	return r;
+}
+
+static inline int cxla_hmm_info(int fd, struct cxl_accel_hmm_info *h)
+{
+	memset(h, 0, sizeof(*h));
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_HMM_INFO, h);
+}
+
+/* A number from /sys/class/cxl-accel/DEV/ATTR, or -1. */
+static inline long cxla_sysfs_long(const char *dev, const char *attr)
+{
+	char p[256], buf[64];
+	long v = -1;
+	FILE *f;
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/%s", dev, attr);
+	f = fopen(p, "r");
+	if (!f)
+		return -1;
+	if (fgets(buf, sizeof(buf), f))
+		v = strtol(buf, NULL, 0);
+	fclose(f);
+	return v;
+}
+
 static inline int cxla_stats(int fd, struct cxl_accel_stats *st)
 {
 	memset(st, 0, sizeof(*st));

@@ -107,20 +107,13 @@ static void uuid_str(const uint8_t *u, char *out)
 			     u[i]);
 }
 
+/* A DMA-BUF counter of DEV (its sysfs dmabuf/ directory), or -1. */
 static long sysfs_long(const char *dev, const char *attr)
 {
-	char p[256], buf[64];
-	FILE *f;
-	long v = -1;
+	char a[128];
 
-	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/dmabuf/%s", dev, attr);
-	f = fopen(p, "r");
-	if (!f)
-		return -1;
-	if (fgets(buf, sizeof(buf), f))
-		v = strtol(buf, NULL, 0);
-	fclose(f);
-	return v;
+	snprintf(a, sizeof(a), "dmabuf/%s", attr);
+	return cxla_sysfs_long(dev, a);
 }
 
 /* module-wide live exports, attachments, imports: "E A I" */

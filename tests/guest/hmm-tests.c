@@ -60,24 +60,6 @@ static void *map_aligned(size_t len, size_t align)
 	return (void *)a;
 }
 
-static int migrate(int fd, void *p, size_t len, bool to_dev,
-		   struct cxl_accel_migrate *out)
-{
-	struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len };
-	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
-				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
-
-	if (out)
-		*out = m;
-	return r;
-}
-
-static int hmm_info(int fd, struct cxl_accel_hmm_info *h)
-{
-	memset(h, 0, sizeof(*h));
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_HMM_INFO, h);
-}
-
 static int evict(int fd, struct cxl_accel_evict *out)
 {
 	struct cxl_accel_evict e = { 0 };
@@ -199,7 +181,7 @@ static int pool_idle(struct ctx *c, int fd)
 
 	/* pages of exited children come back asynchronously */
 	for (i = 0; i < 50; i++) {
-		if (hmm_info(fd, &h))
+		if (cxla_hmm_info(fd, &h))
 			return -1;
 		if (!h.pool_pages_used && !h.pool_chunks)
 			return 0;
@@ -262,9 +244,9 @@ static int test_bad_args(struct ctx *c)
 	struct cxl_accel_snapshot sn = { 0 };
 
 	CHECK(p, "mmap");
-	EXPECT_ERR(migrate(c->fd, p + 1, PG, true, NULL), EINVAL);
-	EXPECT_ERR(migrate(c->fd, p, PG + 1, true, NULL), EINVAL);
-	EXPECT_ERR(migrate(c->fd, p, 0, true, NULL), EINVAL);
+	EXPECT_ERR(cxla_migrate(c->fd, p + 1, PG, true, NULL), EINVAL);
+	EXPECT_ERR(cxla_migrate(c->fd, p, PG + 1, true, NULL), EINVAL);
+	EXPECT_ERR(cxla_migrate(c->fd, p, 0, true, NULL), EINVAL);
 	m.addr = (uintptr_t)p;
 	m.len = PG;
 	m.flags = 1;
@@ -274,8 +256,8 @@ static int test_bad_args(struct ctx *c)
 	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m), EINVAL);
 	/* a range that is not (entirely) mapped */
 	munmap(p + 8 * PG, PG);
-	EXPECT_ERR(migrate(c->fd, p, len, true, NULL), EFAULT);
-	EXPECT_ERR(migrate(c->fd, p + 8 * PG, PG, false, NULL), EFAULT);
+	EXPECT_ERR(cxla_migrate(c->fd, p, len, true, NULL), EFAULT);
+	EXPECT_ERR(cxla_migrate(c->fd, p + 8 * PG, PG, false, NULL), EFAULT);
 	s.addr = (uintptr_t)p;
 	s.len = len;
 	s.op = 9;
@@ -490,7 +472,7 @@ static int test_mirror(struct ctx *c)
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, 256, CXL_ACCEL_SNAP_MIRRORED, 0) == 256,
 	      "%zu of 256 pages mirrored", count_pages(f, 256, CXL_ACCEL_SNAP_MIRRORED, 0));
-	OK(hmm_info(c->fd, &h1));
+	OK(cxla_hmm_info(c->fd, &h1));
 	/* a page written by the CPU stays mirrored (same page)... */
 	p[5] = 1;
 	/* ...but unmapping drops the mirror */
@@ -498,7 +480,7 @@ static int test_mirror(struct ctx *c)
 	OK(snapshot(c->fd, p, 128 * PG, f));
 	CHECK(count_pages(f, 128, CXL_ACCEL_SNAP_MIRRORED, 0) == 128,
 	      "the rest lost its mirror");
-	OK(hmm_info(c->fd, &h2));
+	OK(cxla_hmm_info(c->fd, &h2));
 	CHECK(h2.svm_invalidations > h1.svm_invalidations,
 	      "no invalidation counted");
 	CHECK(mmap(p + 128 * PG, 128 * PG, PROT_READ | PROT_WRITE,
@@ -620,7 +602,7 @@ static int test_fork_child_shared(struct ctx *c)
 	for (i = 0; i < len; i++)
 		CHECK(p[i] == 0x42, "parent byte %zu = %#x", i, p[i]);
 	/* shared memory cannot move to the device */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 0 && m.refused == len / PG,
 	      "shared memory: %llu migrated, %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
@@ -669,7 +651,7 @@ static int test_thp(struct ctx *c)
 	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(!memcmp(p, b, len), "device read of THP differs");
 	/* migration splits the THP */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "%llu of %zu THP pages migrated (busy %llu)",
 	      (unsigned long long)m.migrated, n, (unsigned long long)m.busy);
 	OK(snapshot(c->fd, p, len, f));
@@ -677,7 +659,7 @@ static int test_thp(struct ctx *c)
 	      "after migration: %zu local 4 KiB pages",
 	      count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_HUGE));
 	CHECK(check_pages(p, len, 31) < 0, "data after migration");
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == n, "back: %llu", (unsigned long long)m.migrated);
 	CHECK(check_pages(p, len, 31) < 0, "data after the way back");
 	munmap(p, len);
@@ -756,9 +738,9 @@ static int test_migrate(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 51);
-	OK(hmm_info(c->fd, &h1));
+	OK(cxla_hmm_info(c->fd, &h1));
 	OK(cxla_stats(c->fd, &st0));
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu of %zu (already %llu refused %llu busy %llu no space %llu)",
 	      (unsigned long long)m.migrated, n, (unsigned long long)m.already,
 	      (unsigned long long)m.refused, (unsigned long long)m.busy,
@@ -769,7 +751,7 @@ static int test_migrate(struct ctx *c)
 	      "device counted no page copies: the CPU copied?");
 	local = local_pages(c->fd, p, len);
 	CHECK(local == (long)n, "%ld of %zu pages on device memory", local, n);
-	OK(hmm_info(c->fd, &h2));
+	OK(cxla_hmm_info(c->fd, &h2));
 	CHECK(h2.pool_pages_used == n && h2.migrated_to_dev - h1.migrated_to_dev == n,
 	      "pool: %llu used, %llu migrated",
 	      (unsigned long long)h2.pool_pages_used,
@@ -778,10 +760,10 @@ static int test_migrate(struct ctx *c)
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc32c(0, p, len), "device crc of migrated pages");
 	/* again: nothing to do */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 0 && m.already == n, "second migration: %llu moved, %llu already",
 	      (unsigned long long)m.migrated, (unsigned long long)m.already);
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == n, "back to RAM: %llu of %zu",
 	      (unsigned long long)m.migrated, n);
 	CHECK(local_pages(c->fd, p, len) == 0, "pages left on the device");
@@ -811,7 +793,7 @@ static int test_migrate_holes(struct ctx *c)
 	x = p[10 * PG];		/* zero page */
 	(void)x;
 	p[20 * PG] = 5;		/* a real page */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "%llu of %zu migrated", (unsigned long long)m.migrated, n);
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_WRITE, 0) == n,
@@ -845,7 +827,7 @@ static int test_migrate_private_file(struct ctx *c)
 		(void)*(volatile uint8_t *)(p + i * PG);	/* page cache */
 	for (i = 0; i < n; i += 2)
 		p[i * PG] ^= 0xff;				/* COW copies */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n / 2 && m.refused == n / 2,
 	      "%llu migrated, %llu refused (want %zu each)",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused, n / 2);
@@ -856,7 +838,7 @@ static int test_migrate_private_file(struct ctx *c)
 
 		CHECK(p[i] == want, "byte %zu", i);
 	}
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == n / 2, "back: %llu", (unsigned long long)m.migrated);
 	munmap(p, len);
 	close(ffd);
@@ -881,10 +863,10 @@ static int test_migrate_shared(struct ctx *c)
 	CHECK(p != MAP_FAILED && q != MAP_FAILED, "mmap");
 	memset(p, 3, len);
 	q[0] ^= 1;
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 0 && m.refused == n, "shmem: %llu migrated, %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
-	OK(migrate(c->fd, q, len, true, &m));
+	OK(cxla_migrate(c->fd, q, len, true, &m));
 	CHECK(m.migrated == 0 && m.refused == n, "file: %llu migrated, %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
 	CHECK(local_pages(c->fd, p, len) == 0 && local_pages(c->fd, q, len) == 0,
@@ -912,7 +894,7 @@ static int test_migrate_cpu_access(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 71);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
 	/* CPU writes: no fault moves them back */
 	fill_pages(p, len, 72);
@@ -921,7 +903,7 @@ static int test_migrate_cpu_access(struct ctx *c)
 	CHECK(local == (long)n, "after CPU writes %ld of %zu pages on device", local, n);
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc32c(0, p, len), "device sees other data than the CPU wrote");
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(check_pages(p, len, 72) < 0, "data after the way back");
 	munmap(p, len);
 	POOL_IDLE(c->fd);
@@ -942,7 +924,7 @@ static int test_migrate_release(struct ctx *c)
 
 	CHECK(p, "mmap");
 	fill_pages(p, len, 81);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
 	OK(cxla_identify(c->fd, &id));
 	CHECK(id.devmem_free <= free0 - len, "device memory free %llu of %llu",
@@ -954,7 +936,7 @@ static int test_migrate_release(struct ctx *c)
 	      (unsigned long long)e.chunks_freed);
 	CHECK(local_pages(c->fd, p, len) == 0, "pages still local");
 	CHECK(check_pages(p, len, 81) < 0, "data after eviction");
-	OK(hmm_info(c->fd, &h));
+	OK(cxla_hmm_info(c->fd, &h));
 	CHECK(!h.pool_pages_used && !h.pool_chunks, "pool %llu/%llu",
 	      (unsigned long long)h.pool_pages_used, (unsigned long long)h.pool_chunks);
 	OK(cxla_identify(c->fd, &id));
@@ -980,7 +962,7 @@ static int test_migrate_mixed_prot(struct ctx *c)
 	/* RW RW RW | RO RO RO | NONE NONE NONE | RW RW RW */
 	OK(mprotect(p + 3 * PG, 3 * PG, PROT_READ) ? -errno : 0);
 	OK(mprotect(p + 6 * PG, 3 * PG, PROT_NONE) ? -errno : 0);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 9 && m.refused == 3, "%llu migrated %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
 	OK(snapshot(c->fd, p, len, f));
@@ -997,7 +979,7 @@ static int test_migrate_mixed_prot(struct ctx *c)
 	/* writing a read-only-migrated page, now writable, stays on device */
 	p[4 * PG] ^= 1;
 	p[4 * PG] ^= 1;
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == 9, "back %llu", (unsigned long long)m.migrated);
 	CHECK(check_pages(p, len, 91) < 0, "data after the way back");
 	munmap(p, len);
@@ -1017,11 +999,11 @@ static int test_migrate_round_trips(struct ctx *c)
 	CHECK(p, "mmap");
 	for (i = 0; i < rounds; i++) {
 		fill_pages(p, len, 100 + i);
-		OK(migrate(c->fd, p, len, true, &m));
+		OK(cxla_migrate(c->fd, p, len, true, &m));
 		CHECK(m.migrated == n, "round %d: %llu to device", i,
 		      (unsigned long long)m.migrated);
 		CHECK(check_pages(p, len, 100 + i) < 0, "round %d on device", i);
-		OK(migrate(c->fd, p, len, false, &m));
+		OK(cxla_migrate(c->fd, p, len, false, &m));
 		CHECK(m.migrated == n, "round %d: %llu back", i,
 		      (unsigned long long)m.migrated);
 		CHECK(check_pages(p, len, 100 + i) < 0, "round %d back", i);
@@ -1043,12 +1025,12 @@ static int test_migrate_single_pages(struct ctx *c)
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 111);
 	for (i = 0; i < 64; i += 3) {
-		OK(migrate(c->fd, p + i * PG, PG, true, &m));
+		OK(cxla_migrate(c->fd, p + i * PG, PG, true, &m));
 		CHECK(m.migrated == 1, "page %zu", i);
 	}
 	CHECK(local_pages(c->fd, p, len) == 22, "%ld local", local_pages(c->fd, p, len));
 	CHECK(check_pages(p, len, 111) < 0, "data");
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == 22 && m.already == 42, "back %llu already %llu",
 	      (unsigned long long)m.migrated, (unsigned long long)m.already);
 	munmap(p, len);
@@ -1077,7 +1059,7 @@ static int test_snapshot(struct ctx *c)
 	p[4 * PG] = 1;
 	p[5 * PG] = 1;
 	p[9 * PG] = 1;
-	OK(migrate(c->fd, p + 4 * PG, 2 * PG, true, &m));
+	OK(cxla_migrate(c->fd, p + 4 * PG, 2 * PG, true, &m));
 	CHECK(m.migrated == 2, "migrate");
 	OK(mprotect(p + 3 * PG, PG, PROT_READ) ? -errno : 0);
 	OK(mprotect(p + 5 * PG, PG, PROT_READ) ? -errno : 0);
@@ -1115,7 +1097,7 @@ static int test_cow_device_pages(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 121);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrate");
 	CHECK(!pipe(pipefd), "pipe");
 	pid = fork();
@@ -1150,7 +1132,7 @@ static int test_cow_device_pages(struct ctx *c)
 	/* the parent writes: its page is exclusive again (no copy needed) */
 	p[PG] ^= 1;
 	p[PG] ^= 1;
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(m.migrated == n, "back %llu", (unsigned long long)m.migrated);
 	munmap(p, len);
 	POOL_IDLE(c->fd);
@@ -1174,7 +1156,7 @@ static int test_exit_with_device_pages(struct ctx *c)
 		if (!p)
 			_exit(1);
 		fill_pages(p, len, 131);
-		if (migrate(c->fd, p, len, true, &m) || m.migrated != len / PG)
+		if (cxla_migrate(c->fd, p, len, true, &m) || m.migrated != len / PG)
 			_exit(2);
 		_exit(0);	/* no munmap, no close */
 	}
@@ -1183,7 +1165,7 @@ static int test_exit_with_device_pages(struct ctx *c)
 	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child status %d",
 	      WEXITSTATUS(status));
 	POOL_IDLE(c->fd);
-	OK(hmm_info(c->fd, &h));
+	OK(cxla_hmm_info(c->fd, &h));
 	DETAIL("child exited with 8 MiB on device memory: every page back in the pool, pool buffers freed");
 	return PASS;
 }
@@ -1231,13 +1213,13 @@ static int test_unmap_race(struct ctx *c)
 
 	OK(alloc_map(c, c->fd, len, &a, &b));
 	r.handle = a.handle;
-	OK(hmm_info(c->fd, &h1));
+	OK(cxla_hmm_info(c->fd, &h1));
 	for (i = 0; i < rounds; i++) {
 		r.p = map_anon(len);
 		CHECK(r.p, "mmap");
 		memset(r.p, i, len);
 		if (i % 2)
-			OK(migrate(c->fd, r.p, len, true, NULL));
+			OK(cxla_migrate(c->fd, r.p, len, true, NULL));
 		r.stop = 0;
 		CHECK(!pthread_create(&t, NULL, race_reader, &r), "thread");
 		usleep(1000 + (i % 5) * 3000);
@@ -1250,7 +1232,7 @@ static int test_unmap_race(struct ctx *c)
 			       NULL, NULL), EFAULT);
 	}
 	CHECK(!r.other, "%ld reads failed with %d", r.other, r.last_err);
-	OK(hmm_info(c->fd, &h2));
+	OK(cxla_hmm_info(c->fd, &h2));
 	munmap(b, len);
 	POOL_IDLE(c->fd);
 	DETAIL("%d munmaps under a looping 2 MiB device read: %ld reads ok, %ld -EFAULT, none else; %llu invalidations waited for the device",
@@ -1275,7 +1257,7 @@ static void *mig_race_thread(void *arg)
 
 	while (!r->stop) {
 		struct cxl_accel_migrate m;
-		int e = migrate(r->fd, r->p, r->len, dir ^= 1, &m);
+		int e = cxla_migrate(r->fd, r->p, r->len, dir ^= 1, &m);
 
 		if (!e) {
 			r->ok++;
@@ -1321,7 +1303,7 @@ static int test_migrate_unmap_race(struct ctx *c)
 	CHECK(!r.other, "%ld migrations failed with %s", r.other, strerror(-r.last_err));
 	for (i = 0; i < (int)r.len; i += PG)
 		CHECK(r.p[i] == 1 || r.p[i] == 2, "byte %d = %d", i, r.p[i]);
-	OK(migrate(c->fd, r.p, r.len, false, NULL));
+	OK(cxla_migrate(c->fd, r.p, r.len, false, NULL));
 	munmap(r.p, r.len);
 	POOL_IDLE(c->fd);
 	DETAIL("150 munmap/mmap of 64 KiB pieces under migrations of the 4 MiB range: %ld ok (%ld pages moved), %ld -EFAULT (range not mapped), no other outcome",
@@ -1362,7 +1344,7 @@ static int test_longterm_pin(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 141);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrate");
 	pc.addr = (uintptr_t)p;
 	pc.len = len;
@@ -1377,13 +1359,13 @@ static int test_longterm_pin(struct ctx *c)
 	/* io_uring fixed buffers hold a long-term pin: migration must fail */
 	r = io_uring_register_buf(p, len, &ring);
 	if (!r) {
-		OK(migrate(c->fd, p, len, true, &m));
+		OK(cxla_migrate(c->fd, p, len, true, &m));
 		CHECK(m.migrated == 0 && m.busy == n,
 		      "pinned by io_uring: %llu migrated, %llu busy",
 		      (unsigned long long)m.migrated, (unsigned long long)m.busy);
 		syscall(__NR_io_uring_register, ring, IORING_UNREGISTER_BUFFERS, NULL, 0);
 		close(ring);
-		OK(migrate(c->fd, p, len, true, &m));
+		OK(cxla_migrate(c->fd, p, len, true, &m));
 		CHECK(m.migrated == n, "unpinned: %llu migrated",
 		      (unsigned long long)m.migrated);
 		/* registering device pages moves them out again */
@@ -1421,14 +1403,14 @@ static int test_migrate_no_space(struct ctx *c)
 	hog = id.devmem_free - 4 * MiB;
 	OK(cxla_alloc(c->fd, hog, 0, &a));
 	fill_pages(p, len, 151);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n / 2 && m.no_space == n / 2,
 	      "%llu migrated, %llu no space (busy %llu)",
 	      (unsigned long long)m.migrated, (unsigned long long)m.no_space,
 	      (unsigned long long)m.busy);
 	CHECK(check_pages(p, len, 151) < 0, "data");
 	OK(cxla_free(c->fd, a.handle));
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n / 2 && m.already == n / 2, "after FREE: %llu",
 	      (unsigned long long)m.migrated);
 	munmap(p, len);
@@ -1466,11 +1448,11 @@ static int test_migrate_fragmented(struct ctx *c)
 	OK(cxla_free(c->fd, bufs[x].handle));
 	OK(cxla_free(c->fd, bufs[y].handle));
 	fill_pages(p, len, 155);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "%llu migrated (no space %llu)",
 	      (unsigned long long)m.migrated, (unsigned long long)m.no_space);
 	CHECK(check_pages(p, len, 155) < 0, "data");
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	for (i = 0; i < nb; i++)
 		if (i != x && i != y)
 			OK(cxla_free(c->fd, bufs[i].handle));
@@ -1514,7 +1496,7 @@ static void *stress_migrator(void *arg)
 
 		if (first + cnt > s->npages)
 			cnt = s->npages - first;
-		e = migrate(s->fd, s->p + first * PG, cnt * PG, rnd64(&r) & 1, &m);
+		e = cxla_migrate(s->fd, s->p + first * PG, cnt * PG, rnd64(&r) & 1, &m);
 		if (e)
 			stress_err(s, e);
 		s->migrations++;
@@ -1629,7 +1611,7 @@ static int stress_child(struct ctx *c, uint8_t *p, size_t npages, int id,
 		if (svm_crc(s.fd, p, npages * PG, &crc) || crc != crc32c(0, p, npages * PG))
 			return snprintf(msg, 200, "proc %d: device checksum differs", id), 1;
 		/* second pass after everything came back to RAM */
-		if (migrate(s.fd, p, npages * PG, false, NULL))
+		if (cxla_migrate(s.fd, p, npages * PG, false, NULL))
 			return snprintf(msg, 200, "proc %d: final migration", id), 1;
 	}
 	snprintf(msg, 200, "%ld migrations (%ld pages), %ld CPU page writes, %ld device fills, %ld device reads",
@@ -1655,8 +1637,8 @@ static int test_stress(struct ctx *c)
 	for (pg = 0; pg < npages; pg++)
 		memset(p + pg * PG, 0xa5 ^ (int)pg, PG);
 	/* the initial pages are shared COW by all processes */
-	OK(migrate(c->fd, p, len, true, NULL));
-	OK(hmm_info(c->fd, &h1));
+	OK(cxla_migrate(c->fd, p, len, true, NULL));
+	OK(cxla_hmm_info(c->fd, &h1));
 	for (i = 0; i < nproc; i++) {
 		pids[i] = fork();
 		if (!pids[i])
@@ -1673,7 +1655,7 @@ static int test_stress(struct ctx *c)
 		      p[pg * PG + PG - 1] == (uint8_t)(0xa5 ^ pg),
 		      "parent page %zu changed", pg);
 	munmap(p, len);
-	OK(hmm_info(c->fd, &h2));
+	OK(cxla_hmm_info(c->fd, &h2));
 	CHECK(h2.copy_failures == h1.copy_failures, "%llu failed copy commands",
 	      (unsigned long long)(h2.copy_failures - h1.copy_failures));
 	POOL_IDLE(c->fd);
@@ -1706,7 +1688,7 @@ static int test_peer_read(struct ctx *c)
 	p = map_anon(len);
 	CHECK(p, "mmap");
 	fill_pages(p, len, 161);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrate to A");
 	OK(snapshot(c->pfd, p, len, f));
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, CXL_ACCEL_SNAP_LOCAL) == n,
@@ -1721,7 +1703,7 @@ static int test_peer_read(struct ctx *c)
 	      "B counted %llu peer bytes",
 	      (unsigned long long)(st1.device[CXL_ACCEL_STAT_BYTES_P2P] -
 				   st0.device[CXL_ACCEL_STAT_BYTES_P2P]));
-	OK(migrate(c->pfd, p, len, false, &m));
+	OK(cxla_migrate(c->pfd, p, len, false, &m));
 	CHECK(m.migrated == n, "B moved A's pages to RAM: %llu", (unsigned long long)m.migrated);
 	CHECK(check_pages(p, len, 161) < 0, "data");
 	munmap(p, len);
@@ -1747,9 +1729,9 @@ static int test_peer_migrate(struct ctx *c)
 	p = map_anon(len);
 	CHECK(p, "mmap");
 	fill_pages(p, len, 171);
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "to A");
-	OK(migrate(c->pfd, p, len, true, &m));
+	OK(cxla_migrate(c->pfd, p, len, true, &m));
 	CHECK(m.migrated == n, "A -> B: %llu moved (already %llu busy %llu)",
 	      (unsigned long long)m.migrated, (unsigned long long)m.already,
 	      (unsigned long long)m.busy);
@@ -1760,15 +1742,15 @@ static int test_peer_migrate(struct ctx *c)
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0) == n, "A: %zu remote",
 	      count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0));
 	CHECK(check_pages(p, len, 171) < 0, "data on B");
-	OK(hmm_info(c->fd, &ha));
-	OK(hmm_info(c->pfd, &hb));
+	OK(cxla_hmm_info(c->fd, &ha));
+	OK(cxla_hmm_info(c->pfd, &hb));
 	CHECK(ha.pool_pages_used == 0 && hb.pool_pages_used == n,
 	      "pools: A %llu B %llu", (unsigned long long)ha.pool_pages_used,
 	      (unsigned long long)hb.pool_pages_used);
 	/* and back to A, then RAM */
-	OK(migrate(c->fd, p, len, true, &m));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "B -> A");
-	OK(migrate(c->fd, p, len, false, &m));
+	OK(cxla_migrate(c->fd, p, len, false, &m));
 	CHECK(check_pages(p, len, 171) < 0, "data in RAM");
 	munmap(p, len);
 	POOL_IDLE(c->fd);
@@ -1803,7 +1785,7 @@ static int test_two_device_mirrors(struct ctx *c)
 	OK(svm_crc(c->pfd, p, len, &cb));
 	CHECK(cb == crc32c(0, p, len) && p[0] == 0x31, "B after A's write");
 	/* migration to A invalidates both mirrors */
-	OK(migrate(c->fd, p, len, true, NULL));
+	OK(cxla_migrate(c->fd, p, len, true, NULL));
 	OK(snapshot(c->pfd, p, len, f));
 	CHECK(count_pages(f, 64, 0, CXL_ACCEL_SNAP_MIRRORED) == 64 &&
 	      count_pages(f, 64, CXL_ACCEL_SNAP_REMOTE, 0) == 64,
@@ -1855,7 +1837,7 @@ static int hold_migrated(const char *path, bool close_fd)
 	}
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 191);
-	r = migrate(fd, p, len, true, &m);
+	r = cxla_migrate(fd, p, len, true, &m);
 	if (r || m.migrated != n) {
 		printf("HOLD migrate: %d, %llu pages\n", r, (unsigned long long)m.migrated);
 		return 1;
@@ -1868,9 +1850,9 @@ static int hold_migrated(const char *path, bool close_fd)
 	fflush(stdout);
 	if (!close_fd) {
 		/* unbind: our file stays, its ioctls fail */
-		for (r = 0; r < 600 && !hmm_info(fd, &h); r++)
+		for (r = 0; r < 600 && !cxla_hmm_info(fd, &h); r++)
 			usleep(100000);
-		printf("HOLD ioctl after removal: %s\n", strerror(-hmm_info(fd, &h)));
+		printf("HOLD ioctl after removal: %s\n", strerror(-cxla_hmm_info(fd, &h)));
 		fflush(stdout);
 		close(fd);	/* frees the minor for the rebind */
 	}
@@ -1990,7 +1972,7 @@ static int test_numa_info(struct ctx *c)
 
 		CHECK(p, "mmap");
 		p[0] = 1;
-		EXPECT_ERR(migrate(c->fd, p, PG, true, NULL), EOPNOTSUPP);
+		EXPECT_ERR(cxla_migrate(c->fd, p, PG, true, NULL), EOPNOTSUPP);
 	}
 	snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/meminfo", node);
 	{
@@ -2096,7 +2078,7 @@ static int test_numa_peer(struct ctx *c)
 
 	if (need_peer(c))
 		return SKIP;
-	OK(hmm_info(c->pfd, &hb));
+	OK(cxla_hmm_info(c->pfd, &hb));
 	CHECK(hb.flags & CXL_ACCEL_HMM_NUMA, "peer not in NUMA mode");
 	p = map_anon(len);
 	CHECK(p, "mmap");
@@ -2184,7 +2166,7 @@ static int hmm_stall(int secs, const char *path)
 	for (r = 0; r < 100; r++) {
 		struct cxl_accel_migrate m;
 
-		if (!migrate(fd, p, len, false, &m) && local_pages(fd, p, len) == 0)
+		if (!cxla_migrate(fd, p, len, false, &m) && local_pages(fd, p, len) == 0)
 			break;
 		usleep(100000);
 	}
@@ -2196,7 +2178,7 @@ static int hmm_stall(int secs, const char *path)
 	}
 	detail[0] = 0;
 	r = pool_idle(c, fd);
-	hmm_info(fd, &h);
+	cxla_hmm_info(fd, &h);
 	printf("RESULT hmm_stall_recovery %s %d rounds timed out while the daemon was stopped, %d ok after; data right every time; quarantine %llu, %llu copy commands failed; pool %s\n",
 	       timeouts && ok_after && !r && !st.driver[CXL_ACCEL_DSTAT_QUARANTINED] ?
 	       "PASS" : "FAIL", timeouts, ok_after,
@@ -2320,7 +2302,7 @@ static int soak_step(struct soak *s, int op, int d, size_t off, size_t len,
 		len = (len + PG - 1) & ~(PG - 1);
 		if (off + len > s->len)
 			len = s->len - off;
-		r = migrate(fd, s->p + off, len, op == SK_TO_DEV, &m);
+		r = cxla_migrate(fd, s->p + off, len, op == SK_TO_DEV, &m);
 		if (!r) {
 			s->st->moved += m.migrated;
 			/*
@@ -2452,7 +2434,7 @@ static int soak_proc(int id, int secs, const char *path, const char *peer,
 	/* everything back to RAM (through either device), intact */
 	for (tries = 0; tries < 10; tries++) {
 		d = tries & 1;
-		k = migrate(s.fd[d], s.p, s.len, false, NULL);
+		k = cxla_migrate(s.fd[d], s.p, s.len, false, NULL);
 		if (k && k != -EIO)
 			return SOAK_FAIL(&s, "final migration to RAM: %s", strerror(-k));
 		if (!k && local_pages(s.fd[0], s.p, s.len) == 0 &&
@@ -2648,7 +2630,7 @@ static int run_child(const void *env, const void *test, char *detail)
 			 strerror(errno));
 		return FAIL;
 	}
-	if (cxla_identify(c.fd, &c.id) || hmm_info(c.fd, &c.h0)) {
+	if (cxla_identify(c.fd, &c.id) || cxla_hmm_info(c.fd, &c.h0)) {
 		snprintf(detail, DETAIL_LEN, "IDENTIFY/HMM_INFO: %s",
 			 strerror(errno));
 		return FAIL;
@@ -2710,7 +2692,7 @@ int main(int argc, char **argv)
 		return 2;
 	/* without -t, only the tests that apply to this device (and peer) */
 	i = open(base.path, O_RDWR);
-	if (i < 0 || hmm_info(i, &base.h0)) {
+	if (i < 0 || cxla_hmm_info(i, &base.h0)) {
 		printf("RESULT %sopen FAIL %s: %s\n", r.prefix, base.path,
 		       strerror(errno));
 		return 1;

@@ -100,40 +100,6 @@ static long protocol_at_start = -1;
 
 /* ------------------------------------------------------------ helpers */
 
-static long sysfs_long(const char *dev, const char *attr)
-{
-	char p[256], buf[64];
-	long v = -1;
-	FILE *f;
-
-	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/%s", dev, attr);
-	f = fopen(p, "r");
-	if (!f)
-		return -1;
-	if (fgets(buf, sizeof(buf), f))
-		v = strtol(buf, NULL, 0);
-	fclose(f);
-	return v;
-}
-
-static int hmm_info(int fd, struct cxl_accel_hmm_info *h)
-{
-	memset(h, 0, sizeof(*h));
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_HMM_INFO, h);
-}
-
-static int migrate(int fd, void *p, size_t len, bool to_dev,
-		   struct cxl_accel_migrate *out)
-{
-	struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len };
-	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
-				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
-
-	if (out)
-		*out = m;
-	return r;
-}
-
 static int svm(int fd, uint32_t op, const void *p, size_t len,
 	       uint32_t handle, uint64_t *value)
 {
@@ -331,15 +297,15 @@ static int get_state(const char *name, int fd, struct devstate *s)
 	char attr[64];
 	unsigned int k;
 
-	if (cxla_identify(fd, &id) || hmm_info(fd, &h))
+	if (cxla_identify(fd, &id) || cxla_hmm_info(fd, &h))
 		return -1;
 	s->free = id.devmem_free;
-	s->buffers = sysfs_long(name, "buffers");
-	s->quarantined = sysfs_long(name, "quarantined");
-	s->protocol = sysfs_long(name, "protocol_errors");
+	s->buffers = cxla_sysfs_long(name, "buffers");
+	s->quarantined = cxla_sysfs_long(name, "quarantined");
+	s->protocol = cxla_sysfs_long(name, "protocol_errors");
 	for (k = 0; k < NDB; k++) {
 		snprintf(attr, sizeof(attr), "dmabuf/%s", db_live[k]);
-		s->db[k] = sysfs_long(name, attr);
+		s->db[k] = cxla_sysfs_long(name, attr);
 	}
 	s->chunks = h.pool_chunks;
 	s->pages_used = h.pool_pages_used;
@@ -705,7 +671,7 @@ static int test_garbage_ioctl_args(struct ctx *c)
 	CHECK(area != MAP_FAILED, "mmap");
 	CHECK(!mprotect(area + PG, PG, PROT_NONE), "mprotect");
 	ro = area + 2 * PG;
-	nimp0 = sysfs_long(c->name, "dmabuf/imports");
+	nimp0 = cxla_sysfs_long(c->name, "dmabuf/imports");
 
 	/* 1. bad pointers: EFAULT, whatever the number */
 	for (k = 0; k < ARRAY_SIZE(known); k++) {
@@ -769,9 +735,9 @@ static int test_garbage_ioctl_args(struct ctx *c)
 		      (long long)(free0 - dev_free(g.fd)));
 		CHECK(open_fds() == nfd0 + 2, "%s into a read-only argument left %d fds",
 		      known[k].name, open_fds() - nfd0);
-		CHECK(sysfs_long(c->name, "dmabuf/imports") == nimp0,
+		CHECK(cxla_sysfs_long(c->name, "dmabuf/imports") == nimp0,
 		      "%s into a read-only argument: %ld imports, was %ld", known[k].name,
-		      sysfs_long(c->name, "dmabuf/imports"), nimp0);
+		      cxla_sysfs_long(c->name, "dmabuf/imports"), nimp0);
 	}
 
 	/* 4. edge values in every field, 5. random arguments; interrupted */
@@ -818,7 +784,7 @@ static int test_garbage_ioctl_args(struct ctx *c)
 	signal(SIGUSR1, SIG_IGN);
 	TALLY_OK(&t);
 	/* whatever was migrated goes back; the file goes */
-	migrate(g.fd, g.ram, GLEN, false, NULL);
+	cxla_migrate(g.fd, g.ram, GLEN, false, NULL);
 	close(g.dmabuf);
 	munmap(g.ram, GLEN);
 	munmap(area, 3 * PG);
@@ -910,14 +876,14 @@ static int test_garbage_import(struct ctx *c)
 	n += 11;
 
 	/* the same DMA-BUF 64 times, and other exporters' */
-	imp0 = sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports");
+	imp0 = cxla_sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports");
 	for (i = 0; i < 64; i++, n++) {
 		OK(import_fd(ifd, dmabuf, &im));
 		handles[i] = im.handle;
 	}
-	CHECK(sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports") ==
+	CHECK(cxla_sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports") ==
 	      imp0 + 64, "imports %ld, expected %ld",
-	      sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports"),
+	      cxla_sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports"),
 	      imp0 + 64);
 	for (i = 0; i < 64; i += 2)
 		OK(cxla_free(ifd, handles[i]));
@@ -1083,10 +1049,10 @@ static int test_garbage_mmap(struct ctx *c)
 		};
 		uint64_t v = 0;
 
-		OK(migrate(fd, p, 4 * PG, true, &mg));
+		OK(cxla_migrate(fd, p, 4 * PG, true, &mg));
 		CHECK(mg.refused == 4 && !mg.migrated, "MIGRATE_TO_DEV of a device mapping: %llu refused, %llu migrated",
 		      (unsigned long long)mg.refused, (unsigned long long)mg.migrated);
-		OK(migrate(fd, p, 4 * PG, false, &mg));
+		OK(cxla_migrate(fd, p, 4 * PG, false, &mg));
 		CHECK(!mg.migrated, "MIGRATE_TO_RAM moved %llu pages of a device buffer",
 		      (unsigned long long)mg.migrated);
 		OK(cxla_ioctl(fd, CXL_ACCEL_IOC_SNAPSHOT, &sn));
@@ -1904,9 +1870,9 @@ static int test_io_uring_task_work(struct ctx *c)
 			     NULL, "COPY after an io_uring went");
 			break;
 		case 2:
-			note(&t, migrate(fd, anon, 1 * MiB, true, NULL), NULL,
+			note(&t, cxla_migrate(fd, anon, 1 * MiB, true, NULL), NULL,
 			     "migration after an io_uring went");
-			note(&t, migrate(fd, anon, 1 * MiB, false, NULL), NULL,
+			note(&t, cxla_migrate(fd, anon, 1 * MiB, false, NULL), NULL,
 			     "migration back after an io_uring went");
 			v = 0;
 			note(&t, svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, 1 * MiB, 0, &v), NULL,
@@ -1995,7 +1961,7 @@ static void *kill_thread(void *arg)
 			cxla_ioctl(j->fd, CXL_ACCEL_IOC_WAIT_EVENT, &w);
 			break;
 		case 4:
-			migrate(j->fd, j->anon, 4 * MiB, i % 2 == 0, NULL);
+			cxla_migrate(j->fd, j->anon, 4 * MiB, i % 2 == 0, NULL);
 			break;
 		case 5:
 			v = 0;
@@ -2058,7 +2024,7 @@ static void kill_child(struct ctx *c, int ready)
 static int test_kill_inflight(struct ctx *c)
 {
 	static const unsigned int delays[] = { 5, 60, 200 };
-	long quarantined = 0, intr0 = sysfs_long(c->name, "interrupted");
+	long quarantined = 0, intr0 = cxla_sysfs_long(c->name, "interrupted");
 	int round, status, p[2];
 	double t0;
 	pid_t pid;
@@ -2083,10 +2049,10 @@ static int test_kill_inflight(struct ctx *c)
 		      "round %d: child status %#x", round, status);
 		CHECK(now_sec() - t0 < 10, "round %d: the killed child took %.1f s to go",
 		      round, now_sec() - t0);
-		quarantined += sysfs_long(c->name, "quarantined");
+		quarantined += cxla_sysfs_long(c->name, "quarantined");
 	}
 	DETAIL("3 processes with 7 threads of commands (copy, fill/checksum, atomics, WAIT_EVENT, migration, SVM, copies through an import) killed after 5/60/200 ms: %ld commands interrupted, %ld still quarantined right after the kills",
-	       sysfs_long(c->name, "interrupted") - intr0, quarantined);
+	       cxla_sysfs_long(c->name, "interrupted") - intr0, quarantined);
 	return PASS;
 }
 
@@ -2113,7 +2079,7 @@ static void *um_migrator(void *arg)
 	int dir = 0, r;
 
 	while (!u->stop) {
-		r = migrate(u->fd, u->p, UM_PAGES * PG, dir ^= 1, &m);
+		r = cxla_migrate(u->fd, u->p, UM_PAGES * PG, dir ^= 1, &m);
 		note(&u->mig, r, allowed, "migrate to %s", dir ? "device" : "RAM");
 		if (!r)
 			u->moved += m.migrated;
@@ -2287,7 +2253,7 @@ static int test_unmap_during_migration(struct ctx *c)
 	CHECK(u.mig.n[0] && u.moved && u.svm.n[0] && i >= 14,
 	      "%d actions; no migration or SVM access worked: migrate %s, svm %s", i,
 	      tally_str(&u.mig, tb, sizeof(tb)), tally_str(&u.svm, tb2, sizeof(tb2)));
-	OK(migrate(u.fd, u.p, UM_PAGES * PG, false, NULL));
+	OK(cxla_migrate(u.fd, u.p, UM_PAGES * PG, false, NULL));
 	munmap(u.p, UM_PAGES * PG);
 	OK(cxla_free(u.fd, u.h));
 	close(u.fd);
@@ -2325,7 +2291,7 @@ static int test_exit_with_device_pages(struct ctx *c)
 				_exit(2);
 			u.h = a.handle;
 			memset(u.p, 0x42, UM_PAGES * PG);
-			if (migrate(u.fd, u.p, UM_PAGES * PG, true, NULL))
+			if (cxla_migrate(u.fd, u.p, UM_PAGES * PG, true, NULL))
 				_exit(3);
 			if (pthread_create(&t1, NULL, um_migrator, &u) ||
 			    pthread_create(&t2, NULL, um_svm, &u))
@@ -2857,11 +2823,11 @@ static void *storm_migrator(void *arg)
 	while (now_sec() < m->until ||
 	       (!__atomic_load_n(&storm_nospc, __ATOMIC_SEQ_CST) &&
 		now_sec() < m->until + 6)) {
-		note(&m->t, migrate(m->fd, m->p, m->len, dir ^= 1, &r), NULL, "migrate");
+		note(&m->t, cxla_migrate(m->fd, m->p, m->len, dir ^= 1, &r), NULL, "migrate");
 		m->no_space += r.no_space;
 		m->moved += r.migrated;
 	}
-	note(&m->t, migrate(m->fd, m->p, m->len, false, NULL), NULL, "migrate back");
+	note(&m->t, cxla_migrate(m->fd, m->p, m->len, false, NULL), NULL, "migrate back");
 	pthread_barrier_wait(m->bar);
 	pthread_barrier_wait(m->bar);
 	return NULL;
@@ -2933,7 +2899,7 @@ static int test_alloc_storm(struct ctx *c)
 		CHECK(all[i].offset + all[i].alloc_size <= c->id.devmem_size,
 		      "buffer beyond device memory");
 	}
-	OK(hmm_info(c->fd, &h));
+	OK(cxla_hmm_info(c->fd, &h));
 	OK(cxla_identify(c->fd, &id));
 	CHECK(used + h.pool_chunks * h.chunk_size + id.devmem_free == (uint64_t)c->base.free,
 	      "%d buffers of %llu bytes + %llu pool chunks + %llu free != %lld free before",
@@ -3043,9 +3009,9 @@ static int test_health(struct ctx *c)
 	OK(cxla_identify(fd, &id));
 	CHECK(id.magic == 0x414c5843 && id.version_major == 1, "magic %#x version %u",
 	      id.magic, id.version_major);
-	CHECK(id.devmem_size == (uint64_t)sysfs_long(c->name, "devmem_size"),
+	CHECK(id.devmem_size == (uint64_t)cxla_sysfs_long(c->name, "devmem_size"),
 	      "size %llu, sysfs %ld", (unsigned long long)id.devmem_size,
-	      sysfs_long(c->name, "devmem_size"));
+	      cxla_sysfs_long(c->name, "devmem_size"));
 	CHECK(id.devmem_free == id.devmem_size && id.buffers == 0,
 	      "%llu of %llu bytes free, %u buffers on the device",
 	      (unsigned long long)id.devmem_free, (unsigned long long)id.devmem_size,
@@ -3053,19 +3019,19 @@ static int test_health(struct ctx *c)
 	for (d = 0; d < 2; d++) {
 		if (!names[d])
 			continue;
-		CHECK(sysfs_long(names[d], "buffers") == 0, "%s: %ld driver buffers",
-		      names[d], sysfs_long(names[d], "buffers"));
-		CHECK(sysfs_long(names[d], "quarantined") == 0, "%s: %ld quarantined",
-		      names[d], sysfs_long(names[d], "quarantined"));
+		CHECK(cxla_sysfs_long(names[d], "buffers") == 0, "%s: %ld driver buffers",
+		      names[d], cxla_sysfs_long(names[d], "buffers"));
+		CHECK(cxla_sysfs_long(names[d], "quarantined") == 0, "%s: %ld quarantined",
+		      names[d], cxla_sysfs_long(names[d], "quarantined"));
 		for (k = 0; k < (int)NDB; k++) {
 			snprintf(attr, sizeof(attr), "dmabuf/%s", db_live[k]);
-			CHECK(sysfs_long(names[d], attr) == 0, "%s: %s = %ld", names[d],
-			      attr, sysfs_long(names[d], attr));
+			CHECK(cxla_sysfs_long(names[d], attr) == 0, "%s: %s = %ld", names[d],
+			      attr, cxla_sysfs_long(names[d], attr));
 		}
 		/* quiet now: every command submitted came back */
 		for (k = 0; k < 50; k++) {
-			sub = sysfs_long(names[d], "commands_submitted");
-			comp = sysfs_long(names[d], "commands_completed");
+			sub = cxla_sysfs_long(names[d], "commands_submitted");
+			comp = cxla_sysfs_long(names[d], "commands_completed");
 			if (sub == comp)
 				break;
 			usleep(20000);
@@ -3073,8 +3039,8 @@ static int test_health(struct ctx *c)
 		CHECK(sub == comp && sub > 0, "%s: %ld commands submitted, %ld completed",
 		      names[d], sub, comp);
 	}
-	CHECK(sysfs_long(c->name, "protocol_errors") == protocol_at_start,
-	      "protocol errors %ld, %ld at the start", sysfs_long(c->name, "protocol_errors"),
+	CHECK(cxla_sysfs_long(c->name, "protocol_errors") == protocol_at_start,
+	      "protocol errors %ld, %ld at the start", cxla_sysfs_long(c->name, "protocol_errors"),
 	      protocol_at_start);
 	snprintf(attr, sizeof(attr), "/sys/class/cxl-accel/%s/dmabuf/module_live", c->name);
 	f = fopen(attr, "r");
@@ -3083,7 +3049,7 @@ static int test_health(struct ctx *c)
 	fclose(f);
 	CHECK(!live[0] && !live[1] && !live[2], "module-wide live exports %ld attachments %ld imports %ld",
 	      live[0], live[1], live[2]);
-	OK(hmm_info(fd, &h));
+	OK(cxla_hmm_info(fd, &h));
 	CHECK(!h.pool_chunks && !h.pool_pages_used && !h.svm_mirrors,
 	      "pool %llu chunks, %llu pages used, %llu SVM mirrors",
 	      (unsigned long long)h.pool_chunks, (unsigned long long)h.pool_pages_used,
@@ -3118,12 +3084,12 @@ static int test_health(struct ctx *c)
 	anon = map_anon(len);
 	CHECK(anon, "mmap");
 	memcpy(anon, ram, len);
-	OK(migrate(fd, anon, len, true, &m));
+	OK(cxla_migrate(fd, anon, len, true, &m));
 	CHECK(m.migrated == len / PG, "%llu pages migrated", (unsigned long long)m.migrated);
 	v = 0;
 	OK(svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, len, 0, &v));
 	CHECK((uint32_t)v == crc32c(0, ram, len), "SVM CHECKSUM on device pages");
-	OK(migrate(fd, anon, len, false, &m));
+	OK(cxla_migrate(fd, anon, len, false, &m));
 	CHECK(!memcmp(anon, ram, len), "data after migrating back");
 	munmap(anon, len);
 	munmap(p, len);
@@ -3198,7 +3164,7 @@ static int run_child(const void *env, const void *test, char *detail)
 	snprintf(c.name, sizeof(c.name), "cxl-accel%u", c.id.minor);
 	if (c.pfd >= 0)
 		snprintf(c.peer_name, sizeof(c.peer_name), "cxl-accel%u", pid.minor);
-	if (hmm_info(c.fd, &h) || !(h.flags & CXL_ACCEL_HMM_COHERENT)) {
+	if (cxla_hmm_info(c.fd, &h) || !(h.flags & CXL_ACCEL_HMM_COHERENT)) {
 		snprintf(detail, DETAIL_LEN, "device memory is not coherent ZONE_DEVICE memory");
 		return SKIP;
 	}
@@ -3263,7 +3229,7 @@ int main(int argc, char **argv)
 	}
 	close(fd);
 	snprintf(name, sizeof(name), "cxl-accel%u", id.minor);
-	protocol_at_start = sysfs_long(name, "protocol_errors");
+	protocol_at_start = cxla_sysfs_long(name, "protocol_errors");
 	kmsg_fd = open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (kmsg_fd >= 0)
 		lseek(kmsg_fd, 0, SEEK_END);

@@ -111,22 +111,6 @@ static bool wait_gone(double secs)
 
 /* ------------------------------------------------------------ helpers */
 
-static long sysfs_num(const char *dev, const char *attr)
-{
-	char p[256], buf[64];
-	FILE *f;
-	long v = -1;
-
-	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/%s", dev, attr);
-	f = fopen(p, "r");
-	if (!f)
-		return -1;
-	if (fgets(buf, sizeof(buf), f))
-		v = strtol(buf, NULL, 0);
-	fclose(f);
-	return v;
-}
-
 static int export_buf(int fd, uint32_t handle, struct cxl_accel_dmabuf_export *e)
 {
 	memset(e, 0, sizeof(*e));
@@ -149,16 +133,6 @@ static int sync_buf(int fd, uint64_t flags)
 	return ioctl(fd, DMA_BUF_IOCTL_SYNC, &s) ? -errno : 0;
 }
 
-static int migrate(int fd, void *p, size_t len, bool to_dev,
-		   struct cxl_accel_migrate *m)
-{
-	memset(m, 0, sizeof(*m));
-	m->addr = (uintptr_t)p;
-	m->len = len;
-	return cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
-				CXL_ACCEL_IOC_MIGRATE_TO_RAM, m);
-}
-
 /* pages of [p, p + len) with any of the flags in mask, per SNAPSHOT */
 static long snap_count(int fd, const void *p, size_t len, uint8_t mask)
 {
@@ -174,12 +148,6 @@ static long snap_count(int fd, const void *p, size_t len, uint8_t mask)
 	for (i = 0; i < n; i++)
 		k += !!(f[i] & mask);
 	return k;
-}
-
-static int hmm_info(int fd, struct cxl_accel_hmm_info *h)
-{
-	memset(h, 0, sizeof(*h));
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_HMM_INFO, h);
 }
 
 /* one 32-bit word per position, different per page and seed */
@@ -461,7 +429,7 @@ static int w_import(struct worker *w)
 	WCHECK(r == -ENODEV, "loop ended with %d (%s), expected -ENODEV", r, strerror(-r));
 	WCHECK(wait_gone(60), "-ENODEV, but the device did not go away");
 	/* our file is still open: removal alone must have detached */
-	att = sysfs_num(keep_name, "dmabuf/attachments");
+	att = cxla_sysfs_long(keep_name, "dmabuf/attachments");
 	WCHECK(att == 0, "%s's export still has %ld attachments after the importer went",
 	       keep_name, att);
 	WCHECK(cxla_free(g, im.handle) == -ENODEV,
@@ -497,10 +465,10 @@ static int w_migrated(struct worker *w)
 	madvise(pk, lk, MADV_NOHUGEPAGE);
 	fill_pat(pg, lg, 11);
 	fill_pat(pk, lk, 12);
-	WCHECK(!migrate(g, pg, lg, true, &m) && m.migrated == lg / PG,
+	WCHECK(!cxla_migrate(g, pg, lg, true, &m) && m.migrated == lg / PG,
 	       "migrate to %s: %llu of %lu pages", gone_name,
 	       (unsigned long long)m.migrated, lg / PG);
-	WCHECK(!migrate(k, pk, lk, true, &m) && m.migrated == lk / PG,
+	WCHECK(!cxla_migrate(k, pk, lk, true, &m) && m.migrated == lk / PG,
 	       "migrate to %s: %llu of %lu pages", keep_name,
 	       (unsigned long long)m.migrated, lk / PG);
 	fill_pat(pg, lg / 2, 13);	/* CPU writes on device memory */
@@ -535,11 +503,11 @@ static int w_migrated(struct worker *w)
 	WCHECK(on == (long)(lk / PG), "%ld of %lu pages on %s after the other device went",
 	       on, lk / PG, keep_name);
 	WCHECK(check_pat(pk, lk, 12) < 0, "data on %s differs", keep_name);
-	r = migrate(k, pk, lk, false, &m);
+	r = cxla_migrate(k, pk, lk, false, &m);
 	WCHECK(!r && m.migrated == lk / PG, "migrate back from %s: %d, %llu pages",
 	       keep_name, r, (unsigned long long)m.migrated);
 	WCHECK(check_pat(pk, lk, 12) < 0, "data from %s differs", keep_name);
-	WCHECK(!hmm_info(k, &h) && !h.pool_pages_used, "%s pool pages still used: %llu",
+	WCHECK(!cxla_hmm_info(k, &h) && !h.pool_pages_used, "%s pool pages still used: %llu",
 	       keep_name, (unsigned long long)h.pool_pages_used);
 	WCHECK(!close(k), "close");
 	return wfinish(w, PASS, "%lu pages intact in system RAM (CPU checked them %ld times meanwhile); %lu pages on %s untouched",
@@ -650,12 +618,12 @@ static void check_leaks(int k, uint64_t size)
 
 	for (t = 0; t < 50; t++) {
 		bad[0] = 0;
-		if (hmm_info(k, &h) || h.pool_chunks || h.pool_pages_used)
+		if (cxla_hmm_info(k, &h) || h.pool_chunks || h.pool_pages_used)
 			snprintf(bad, sizeof(bad), "pool chunks %llu pages %llu",
 				 (unsigned long long)h.pool_chunks,
 				 (unsigned long long)h.pool_pages_used);
 		for (i = 0; i < (int)ARRAY_SIZE(zero) && !bad[0]; i++) {
-			v = sysfs_num(keep_name, zero[i]);
+			v = cxla_sysfs_long(keep_name, zero[i]);
 			if (v)
 				snprintf(bad, sizeof(bad), "%s %s = %ld", keep_name, zero[i], v);
 		}
