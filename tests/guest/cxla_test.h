@@ -196,6 +196,52 @@ static inline double now_sec(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/*
+ * Soak runner: forks N processes running FN(i, ARG) (their exit status is its
+ * result; one that outlives SECS + 180 s ends by SIGALRM) and waits for all of
+ * them, calling PROGRESS(PARG, seconds so far) once a minute on runs of 300 s
+ * or more. Returns the index of the first process that failed, with its wait
+ * status in *STATUS, or -1.
+ */
+#define CXLA_SOAK_MAX_PROCS	16
+static inline int cxla_soak_procs(int n, int secs, int (*fn)(int i, void *arg),
+				  void *arg, void (*progress)(void *parg, double t),
+				  void *parg, int *status)
+{
+	pid_t pids[CXLA_SOAK_MAX_PROCS];
+	double t0 = now_sec(), last = t0;
+	int i, st, left = n, failed = -1;
+
+	for (i = 0; i < n; i++) {
+		pids[i] = fork();
+		if (!pids[i]) {
+			alarm(secs + 180);	/* a hang ends as a failure */
+			_exit(fn(i, arg) ? 1 : 0);
+		}
+	}
+	while (left) {
+		pid_t p = waitpid(-1, &st, WNOHANG);
+
+		if (p > 0) {
+			for (i = 0; i < n && pids[i] != p; i++)
+				;
+			if (i < n && failed < 0 &&
+			    (!WIFEXITED(st) || WEXITSTATUS(st))) {
+				failed = i;
+				*status = st;
+			}
+			left--;
+			continue;
+		}
+		if (secs >= 300 && now_sec() - last >= 60) {
+			last = now_sec();
+			progress(parg, last - t0);
+		}
+		usleep(100000);
+	}
+	return failed;
+}
+
 /* xorshift64*: fast deterministic pattern data */
 static inline uint64_t rnd64(uint64_t *s)
 {

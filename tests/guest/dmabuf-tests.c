@@ -1839,6 +1839,34 @@ static int ds_proc(const struct ctx *c, int id, int secs, struct dsoak_stats *st
 	return 0;
 }
 
+struct ds_run {
+	const struct ctx *c;
+	int secs;
+	struct dsoak_stats *st;
+};
+
+static int ds_child(int i, void *arg)
+{
+	struct ds_run *r = arg;
+
+	return ds_proc(r->c, i, r->secs, &r->st[i]);
+}
+
+static void ds_progress(void *arg, double t)
+{
+	struct dsoak_stats *st = arg;
+	long ops = 0, eio = 0;
+	int i, k;
+
+	for (i = 0; i < DSOAK_PROCS; i++)
+		for (k = 0; k < DK_NOPS; k++) {
+			ops += st[i].ops[k];
+			eio += st[i].eio[k];
+		}
+	printf("# soak_dmabuf %.0f s: %ld steps, %ld -EIO\n", t, ops, eio);
+	fflush(stdout);
+}
+
 static int dmabuf_soak(int secs)
 {
 	static const char * const zero[] = {
@@ -1854,9 +1882,8 @@ static int dmabuf_soak(int secs)
 	char why[400] = "", eios[300] = "";
 	struct ctx cc = { 0 }, *c = &cc;
 	struct cxl_accel_stats sts;
-	pid_t pids[DSOAK_PROCS];
-	double t0 = now_sec(), last = t0;
-	int i, k, d, status, left = DSOAK_PROCS;
+	struct ds_run run = { .c = c, .secs = secs, .st = st };
+	int i, k, d, status = 0;
 	size_t el = 0;
 
 	if (st == MAP_FAILED || discover(c) || c->ndev < 2) {
@@ -1864,41 +1891,13 @@ static int dmabuf_soak(int secs)
 		return 1;
 	}
 	memset(st, 0, DSOAK_PROCS * sizeof(*st));
-	for (i = 0; i < DSOAK_PROCS; i++) {
-		pids[i] = fork();
-		if (!pids[i]) {
-			alarm(secs + 180);	/* a hang ends as a failure */
-			_exit(ds_proc(c, i, secs, &st[i]) ? 1 : 0);
-		}
-	}
-	while (left) {
-		pid_t p = waitpid(-1, &status, WNOHANG);
-
-		if (p > 0) {
-			for (i = 0; i < DSOAK_PROCS && pids[i] != p; i++)
-				;
-			if (i < DSOAK_PROCS && !why[0] &&
-			    (!WIFEXITED(status) || WEXITSTATUS(status)))
-				snprintf(why, sizeof(why), "process %d (dev%d -> dev%d): %s",
-					 i, i, 1 - i, st[i].fail[0] ? st[i].fail :
-					 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
-					 "failed");
-			left--;
-			continue;
-		}
-		if (secs >= 300 && now_sec() - last >= 60) {
-			last = now_sec();
-			for (i = 0, ops = 0, eio = 0; i < DSOAK_PROCS; i++)
-				for (k = 0; k < DK_NOPS; k++) {
-					ops += st[i].ops[k];
-					eio += st[i].eio[k];
-				}
-			printf("# soak_dmabuf %.0f s: %ld steps, %ld -EIO\n",
-			       last - t0, ops, eio);
-			fflush(stdout);
-		}
-		usleep(100000);
-	}
+	i = cxla_soak_procs(DSOAK_PROCS, secs, ds_child, &run, ds_progress, st,
+			    &status);
+	if (i >= 0)
+		snprintf(why, sizeof(why), "process %d (dev%d -> dev%d): %s",
+			 i, i, 1 - i, st[i].fail[0] ? st[i].fail :
+			 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
+			 "failed");
 	ops = eio = 0;
 	for (i = 0; i < DSOAK_PROCS; i++) {
 		for (k = 0; k < DK_NOPS; k++) {

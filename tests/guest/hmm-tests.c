@@ -2454,6 +2454,34 @@ static int soak_proc(int id, int secs, const char *path, const char *peer,
 	return 0;
 }
 
+struct soak_run {
+	int secs;
+	const char *path, *peer;
+	struct soak_stats *st;
+};
+
+static int soak_child(int i, void *arg)
+{
+	struct soak_run *r = arg;
+
+	return soak_proc(i, r->secs, r->path, r->peer, &r->st[i]);
+}
+
+static void soak_progress(void *arg, double t)
+{
+	struct soak_stats *st = arg;
+	long ops = 0, eio = 0;
+	int i, k;
+
+	for (i = 0; i < SOAK_PROCS; i++)
+		for (k = 0; k < SK_NOPS; k++) {
+			ops += st[i].ops[k];
+			eio += st[i].eio[k];
+		}
+	printf("# soak_migrate %.0f s: %ld steps, %ld -EIO\n", t, ops, eio);
+	fflush(stdout);
+}
+
 static int hmm_soak(int secs, const char *path, const char *peer)
 {
 	struct soak_stats *st = mmap(NULL, SOAK_PROCS * sizeof(*st),
@@ -2465,9 +2493,8 @@ static int hmm_soak(int secs, const char *path, const char *peer)
 	char detail[DETAIL_LEN + 1] = "", why[400] = "", eios[200] = "";
 	struct ctx cc = { .detail = detail }, *c = &cc;
 	struct cxl_accel_stats sts;
-	pid_t pids[SOAK_PROCS];
-	double t0 = now_sec(), last = t0;
-	int i, k, status, left = SOAK_PROCS, fds[2];
+	struct soak_run run = { .secs = secs, .path = path, .peer = peer, .st = st };
+	int i, k, status = 0, fds[2];
 	size_t el = 0;
 
 	fds[0] = open(path, O_RDWR);
@@ -2477,41 +2504,13 @@ static int hmm_soak(int secs, const char *path, const char *peer)
 		return 1;
 	}
 	memset(st, 0, SOAK_PROCS * sizeof(*st));
-	for (i = 0; i < SOAK_PROCS; i++) {
-		pids[i] = fork();
-		if (!pids[i]) {
-			alarm(secs + 180);	/* a hang ends as a failure */
-			_exit(soak_proc(i, secs, path, peer, &st[i]) ? 1 : 0);
-		}
-	}
-	while (left) {
-		pid_t p = waitpid(-1, &status, WNOHANG);
-
-		if (p > 0) {
-			for (i = 0; i < SOAK_PROCS && pids[i] != p; i++)
-				;
-			if (i < SOAK_PROCS && !why[0] &&
-			    (!WIFEXITED(status) || WEXITSTATUS(status)))
-				snprintf(why, sizeof(why), "process %d: %s", i,
-					 st[i].fail[0] ? st[i].fail :
-					 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
-					 "failed");
-			left--;
-			continue;
-		}
-		if (secs >= 300 && now_sec() - last >= 60) {
-			last = now_sec();
-			for (i = 0, k = 0, ops = 0, eio = 0; i < SOAK_PROCS; i++)
-				for (k = 0; k < SK_NOPS; k++) {
-					ops += st[i].ops[k];
-					eio += st[i].eio[k];
-				}
-			printf("# soak_migrate %.0f s: %ld steps, %ld -EIO\n",
-			       last - t0, ops, eio);
-			fflush(stdout);
-		}
-		usleep(100000);
-	}
+	i = cxla_soak_procs(SOAK_PROCS, secs, soak_child, &run, soak_progress, st,
+			    &status);
+	if (i >= 0)
+		snprintf(why, sizeof(why), "process %d: %s", i,
+			 st[i].fail[0] ? st[i].fail :
+			 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) :
+			 "failed");
 	ops = eio = 0;
 	for (i = 0; i < SOAK_PROCS; i++) {
 		for (k = 0; k < SK_NOPS; k++) {
