@@ -158,7 +158,8 @@ impl StateFile {
         let len = words_for(devmem_size) * 8;
         let map = MmapRegion::new(len).map_err(|e| format!("cannot map state: {e}"))?;
         let s = StateFile::with_map(map, None, None, devmem_size);
-        s.format(FileId { dev: 0, ino: 0 }, devmem_size);
+        // A new anonymous mapping is all zeros already.
+        s.stamp(FileId { dev: 0, ino: 0 }, devmem_size);
         Ok(s)
     }
 
@@ -247,6 +248,11 @@ impl StateFile {
                 self.store(i, 0);
             }
         }
+        self.stamp(id, size);
+    }
+
+    /// Writes the header of an otherwise zeroed file; valid from the magic on.
+    fn stamp(&self, id: FileId, size: u64) {
         self.store(H_VERSION, VERSION);
         self.store(H_DEV, id.dev);
         self.store(H_INO, id.ino);
