@@ -1,5 +1,7 @@
 //! The `cxl-accel` binary as an operator meets it: flags, one-line errors, signals.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -299,19 +301,11 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
             std::thread::sleep(Duration::from_millis(10));
         }
     };
-    let children = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default()
-    };
     let sup = bin().args(args).stderr(Stdio::piped()).spawn().unwrap();
     wait_connectable();
     // A connection starts a worker; the state file is locked meanwhile.
     let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    let t = Instant::now();
-    while children(sup.id()).trim().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(10), "no worker");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let worker: i32 = children(sup.id()).trim().parse().unwrap();
+    let worker = common::wait_for_child(sup.id(), None) as i32;
     assert!(state.exists() && worker_sock.exists());
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
@@ -337,12 +331,7 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     let mut sup = bin().args(args).stderr(Stdio::null()).spawn().unwrap();
     wait_connectable();
     let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    let t = Instant::now();
-    while children(sup.id()).trim().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(10), "no worker");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let worker: i32 = children(sup.id()).trim().parse().unwrap();
+    let worker = common::wait_for_child(sup.id(), None) as i32;
     // SAFETY: kill(2) on our own child and its child.
     unsafe {
         libc::kill(worker, libc::SIGKILL);

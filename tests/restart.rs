@@ -37,14 +37,7 @@ fn supervised() -> Harness {
 }
 
 fn wait_for_worker(h: &Harness, not: Option<u32>) -> u32 {
-    let t = Instant::now();
-    loop {
-        if let Some(p) = h.worker_pid().filter(|&p| Some(p) != not) {
-            return p;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no worker process");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_child(h.process.as_ref().expect("supervised").id(), not)
 }
 
 fn kill(pid: u32) {

@@ -46,6 +46,24 @@ pub fn memfd(name: &str, size: u64) -> File {
     f
 }
 
+/// The first child of process `pid` (a supervisor's worker).
+pub fn child_pid(pid: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+/// Waits (10 s at most) until process `parent` has a child other than `not`.
+pub fn wait_for_child(parent: u32, not: Option<u32>) -> u32 {
+    let t = Instant::now();
+    loop {
+        if let Some(p) = child_pid(parent).filter(|&p| Some(p) != not) {
+            return p;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no worker process");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// xorshift64*: reproducible random numbers without a dependency.
 pub struct Rng(pub u64);
 
@@ -501,9 +519,7 @@ impl Harness {
 
     /// The daemon's current worker process (Options::supervised).
     pub fn worker_pid(&self) -> Option<u32> {
-        let pid = self.process.as_ref()?.id();
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-        children.split_whitespace().next()?.parse().ok()
+        child_pid(self.process.as_ref()?.id())
     }
 
     /// The memfd behind guest RAM (region 0).
