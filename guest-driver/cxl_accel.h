@@ -35,6 +35,7 @@
 #define CXLA_IVSHMEM_BAR	2
 
 extern unsigned int cxla_cmd_timeout_ms;
+extern bool cxla_unloading;	/* module exit runs */
 extern struct workqueue_struct *cxla_wq;
 
 struct cxla_req;
@@ -86,6 +87,10 @@ struct cxla_dev {
 	phys_addr_t devmem_gpa;
 	struct dev_pagemap pgmap;
 	bool pgmap_live;
+	atomic_long_t pages_live;	/* pages of pgmap with references */
+	bool devmem_orphan;		/* removed; pages_live ends the teardown */
+	unsigned long devmem_unmapping;	/* bit 0: teardown started */
+	struct work_struct devmem_work;	/* orphaned teardown */
 	struct rw_semaphore map_sem;	/* page handout (fault, alloc) vs removal */
 	struct mutex buf_lock;		/* bufs, nbufs, cxla_buf.pages_held */
 	struct list_head bufs;
@@ -215,8 +220,9 @@ int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
 
 /* devmem.c */
 int cxla_devmem_init(struct cxla_dev *cd);
+void cxla_devmem_init_dev(struct cxla_dev *cd);
 void cxla_devmem_free_all(struct cxla_dev *cd);
-void cxla_devmem_teardown(struct cxla_dev *cd);
+bool cxla_devmem_teardown(struct cxla_dev *cd);
 void cxla_devmem_release_pci(struct cxla_dev *cd);
 int cxla_devmem_notifier_register(void);
 void cxla_devmem_notifier_unregister(void);
@@ -238,6 +244,8 @@ long cxla_ioc_fill(struct cxla_file *cf, void __user *arg);
 long cxla_ioc_checksum(struct cxla_file *cf, void __user *arg);
 long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg);
 void cxla_pin_release(struct cxla_pin *pin);
+int cxla_pin_user(unsigned long first, unsigned long npages,
+		  unsigned int gup_flags, struct page **pages);
 
 /* cdev.c */
 int cxla_chrdev_init(void);

@@ -17,9 +17,16 @@
  * reference goes, the driver drops its page references, and each page comes
  * back through page_free() once nobody else holds it. Only when every page
  * is back is the device told to FREE the range: the device never reuses
- * memory that a CPU mapping or a pin can still reach, and memunmap_pages()
- * (which waits until every page is free) cannot hang on removal once the
- * driver has zapped the user mappings and dropped its own references.
+ * memory that a CPU mapping or a pin can still reach.
+ *
+ * Removal. memunmap_pages() waits until every page is free. User mappings
+ * are zapped and migrated pages evicted first, but a page can outlive all
+ * of that: a pipe holding it after vmsplice(), a pin. Then removal does not
+ * wait: the memory stays mapped (and its PCI region claimed, and the module
+ * loaded) until the last such page comes back through page_free(), which
+ * finishes the teardown from a work item. A rebind meanwhile is refused.
+ * Module unload cannot leave pages behind (page_free() is module code): it
+ * waits for them, saying so.
  */
 #include <linux/delay.h>
 #include <linux/mm.h>
@@ -102,12 +109,23 @@ static void cxla_buf_finish_work(struct work_struct *work)
 	cxla_buf_finish(container_of(work, struct cxla_buf, finish_work));
 }
 
+/* Pages of cd with references: the last one finishes an orphaned removal. */
+static void cxla_pages_live_dec(struct cxla_dev *cd)
+{
+	if (atomic_long_dec_and_test(&cd->pages_live) &&
+	    READ_ONCE(cd->devmem_orphan) &&
+	    !test_and_set_bit(0, &cd->devmem_unmapping))
+		queue_work(cxla_wq, &cd->devmem_work);
+}
+
 static void cxla_page_free(struct page *page)
 {
 	struct cxla_buf *buf = page->zone_device_data;
+	struct cxla_dev *cd = container_of(page->pgmap, struct cxla_dev, pgmap);
 
 	if (buf && buf->chunk) {	/* a migration page: back to its pool */
 		cxla_pool_page_free(buf, page);
+		cxla_pages_live_dec(cd);
 		return;
 	}
 	page->zone_device_data = NULL;
@@ -115,6 +133,7 @@ static void cxla_page_free(struct page *page)
 		return;
 	if (atomic_long_dec_and_test(&buf->pages_out))
 		queue_work(cxla_wq, &buf->finish_work);
+	cxla_pages_live_dec(cd);
 }
 
 static const struct dev_pagemap_ops cxla_pgmap_ops = {
@@ -257,6 +276,7 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 			return -EIO;
 		}
 	}
+	atomic_long_add(buf->npages, &cd->pages_live);
 	for (i = 0; i < buf->npages; i++) {
 		struct page *page = cxla_buf_page(buf, i);
 
@@ -311,10 +331,14 @@ static int cxla_pci_notify(struct notifier_block *nb, unsigned long action,
 		return NOTIFY_DONE;
 	mutex_lock(&cxla_mem_lock);
 	list_for_each_entry(cd, &cxla_mem_devs, mem_node) {
-		if (&cd->mem_pdev->dev == dev) {
+		if (&cd->mem_pdev->dev != dev)
+			continue;
+		if (cd->vdev)
 			vdev = get_device(&cd->vdev->dev);
-			break;
-		}
+		else	/* removed already: its memory is still referenced */
+			dev_warn(dev, "memory function removed while %ld pages of it are still referenced\n",
+				 atomic_long_read(&cd->pages_live));
+		break;
 	}
 	mutex_unlock(&cxla_mem_lock);
 	if (!vdev)
@@ -340,6 +364,25 @@ void cxla_devmem_notifier_unregister(void)
 	bus_unregister_notifier(&pci_bus_type, &cxla_pci_nb);
 }
 
+/* An earlier binding's memory is still referenced (an orphaned removal)? */
+static bool cxla_mem_in_use(struct cxla_dev *cd, struct pci_dev *pdev)
+{
+	struct cxla_dev *old;
+	long live = -1;
+
+	mutex_lock(&cxla_mem_lock);
+	list_for_each_entry(old, &cxla_mem_devs, mem_node)
+		if (old->mem_pdev == pdev)
+			live = atomic_long_read(&old->pages_live);
+	mutex_unlock(&cxla_mem_lock);
+	if (live < 0)
+		return false;
+	dev_err(&cd->vdev->dev,
+		"device memory in %s is still referenced by %ld pages of the previous binding (pipes, pins): bind again once they are released\n",
+		pci_name(pdev), live);
+	return true;
+}
+
 static struct pci_dev *cxla_find_mem_function(struct cxla_dev *cd)
 {
 	struct device *parent = cd->vdev->dev.parent;
@@ -360,8 +403,12 @@ static struct pci_dev *cxla_find_mem_function(struct cxla_dev *cd)
 		if (!pdev)
 			continue;
 		if (pdev->vendor == CXLA_IVSHMEM_VENDOR &&
-		    pdev->device == CXLA_IVSHMEM_DEVICE)
-			return pdev;
+		    pdev->device == CXLA_IVSHMEM_DEVICE) {
+			if (!cxla_mem_in_use(cd, pdev))
+				return pdev;
+			pci_dev_put(pdev);
+			return ERR_PTR(-EBUSY);
+		}
 		pci_dev_put(pdev);
 	}
 	dev_err(&cd->vdev->dev,
@@ -403,8 +450,8 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	int ret;
 
 	pdev = cxla_find_mem_function(cd);
-	if (!pdev)
-		return -ENODEV;
+	if (IS_ERR_OR_NULL(pdev))
+		return pdev ? PTR_ERR(pdev) : -ENODEV;
 	cd->mem_pdev = pdev;
 	cxla_mem_track(cd, true);
 
@@ -517,15 +564,58 @@ void cxla_devmem_free_all(struct cxla_dev *cd)
 	kfree(ids);
 }
 
+/* The last page of an orphaned removal came back: finish it. */
+static void cxla_devmem_work(struct work_struct *work)
+{
+	struct cxla_dev *cd = container_of(work, struct cxla_dev, devmem_work);
+
+	memunmap_pages(&cd->pgmap);
+	cd->pgmap_live = false;
+	cxla_devmem_release_pci(cd);
+	dev_info(&cd->dev, "the last page of removed device memory was released\n");
+	put_device(&cd->dev);
+	/* cxla_exit() flushes cxla_wq before the module goes */
+	module_put(THIS_MODULE);
+}
+
+void cxla_devmem_init_dev(struct cxla_dev *cd)
+{
+	atomic_long_set(&cd->pages_live, 0);
+	INIT_WORK(&cd->devmem_work, cxla_devmem_work);
+}
+
+#define CXLA_DEVMEM_GRACE_MS	1000	/* removal: for pins that end soon */
+#define CXLA_UNLOAD_NAG_S	10	/* unload: remind every so often */
+
+bool cxla_unloading;
+
+/* Module unload: wait (interruptibly: no hung task) for every page. */
+static void cxla_devmem_wait_pages(struct cxla_dev *cd)
+{
+	unsigned long next = jiffies;
+
+	while (atomic_long_read(&cd->pages_live)) {
+		if (time_after_eq(jiffies, next)) {
+			dev_warn(&cd->dev,
+				 "module unload waits for %ld pages of device memory still referenced (pipes, pins): release them\n",
+				 atomic_long_read(&cd->pages_live));
+			next = jiffies + CXLA_UNLOAD_NAG_S * HZ;
+		}
+		msleep_interruptible(50);
+	}
+}
+
 /*
  * Removal, after the device was reset and user mappings were zapped: drop
- * the driver's page references of every buffer still alive, then wait until
- * all pages are free and undo the mapping.
+ * the driver's page references of every buffer still alive, then, when all
+ * pages are free, undo the mapping. Pages still referenced elsewhere keep
+ * it (and the PCI region) until they come back. Returns true then: the
+ * caller must leave the PCI region alone.
  */
-void cxla_devmem_teardown(struct cxla_dev *cd)
+bool cxla_devmem_teardown(struct cxla_dev *cd)
 {
 	struct cxla_buf *buf;
-	unsigned long i;
+	unsigned long i, deadline;
 
 	mutex_lock(&cd->buf_lock);
 	list_for_each_entry(buf, &cd->bufs, node) {
@@ -537,10 +627,31 @@ void cxla_devmem_teardown(struct cxla_dev *cd)
 	}
 	mutex_unlock(&cd->buf_lock);
 
-	if (cd->pgmap_live) {
-		memunmap_pages(&cd->pgmap);
-		cd->pgmap_live = false;
+	if (!cd->pgmap_live)
+		return false;
+	deadline = jiffies + msecs_to_jiffies(CXLA_DEVMEM_GRACE_MS);
+	while (atomic_long_read(&cd->pages_live) && time_before(jiffies, deadline))
+		msleep(20);
+	if (READ_ONCE(cxla_unloading))
+		cxla_devmem_wait_pages(cd);
+	/* from here the last page_free() may finish the removal instead */
+	__module_get(THIS_MODULE);
+	get_device(&cd->dev);
+	WRITE_ONCE(cd->devmem_orphan, true);
+	smp_mb();	/* orphan flag before the count; page_free: the reverse */
+	if (atomic_long_read(&cd->pages_live) ||
+	    test_and_set_bit(0, &cd->devmem_unmapping)) {
+		dev_warn(&cd->dev,
+			 "%ld pages of device memory are still referenced (pipes, pins): it stays mapped until they are released\n",
+			 atomic_long_read(&cd->pages_live));
+		return true;
 	}
+	WRITE_ONCE(cd->devmem_orphan, false);
+	put_device(&cd->dev);
+	module_put(THIS_MODULE);
+	memunmap_pages(&cd->pgmap);
+	cd->pgmap_live = false;
+	return false;
 }
 
 void cxla_devmem_release_pci(struct cxla_dev *cd)

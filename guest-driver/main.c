@@ -120,6 +120,7 @@ static int cxla_init_vqs(struct cxla_dev *cd)
 static void cxla_shutdown(struct cxla_dev *cd)
 {
 	struct virtio_device *vdev = cd->vdev;
+	bool orphan;
 
 	/* no new ioctls, mappings or page handouts */
 	down_write(&cd->map_sem);
@@ -145,9 +146,10 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	/* migrated pages that were busy: CPU copy, then the pool's chunks go */
 	cxla_mig_teardown(cd);
 
-	cxla_devmem_teardown(cd);
+	orphan = cxla_devmem_teardown(cd);
 	vdev->config->del_vqs(vdev);
-	cxla_devmem_release_pci(cd);
+	if (!orphan)	/* else the last page released does it */
+		cxla_devmem_release_pci(cd);
 }
 
 static int cxla_probe(struct virtio_device *vdev)
@@ -180,6 +182,7 @@ static int cxla_probe(struct virtio_device *vdev)
 	mutex_init(&cd->files_lock);
 	INIT_LIST_HEAD(&cd->files);
 	cxla_dmabuf_init_dev(cd);
+	cxla_devmem_init_dev(cd);
 	ret = cxla_mig_init(cd);
 	if (ret)
 		goto err_put;
@@ -328,6 +331,8 @@ err_wq:
 
 static void __exit cxla_exit(void)
 {
+	/* removals wait for their pages instead of leaving them behind */
+	WRITE_ONCE(cxla_unloading, true);
 	unregister_virtio_driver(&cxla_driver);
 	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */

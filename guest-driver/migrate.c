@@ -28,21 +28,36 @@
  * back to the page allocator or the pool; the migration of those pages is
  * abandoned and the CPU page tables point at the original pages again.
  *
- * Eviction (EVICT, unbind, module unload): migrate_device_range() over the
- * pool chunks in use collects every page wherever it is mapped, the device
- * copies them to new system RAM pages, migrate_device_pages/finalize remap
- * them. At removal pages still busy are retried, and once the device is
- * reset the rest is copied by the CPU (the memory is still mapped), so no
- * process data stays on a device that goes away.
+ * Eviction (EVICT, unbind, module unload) works on address spaces, never
+ * on pages alone: migrate_device_range() on a pool page that no process
+ * maps any more but that something still references (a pipe after
+ * vmsplice(), a pin) walks the page's anon_vma, which is freed with the
+ * last mapping; the kernel takes no reference on it there (a guest program
+ * crashed the kernel that way). So the device remembers every address
+ * space that migrated pages to it; eviction looks through each (holding a
+ * reference and its mmap_lock, so vmas and anon_vmas stay), finds where
+ * this device's pages are mapped and migrates those windows back with
+ * migrate_vma_*(), like MIGRATE_TO_RAM. Pages that stay mapped after that
+ * are mapped only by processes that did not migrate them (a forked child
+ * whose parent unmapped them or exited): then every process is looked at.
+ * Pages that no process maps cannot be moved and need not be: they come
+ * back to the pool when their last reference goes. At removal the device
+ * copies first; what failed, and what is found after the device was reset,
+ * is copied by the CPU (the memory is still mapped), so no process data
+ * stays on a device that goes away; pages still referenced then keep the
+ * device memory mapped past the removal (devmem.c).
  */
 #include <linux/delay.h>
 #include <linux/highmem.h>
+#include <linux/hmm.h>
 #include <linux/mempolicy.h>
 #include <linux/memremap.h>
 #include <linux/migrate.h>
 #include <linux/mm.h>
 #include <linux/mmap_lock.h>
+#include <linux/mmu_notifier.h>
 #include <linux/pagemap.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/sort.h>
@@ -51,8 +66,9 @@
 #include "cxl_accel.h"
 
 #define CXLA_MIG_WINDOW		4096UL	/* pages per migrate_vma_setup() */
-#define CXLA_EVICT_CHUNKS	8	/* chunks per migrate_device_range() batch */
+#define CXLA_EVICT_SCAN		512UL	/* pages per look at page tables */
 #define CXLA_EVICT_RETRY_MS	3000	/* EVICT: retry busy pages this long */
+#define CXLA_EVICT_ALL_MS	500	/* retries: every process at most this often */
 #define CXLA_REMOVE_RETRY_MS	10000	/* removal: likewise, per phase */
 #define CXLA_REMOVE_CMD_MS	2000	/* removal: per command */
 #define CXLA_COPY_MAX_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB pages at most */
@@ -202,6 +218,7 @@ static unsigned long cxla_pool_take(struct cxla_mig *mig, unsigned long n,
 	mig->pages_used += got;
 	spin_unlock_irqrestore(&mig->lock, flags);
 
+	atomic_long_add(got, &mig->cd->pages_live);
 	for (i = 0; i < got; i++)
 		zone_device_page_init(pages[i]);	/* refcount 1, locked */
 	return got;
@@ -627,14 +644,26 @@ out:
 
 /* ------------------------------------------------ migrate_vma ranges */
 
+/* What a window does with the pages it finds */
+enum cxla_mig_mode {
+	CXLA_MIG_TO_DEV,	/* RAM and other devices' pages to this device */
+	CXLA_MIG_TO_RAM,	/* cxl-accel device pages to RAM */
+	CXLA_MIG_EVICT,		/* this device's pages to RAM */
+};
+
 struct cxla_mig_ctx {
 	struct cxla_mig *mig;
+	enum cxla_mig_mode mode;
 	unsigned long *src;
 	unsigned long *dst;
 	struct cxla_xpage *xp;
 	struct page **pages;
 	unsigned int timeout_ms;
-	struct cxl_accel_migrate *res;
+	bool intr;		/* device waits end on signals (ioctls) */
+	bool dma;		/* EVICT: the device copies, else the CPU */
+	bool cpu_fallback;	/* EVICT: the CPU copies what the device failed */
+	struct cxl_accel_migrate *res;	/* counters */
+	u64 cpu_copied;		/* EVICT: pages the CPU copied */
 };
 
 static void cxla_mig_ctx_free(struct cxla_mig_ctx *x)
@@ -643,6 +672,10 @@ static void cxla_mig_ctx_free(struct cxla_mig_ctx *x)
 	kvfree(x->dst);
 	kvfree(x->xp);
 	kvfree(x->pages);
+	x->src = NULL;
+	x->dst = NULL;
+	x->xp = NULL;
+	x->pages = NULL;
 }
 
 static int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages)
@@ -708,42 +741,34 @@ static void cxla_ram_block_put(struct cxla_ram_block *b)
 }
 
 /*
- * Migrate one window [start, end) of one vma; mmap_lock is held for
- * reading. Updates the counters of x->res.
+ * Where the pages found in a window go. Fills x->xp[] (source, space) and
+ * returns how many move; counts the others in x->res.
  */
-static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
-			   unsigned long start, unsigned long end, bool to_dev)
+static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
+				     struct vm_area_struct *vma,
+				     const struct migrate_vma *args)
 {
-	struct cxla_mig *mig = x->mig;
-	struct cxla_dev *cd = mig->cd;
+	struct cxla_dev *cd = x->mig->cd;
 	struct cxl_accel_migrate *res = x->res;
-	struct migrate_vma args = {
-		.vma = vma,
-		.start = start,
-		.end = end,
-		.src = x->src,
-		.dst = x->dst,
-		.pgmap_owner = &cxla_pgmap_owner,
-		.flags = to_dev ? MIGRATE_VMA_SELECT_SYSTEM |
-				  MIGRATE_VMA_SELECT_DEVICE_COHERENT :
-				  MIGRATE_VMA_SELECT_DEVICE_COHERENT,
-	};
-	unsigned long i, nx = 0, got, moved = 0;
-	int ret, err = 0;
+	bool to_dev = x->mode == CXLA_MIG_TO_DEV;
+	unsigned long i, nx = 0;
 
-	ret = migrate_vma_setup(&args);
-	if (ret)
-		return ret;
-
-	/* what moves */
-	for (i = 0; i < args.npages; i++) {
-		unsigned long s = args.src[i];
+	for (i = 0; i < args->npages; i++) {
+		unsigned long s = args->src[i];
 		struct page *sp = migrate_pfn_to_page(s);
 		struct cxla_xpage *e = &x->xp[nx];
 		int where;
 
-		args.dst[i] = 0;
-		if (!(s & MIGRATE_PFN_MIGRATE)) {
+		args->dst[i] = 0;
+		if (x->mode == CXLA_MIG_EVICT) {
+			/* only this device's pages; the rest stays as it is */
+			if (!sp || !cxla_page_is_ours(cd, sp))
+				continue;
+			if (!(s & MIGRATE_PFN_MIGRATE)) {
+				res->busy++;
+				continue;
+			}
+		} else if (!(s & MIGRATE_PFN_MIGRATE)) {
 			if (!to_dev)
 				res->already++;
 			else if (vma_is_anonymous(vma))
@@ -765,7 +790,9 @@ static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 			nx++;
 			continue;
 		}
-		where = cxla_page_owner_dev(cd, sp);
+		/* evicting: ours, also once removal took it off the list */
+		where = x->mode == CXLA_MIG_EVICT ? CXLA_ON_LOCAL :
+			cxla_page_owner_dev(cd, sp);
 		if (to_dev) {
 			if (where == CXLA_ON_LOCAL) {
 				res->already++;
@@ -793,7 +820,7 @@ static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 			}
 			e->src = page_to_phys(sp);
 			e->sspace = CXLA_SPACE_GPA;
-			if (where == CXLA_ON_LOCAL) {
+			if (where == CXLA_ON_LOCAL || x->mode == CXLA_MIG_EVICT) {
 				e->src -= cd->devmem_gpa;
 				e->sspace = CXLA_SPACE_DEVMEM;
 			}
@@ -801,67 +828,145 @@ static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		}
 		nx++;
 	}
+	return nx;
+}
 
-	/* destination pages, locked, refcount 1 */
-	if (to_dev) {
-		got = cxla_pool_get(mig, nx, x->pages, &err);
+/* Destination pages for the nx pages selected, locked, refcount 1. */
+static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
+				  struct vm_area_struct *vma,
+				  unsigned long start, unsigned long nx, int *err)
+{
+	struct cxla_mig *mig = x->mig;
+	struct cxl_accel_migrate *res = x->res;
+	struct cxla_ram_block blk = { };
+	unsigned long i, got;
+
+	if (x->mode == CXLA_MIG_TO_DEV) {
+		got = cxla_pool_get(mig, nx, x->pages, err);
 		if (got < nx) {
-			if (err == -ENOSPC)
+			if (*err == -ENOSPC)
 				res->no_space += nx - got;
 			else
 				res->busy += nx - got;
-			nx = got;
 		}
-		for (i = 0; i < nx; i++) {
+		for (i = 0; i < got; i++) {
 			struct cxla_xpage *e = &x->xp[i];
 
 			e->dpage = x->pages[i];
-			e->dst = page_to_phys(e->dpage) - cd->devmem_gpa;
+			e->dst = page_to_phys(e->dpage) - mig->cd->devmem_gpa;
 		}
-	} else {
-		struct cxla_ram_block blk = { };
+		return got;
+	}
+	for (i = 0, got = 0; i < nx; i++) {
+		struct cxla_xpage *e = &x->xp[i];
+		struct page *dp;
 
-		for (i = 0, got = 0; i < nx; i++) {
-			struct cxla_xpage *e = &x->xp[i];
-			struct page *dp;
+		dp = cxla_ram_page(&blk, nx - i, vma,
+				   start + (e->idx << PAGE_SHIFT));
+		if (!dp) {
+			res->busy++;
+			*err = -ENOMEM;
+			continue;
+		}
+		lock_page(dp);
+		e->dpage = dp;
+		e->dst = page_to_phys(dp);
+		x->xp[got++] = *e;
+	}
+	cxla_ram_block_put(&blk);
+	return got;
+}
 
-			dp = cxla_ram_page(&blk, nx - i, vma,
-					   start + (e->idx << PAGE_SHIFT));
+/*
+ * Copy the pages: by the device (failed ones get ->failed and lose their
+ * destination, which a quarantined command may still write); evicting,
+ * also by the CPU (into new pages), since the memory is still mapped.
+ */
+static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
+			 unsigned long nx)
+{
+	struct cxla_mig *mig = x->mig;
+	bool evict = x->mode == CXLA_MIG_EVICT;
+	unsigned long i;
+	int ret = 0;
+
+	if (!evict || x->dma)
+		ret = cxla_xcopy(mig, x->xp, nx, x->timeout_ms, x->intr);
+	else
+		for (i = 0; i < nx; i++)
+			x->xp[i].failed = true;
+	for (i = 0; i < nx; i++) {
+		struct cxla_xpage *e = &x->xp[i];
+		struct page *dp;
+
+		if (!e->failed)
+			continue;
+		if (!evict || x->dma) {
+			/* the failed command keeps its own reference */
+			args->dst[e->idx] = 0;
+			unlock_page(e->dpage);
+			put_page(e->dpage);
+			e->dpage = NULL;
+			if (!evict || !x->cpu_fallback) {
+				x->res->busy++;
+				continue;
+			}
+			dp = alloc_page(GFP_HIGHUSER_MOVABLE | __GFP_NOWARN);
 			if (!dp) {
-				res->busy++;
-				err = -ENOMEM;
+				x->res->busy++;
 				continue;
 			}
 			lock_page(dp);
 			e->dpage = dp;
-			e->dst = page_to_phys(dp);
-			x->xp[got++] = *e;
+			args->dst[e->idx] = migrate_pfn(page_to_pfn(dp));
 		}
-		cxla_ram_block_put(&blk);
-		nx = got;
+		copy_highpage(e->dpage, e->spage);
+		e->failed = false;
+		x->cpu_copied++;
 	}
+	return ret;
+}
+
+/*
+ * Migrate one window [start, end) of one vma; mmap_lock is held for
+ * reading. Updates the counters of x->res.
+ */
+static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
+			   unsigned long start, unsigned long end)
+{
+	struct cxla_mig *mig = x->mig;
+	struct cxl_accel_migrate *res = x->res;
+	struct migrate_vma args = {
+		.vma = vma,
+		.start = start,
+		.end = end,
+		.src = x->src,
+		.dst = x->dst,
+		.pgmap_owner = &cxla_pgmap_owner,
+		.flags = x->mode == CXLA_MIG_TO_DEV ?
+			 MIGRATE_VMA_SELECT_SYSTEM |
+			 MIGRATE_VMA_SELECT_DEVICE_COHERENT :
+			 MIGRATE_VMA_SELECT_DEVICE_COHERENT,
+	};
+	unsigned long i, nx, moved = 0, before = x->cpu_copied;
+	int ret, err = 0;
+
+	ret = migrate_vma_setup(&args);
+	if (ret)
+		return ret;
+
+	nx = cxla_mig_select(x, vma, &args);
+	nx = cxla_mig_dst(x, vma, start, nx, &err);
 	for (i = 0; i < nx; i++)
 		args.dst[x->xp[i].idx] = migrate_pfn(page_to_pfn(x->xp[i].dpage));
-
-	ret = cxla_xcopy(mig, x->xp, nx, x->timeout_ms, true);
-	for (i = 0; i < nx; i++) {
-		struct cxla_xpage *e = &x->xp[i];
-
-		if (!e->failed)
-			continue;
-		/* the quarantined command keeps its own reference */
-		args.dst[e->idx] = 0;
-		unlock_page(e->dpage);
-		put_page(e->dpage);
-		res->busy++;
-	}
+	ret = cxla_mig_copy(x, &args, nx);
 
 	migrate_vma_pages(&args);
 	for (i = 0; i < nx; i++) {
 		struct cxla_xpage *e = &x->xp[i];
 
-		if (e->failed)
-			continue;
+		if (!args.dst[e->idx])
+			continue;	/* counted as busy */
 		if (args.src[e->idx] & MIGRATE_PFN_MIGRATE)
 			moved++;
 		else
@@ -870,7 +975,19 @@ static int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 	migrate_vma_finalize(&args);
 
 	res->migrated += moved;
-	atomic64_add(moved, &mig->stat[to_dev ? CXLA_MS_TO_DEV : CXLA_MS_TO_RAM]);
+	switch (x->mode) {
+	case CXLA_MIG_TO_DEV:
+		atomic64_add(moved, &mig->stat[CXLA_MS_TO_DEV]);
+		break;
+	case CXLA_MIG_TO_RAM:
+		atomic64_add(moved, &mig->stat[CXLA_MS_TO_RAM]);
+		break;
+	case CXLA_MIG_EVICT:
+		atomic64_add(moved, &mig->stat[CXLA_MS_EVICTED]);
+		atomic64_add(x->cpu_copied - before,
+			     &mig->stat[CXLA_MS_CPU_EVICTED]);
+		break;
+	}
 	if (ret)
 		return ret;
 	return err == -ENOSPC || err == -ENOMEM ? 0 : err;
@@ -888,13 +1005,19 @@ static bool cxla_vma_migratable(struct vm_area_struct *vma, bool to_dev)
 	return true;
 }
 
+static void cxla_mig_track_mm(struct cxla_mig *mig, struct mm_struct *mm);
+
 static long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 			     bool to_dev)
 {
 	struct cxla_dev *cd = cf->dev;
 	struct cxla_mig *mig = cd->mig;
 	struct mm_struct *mm = current->mm;
-	struct cxla_mig_ctx x = { .mig = mig };
+	struct cxla_mig_ctx x = {
+		.mig = mig,
+		.mode = to_dev ? CXLA_MIG_TO_DEV : CXLA_MIG_TO_RAM,
+		.intr = true,
+	};
 	struct cxl_accel_migrate m;
 	struct vm_area_struct *vma;
 	unsigned long start, end, addr, next, win;
@@ -933,6 +1056,9 @@ static long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 		ret = -ENODEV;
 		goto out;
 	}
+	/* eviction must find this address space again */
+	if (to_dev)
+		cxla_mig_track_mm(mig, mm);
 	/* the whole range must be mapped */
 	mmap_read_lock(mm);
 	for (addr = start; addr < end; addr = vma->vm_end) {
@@ -967,7 +1093,7 @@ static long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 		if (!cxla_vma_migratable(vma, to_dev))
 			m.refused += (next - addr) >> PAGE_SHIFT;
 		else
-			ret = cxla_mig_window(&x, vma, addr, next, to_dev);
+			ret = cxla_mig_window(&x, vma, addr, next);
 		mmap_read_unlock(mm);
 		if (ret)
 			break;
@@ -983,141 +1109,333 @@ out:
 
 /* -------------------------------------------------------- eviction */
 
-/*
- * One pass over the pool chunks in use: every page found is moved to
- * system RAM (DMA, or CPU copy when dma is false; with cpu_fallback, pages
- * whose DMA failed are copied by the CPU). mig->sem is held for writing.
- * Returns pages moved; *err gets a device error.
- */
-static unsigned long cxla_evict_pass(struct cxla_mig *mig, bool dma,
-				     bool cpu_fallback, unsigned int timeout_ms,
-				     int *err)
+/* An address space that migrated pages to this device */
+struct cxla_mm {
+	struct list_head node;	/* mig->mms */
+	struct mm_struct *mm;	/* mmgrab()ed */
+};
+
+static void cxla_mm_forget(struct cxla_mig *mig, struct cxla_mm *e)
 {
-	const unsigned long max = CXLA_EVICT_CHUNKS * CXLA_CHUNK_PAGES;
-	struct cxla_dev *cd = mig->cd;
-	unsigned long *pfns, *src, *dst, nchunks, n = 0, c0, i, nx, moved = 0;
-	struct cxla_xpage *xp;
-	struct cxla_chunk *c;
-	int ret;
-
-	nchunks = READ_ONCE(mig->nchunks);
-	if (!nchunks)
-		return 0;
-	pfns = kvmalloc_array(nchunks, sizeof(*pfns), GFP_KERNEL);
-	src = kvmalloc_array(max, sizeof(*src), GFP_KERNEL);
-	dst = kvmalloc_array(max, sizeof(*dst), GFP_KERNEL);
-	xp = kvmalloc_array(max, sizeof(*xp), GFP_KERNEL);
-	if (!pfns || !src || !dst || !xp) {
-		*err = -ENOMEM;
-		goto out;
-	}
-	spin_lock_irq(&mig->lock);
-	list_for_each_entry(c, &mig->chunks, node)
-		if (c->nfree < CXLA_CHUNK_PAGES && n < nchunks)
-			pfns[n++] = c->first_pfn;
-	spin_unlock_irq(&mig->lock);
-
-	for (c0 = 0; c0 < n; c0 += CXLA_EVICT_CHUNKS) {
-		unsigned long k = min_t(unsigned long, CXLA_EVICT_CHUNKS, n - c0);
-		unsigned long npages = k * CXLA_CHUNK_PAGES;
-
-		for (i = 0; i < k; i++)
-			migrate_device_range(src + i * CXLA_CHUNK_PAGES,
-					     pfns[c0 + i], CXLA_CHUNK_PAGES);
-		nx = 0;
-		for (i = 0; i < npages; i++) {
-			struct page *sp = migrate_pfn_to_page(src[i]);
-			struct page *dp;
-
-			dst[i] = 0;
-			if (!sp || !(src[i] & MIGRATE_PFN_MIGRATE))
-				continue;
-			dp = alloc_page(GFP_HIGHUSER_MOVABLE | __GFP_NOWARN);
-			if (!dp)
-				continue;	/* stays; retried */
-			lock_page(dp);
-			dst[i] = migrate_pfn(page_to_pfn(dp));
-			xp[nx++] = (struct cxla_xpage){
-				.src = page_to_phys(sp) - cd->devmem_gpa,
-				.sspace = CXLA_SPACE_DEVMEM,
-				.dst = page_to_phys(dp),
-				.dspace = CXLA_SPACE_GPA,
-				.idx = i,
-				.spage = sp,
-				.dpage = dp,
-				.failed = !dma,
-			};
-		}
-		if (dma && nx) {
-			ret = cxla_xcopy(mig, xp, nx, timeout_ms, false);
-			if (ret)
-				*err = *err ?: ret;
-		}
-		for (i = 0; i < nx; i++) {
-			struct cxla_xpage *e = &xp[i];
-			struct page *dp;
-
-			if (!e->failed)
-				continue;
-			if (dma) {
-				/* the failed command keeps its own reference */
-				unlock_page(e->dpage);
-				put_page(e->dpage);
-				dst[e->idx] = 0;
-				if (!cpu_fallback)
-					continue;
-				dp = alloc_page(GFP_HIGHUSER_MOVABLE | __GFP_NOWARN);
-				if (!dp)
-					continue;
-				lock_page(dp);
-				e->dpage = dp;
-				dst[e->idx] = migrate_pfn(page_to_pfn(dp));
-			}
-			/* the device is gone: its memory is still mapped */
-			copy_highpage(e->dpage, e->spage);
-			e->failed = false;
-			atomic64_inc(&mig->stat[CXLA_MS_CPU_EVICTED]);
-		}
-		migrate_device_pages(src, dst, npages);
-		for (i = 0; i < nx; i++)
-			if (dst[xp[i].idx] && (src[xp[i].idx] & MIGRATE_PFN_MIGRATE))
-				moved++;
-		migrate_device_finalize(src, dst, npages);
-		cond_resched();
-	}
-	atomic64_add(moved, &mig->stat[CXLA_MS_EVICTED]);
-out:
-	kvfree(xp);
-	kvfree(dst);
-	kvfree(src);
-	kvfree(pfns);
-	return moved;
+	list_del(&e->node);
+	mig->nmms--;
+	mmdrop(e->mm);
+	kfree(e);
 }
 
-static int cxla_evict_loop(struct cxla_mig *mig, bool dma, bool cpu_fallback,
-			   unsigned int timeout_ms, unsigned int retry_ms,
-			   u64 *moved)
+/* Remember mm (once); forget address spaces that are gone. */
+static void cxla_mig_track_mm(struct cxla_mig *mig, struct mm_struct *mm)
 {
-	unsigned long deadline = jiffies + msecs_to_jiffies(retry_ms);
-	int err = 0;
+	struct cxla_mm *e, *t;
 
-	for (;;) {
-		*moved += cxla_evict_pass(mig, dma, cpu_fallback, timeout_ms,
-					  &err);
-		if (err && !cpu_fallback)
+	mutex_lock(&mig->mm_lock);
+	list_for_each_entry_safe(e, t, &mig->mms, node) {
+		if (e->mm == mm)
+			goto out;
+		if (!atomic_read(&e->mm->mm_users))
+			cxla_mm_forget(mig, e);
+	}
+	e = kmalloc(sizeof(*e), GFP_KERNEL);
+	if (!e)
+		goto out;	/* eviction looks at every process then */
+	mmgrab(mm);
+	e->mm = mm;
+	list_add_tail(&e->node, &mig->mms);
+	mig->nmms++;
+out:
+	mutex_unlock(&mig->mm_lock);
+}
+
+/* Address spaces to look through, each with a user reference. */
+struct cxla_mm_set {
+	struct mm_struct **mm;
+	unsigned int n;
+	unsigned int max;
+};
+
+static void cxla_mm_set_put(struct cxla_mm_set *set)
+{
+	unsigned int i;
+
+	for (i = 0; i < set->n; i++)
+		mmput_async(set->mm[i]);
+	kvfree(set->mm);
+	set->mm = NULL;
+	set->n = 0;
+}
+
+static void cxla_mm_set_add(struct cxla_mm_set *set, struct mm_struct *mm)
+{
+	unsigned int i;
+
+	for (i = 0; i < set->n; i++) {
+		if (set->mm[i] == mm) {
+			mmput_async(mm);
+			return;
+		}
+	}
+	if (set->n < set->max)
+		set->mm[set->n++] = mm;
+	else
+		mmput_async(mm);
+}
+
+static int cxla_tracked_mms(struct cxla_mig *mig, struct cxla_mm_set *set)
+{
+	struct cxla_mm *e, *t;
+
+	mutex_lock(&mig->mm_lock);
+	set->max = max(mig->nmms, 1U);
+	set->mm = kvmalloc_array(set->max, sizeof(*set->mm), GFP_KERNEL);
+	if (!set->mm) {
+		mutex_unlock(&mig->mm_lock);
+		return -ENOMEM;
+	}
+	list_for_each_entry_safe(e, t, &mig->mms, node) {
+		if (mmget_not_zero(e->mm))
+			cxla_mm_set_add(set, e->mm);
+		else
+			cxla_mm_forget(mig, e);
+	}
+	mutex_unlock(&mig->mm_lock);
+	return 0;
+}
+
+/* Every process's address space (processes made meanwhile are left out). */
+static int cxla_all_mms(struct cxla_mm_set *set)
+{
+	struct task_struct *p;
+	unsigned int n = 0;
+
+	rcu_read_lock();
+	for_each_process(p)
+		n++;
+	rcu_read_unlock();
+	set->max = n + 16;
+	set->mm = kvmalloc_array(set->max, sizeof(*set->mm), GFP_KERNEL);
+	if (!set->mm)
+		return -ENOMEM;
+	rcu_read_lock();
+	for_each_process(p) {
+		struct mm_struct *mm;
+
+		if (p->flags & PF_KTHREAD)
+			continue;
+		mm = get_task_mm(p);	/* task_lock: a spinlock */
+		if (mm)
+			cxla_mm_set_add(set, mm);
+	}
+	rcu_read_unlock();
+	return 0;
+}
+
+/* Pool pages that a page table still maps */
+static unsigned long cxla_pool_mapped(struct cxla_mig *mig)
+{
+	unsigned long n = 0, flags;
+	struct cxla_chunk *c;
+	unsigned int i;
+
+	spin_lock_irqsave(&mig->lock, flags);
+	list_for_each_entry(c, &mig->chunks, node) {
+		if (c->nfree == CXLA_CHUNK_PAGES)
+			continue;
+		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+			if (!test_bit(i, c->free) &&
+			    folio_mapped(page_folio(pfn_to_page(c->first_pfn + i))))
+				n++;
+	}
+	spin_unlock_irqrestore(&mig->lock, flags);
+	return n;
+}
+
+/* The scan needs a notifier for hmm_range_fault(); its results are hints. */
+static bool cxla_scan_invalidate(struct mmu_interval_notifier *mni,
+				 const struct mmu_notifier_range *range,
+				 unsigned long cur_seq)
+{
+	mmu_interval_set_seq(mni, cur_seq);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops cxla_scan_ops = {
+	.invalidate = cxla_scan_invalidate,
+};
+
+/*
+ * Narrow [*lo, *hi) to the pages of this device mapped there, without
+ * faulting anything in (mmap_lock held). A window that cannot be looked at
+ * stays whole.
+ */
+static void cxla_evict_scan(struct cxla_mig *mig,
+			    struct mmu_interval_notifier *mni,
+			    unsigned long *pfns, unsigned long *lo,
+			    unsigned long *hi)
+{
+	struct hmm_range range = {
+		.notifier = mni,
+		.start = *lo,
+		.end = *hi,
+		.hmm_pfns = pfns,
+		.default_flags = 0,	/* look, do not fault */
+		.pfn_flags_mask = 0,
+	};
+	unsigned long i, n = (*hi - *lo) >> PAGE_SHIFT, first = n, last = 0;
+	unsigned long pstart = PHYS_PFN(mig->cd->devmem_gpa);
+	unsigned long pend = pstart + PHYS_PFN(mig->cd->devmem_size);
+	int ret, tries;
+
+	for (tries = 0; tries < 8; tries++) {
+		range.notifier_seq = mmu_interval_read_begin(mni);
+		ret = hmm_range_fault(&range);
+		if (ret != -EBUSY)
 			break;
-		if (!READ_ONCE(mig->pages_used))
+	}
+	if (ret)
+		return;
+	for (i = 0; i < n; i++) {
+		unsigned long pfn = pfns[i] & ~HMM_PFN_FLAGS;
+
+		if (!(pfns[i] & HMM_PFN_VALID) || pfn < pstart || pfn >= pend)
+			continue;
+		first = min(first, i);
+		last = i + 1;
+	}
+	if (first == n) {
+		*hi = *lo;
+		return;
+	}
+	*hi = *lo + (last << PAGE_SHIFT);
+	*lo += first << PAGE_SHIFT;
+}
+
+/*
+ * Move this device's pages mapped in mm back to system RAM. The mm's
+ * mmap_lock (and our reference) keep its vmas and their anon_vmas alive
+ * while migrate_vma_*() walks them.
+ */
+static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
+			 unsigned long *pfns)
+{
+	const unsigned long scan = CXLA_EVICT_SCAN << PAGE_SHIFT;
+	struct mmu_interval_notifier mni;
+	struct vm_area_struct *vma;
+	unsigned long addr, a, next, lo, hi;
+	int ret;
+
+	ret = mmu_interval_notifier_insert(&mni, mm, 0, ULONG_MAX & PAGE_MASK,
+					   &cxla_scan_ops);
+	if (ret)
+		return ret;
+	if (x->intr) {
+		ret = mmap_read_lock_killable(mm);
+		if (ret)
+			goto out;
+	} else {
+		mmap_read_lock(mm);
+	}
+	for (addr = 0; !ret && (vma = find_vma(mm, addr)); addr = vma->vm_end) {
+		/* no anon_vma: no anonymous page was ever there */
+		if (!vma->anon_vma || !cxla_vma_migratable(vma, false))
+			continue;
+		for (a = vma->vm_start; a < vma->vm_end; a = next) {
+			next = min(vma->vm_end, ALIGN_DOWN(a, scan) + scan);
+			lo = a;
+			hi = next;
+			/* hmm_range_fault() does not show what PROT_NONE hides */
+			if (vma->vm_flags & VM_READ)
+				cxla_evict_scan(x->mig, &mni, pfns, &lo, &hi);
+			if (lo < hi)
+				ret = cxla_mig_window(x, vma, lo, hi);
+			if (ret)
+				break;
+			if (x->intr && fatal_signal_pending(current)) {
+				ret = -EINTR;
+				break;
+			}
+			cond_resched();
+		}
+	}
+	mmap_read_unlock(mm);
+out:
+	mmu_interval_notifier_remove(&mni);
+	return ret;
+}
+
+/* Evict from every address space of the set; the first device error. */
+static int cxla_evict_set(struct cxla_mig_ctx *x, struct cxla_mm_set *set,
+			  unsigned long *pfns)
+{
+	unsigned int i;
+	int ret, err = 0;
+
+	for (i = 0; i < set->n; i++) {
+		ret = cxla_evict_mm(x, set->mm[i], pfns);
+		if (ret == -EINTR)
+			return ret;
+		err = err ?: ret;
+	}
+	return err;
+}
+
+/*
+ * Evict until no page of the pool is mapped any more, retrying busy pages
+ * (locked, being migrated elsewhere) until retry_ms have passed. mig->sem
+ * is held for writing. Pages that no page table maps stay: nothing can
+ * move them, and they come back to the pool when their last user lets go.
+ */
+static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
+{
+	struct cxla_mig *mig = x->mig;
+	unsigned long deadline = jiffies + msecs_to_jiffies(retry_ms);
+	unsigned long all_next = jiffies, *pfns;
+	struct cxla_mm_set set = { };
+	int ret = 0;
+
+	pfns = kvmalloc_array(CXLA_EVICT_SCAN, sizeof(*pfns), GFP_KERNEL);
+	if (!pfns)
+		return -ENOMEM;
+	while (READ_ONCE(mig->pages_used)) {
+		ret = cxla_tracked_mms(mig, &set);
+		if (!ret)
+			ret = cxla_evict_set(x, &set, pfns);
+		cxla_mm_set_put(&set);
+		if (ret == -EINTR || (ret && !x->cpu_fallback))
 			break;
-		if (time_after(jiffies, deadline) || fatal_signal_pending(current))
+		if (!cxla_pool_mapped(mig))
+			break;
+		/* mapped by processes that did not migrate them: look at all */
+		if (time_after_eq(jiffies, all_next)) {
+			all_next = jiffies + msecs_to_jiffies(CXLA_EVICT_ALL_MS);
+			ret = cxla_all_mms(&set);
+			if (!ret)
+				ret = cxla_evict_set(x, &set, pfns);
+			cxla_mm_set_put(&set);
+			if (ret == -EINTR || (ret && !x->cpu_fallback))
+				break;
+			if (!cxla_pool_mapped(mig))
+				break;
+		}
+		if (time_after(jiffies, deadline) ||
+		    (x->intr && fatal_signal_pending(current)))
 			break;
 		msleep(20);
 	}
-	return err;
+	kvfree(pfns);
+	return ret;
 }
 
 static long cxla_ioc_evict(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_mig *mig = cf->dev->mig;
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = mig,
+		.mode = CXLA_MIG_EVICT,
+		.intr = true,
+		.dma = true,
+		.res = &res,
+	};
 	struct cxl_accel_evict e;
 	int ret, i;
 
@@ -1130,17 +1448,23 @@ static long cxla_ioc_evict(struct cxla_file *cf, void __user *arg)
 		return -EINVAL;
 	if (!mig->coherent)
 		return -EOPNOTSUPP;
-	e.evicted = 0;
+	x.timeout_ms = min_t(u32, e.timeout_ms ?: READ_ONCE(cxla_cmd_timeout_ms),
+			     CXLA_MIG_MAX_TIMEOUT_MS);
+	ret = cxla_mig_ctx_alloc(&x, CXLA_EVICT_SCAN);
+	if (ret)
+		return ret;
 	down_write(&mig->sem);
 	if (READ_ONCE(mig->closed)) {
 		up_write(&mig->sem);
+		cxla_mig_ctx_free(&x);
 		return -ENODEV;
 	}
-	ret = cxla_evict_loop(mig, true, false, e.timeout_ms,
-			      CXLA_EVICT_RETRY_MS, &e.evicted);
+	ret = cxla_evict_loop(&x, CXLA_EVICT_RETRY_MS);
+	e.evicted = res.migrated;
 	e.chunks_freed = cxla_pool_shrink(mig);
 	e.remaining = READ_ONCE(mig->pages_used);
 	up_write(&mig->sem);
+	cxla_mig_ctx_free(&x);
 	if (ret)
 		return ret;
 	return copy_to_user(arg, &e, sizeof(e)) ? -EFAULT : 0;
@@ -1317,12 +1641,42 @@ int cxla_mig_init(struct cxla_dev *cd)
 	spin_lock_init(&mig->lock);
 	INIT_LIST_HEAD(&mig->chunks);
 	INIT_LIST_HEAD(&mig->reg);
+	mutex_init(&mig->mm_lock);
+	INIT_LIST_HEAD(&mig->mms);
 	INIT_WORK(&mig->shrink_work, cxla_shrink_work);
 	mig->node = NUMA_NO_NODE;
 	for (i = 0; i < CXLA_MS_COUNT; i++)
 		atomic64_set(&mig->stat[i], 0);
 	cd->mig = mig;
 	return 0;
+}
+
+/* Removal: eviction with the device (dma) or by the CPU, until retry_ms. */
+static void cxla_mig_evict_removal(struct cxla_dev *cd, bool dma,
+				   const char *when)
+{
+	struct cxla_mig *mig = cd->mig;
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = mig,
+		.mode = CXLA_MIG_EVICT,
+		.dma = dma,
+		.cpu_fallback = true,
+		.timeout_ms = CXLA_REMOVE_CMD_MS,
+		.res = &res,
+	};
+	int ret;
+
+	if (!READ_ONCE(mig->pages_used))
+		return;
+	ret = cxla_mig_ctx_alloc(&x, CXLA_EVICT_SCAN);
+	if (!ret)
+		ret = cxla_evict_loop(&x, CXLA_REMOVE_RETRY_MS);
+	cxla_mig_ctx_free(&x);
+	if (res.migrated || ret)
+		dev_info(&cd->dev,
+			 "%llu migrated pages moved back to system RAM %s, %llu of them by CPU copy (error %d)\n",
+			 res.migrated, when, x.cpu_copied, ret);
 }
 
 /*
@@ -1334,26 +1688,15 @@ int cxla_mig_init(struct cxla_dev *cd)
 void cxla_mig_evict_all(struct cxla_dev *cd)
 {
 	struct cxla_mig *mig = cd->mig;
-	u64 moved = 0, cpu;
-	int ret = 0;
 
 	if (!mig)
 		return;
-	cpu = atomic64_read(&mig->stat[CXLA_MS_CPU_EVICTED]);
 	down_write(&mig->sem);
 	spin_lock_irq(&mig->lock);
 	mig->closed = true;
 	spin_unlock_irq(&mig->lock);
 	cxla_mig_unregister(mig);
-	if (READ_ONCE(mig->pages_used))
-		ret = cxla_evict_loop(mig, !READ_ONCE(cd->wedged), true,
-				      CXLA_REMOVE_CMD_MS, CXLA_REMOVE_RETRY_MS,
-				      &moved);
-	cpu = atomic64_read(&mig->stat[CXLA_MS_CPU_EVICTED]) - cpu;
-	if (moved || ret)
-		dev_info(&cd->dev,
-			 "%llu migrated pages moved back to system RAM at removal, %llu of them by CPU copy (device error %d)\n",
-			 moved, cpu, ret);
+	cxla_mig_evict_removal(cd, !READ_ONCE(cd->wedged), "at removal");
 	cxla_pool_shrink(mig);
 	up_write(&mig->sem);
 	cancel_work_sync(&mig->shrink_work);
@@ -1361,27 +1704,23 @@ void cxla_mig_evict_all(struct cxla_dev *cd)
 
 /*
  * Removal, after the device was reset and abandoned commands were reaped:
- * what is left (pages that were busy) is copied by the CPU, then the pool
- * gives up its chunks. memunmap_pages() follows.
+ * what is still mapped (pages that were busy) is copied by the CPU, then
+ * the pool gives up its empty chunks. Pages that no process maps but that
+ * are still referenced (a pipe, a pin) stay: devmem.c keeps the memory
+ * mapped until they are given back.
  */
 void cxla_mig_teardown(struct cxla_dev *cd)
 {
 	struct cxla_mig *mig = cd->mig;
-	u64 moved = 0;
 
 	if (!mig)
 		return;
 	down_write(&mig->sem);
-	if (READ_ONCE(mig->pages_used)) {
-		cxla_evict_loop(mig, false, true, 0, CXLA_REMOVE_RETRY_MS, &moved);
-		dev_info(&cd->dev,
-			 "%llu more migrated pages copied back by the CPU after reset\n",
-			 moved);
-	}
+	cxla_mig_evict_removal(cd, false, "after the reset");
 	if (READ_ONCE(mig->pages_used))
-		dev_err(&cd->dev,
-			"%lu pages of process memory are still on the device (pinned): removal waits for them\n",
-			READ_ONCE(mig->pages_used));
+		dev_info(&cd->dev,
+			 "%lu migrated pages are still referenced (pipes, pins) but mapped by no process: their device memory stays until they are released\n",
+			 READ_ONCE(mig->pages_used));
 	cxla_pool_shrink(mig);
 	up_write(&mig->sem);
 }
@@ -1390,10 +1729,13 @@ void cxla_mig_teardown(struct cxla_dev *cd)
 void cxla_mig_free(struct cxla_dev *cd)
 {
 	struct cxla_mig *mig = cd->mig;
+	struct cxla_mm *e, *t;
 
 	if (!mig)
 		return;
 	cxla_mig_unregister(mig);
+	list_for_each_entry_safe(e, t, &mig->mms, node)
+		cxla_mm_forget(mig, e);
 	cd->mig = NULL;
 	kfree(mig);
 }

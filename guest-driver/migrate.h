@@ -73,6 +73,10 @@ struct cxla_mig {
 	bool coherent;			/* ZONE_DEVICE pages exist (BAR mode) */
 	int node;			/* NUMA mode: node of device memory */
 	struct work_struct shrink_work;
+	/* address spaces that migrated pages here, for eviction */
+	struct mutex mm_lock;
+	struct list_head mms;
+	unsigned int nmms;
 	/* every device, for classifying pages (cxla_mig_devs) */
 	struct list_head reg;
 	phys_addr_t mem_start;

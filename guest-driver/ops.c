@@ -61,6 +61,32 @@ void cxla_pin_release(struct cxla_pin *pin)
 	pin->npages = 0;
 }
 
+/*
+ * Pin npages user pages from first. pin_user_pages_fast() may pin fewer
+ * than asked (it stops at a page it cannot take at once, such as a device
+ * page that a long-term pin must move first, or an unmapped one): ask again
+ * for the rest, whose error then says why (-EFAULT: not mapped, -EBUSY: the
+ * page cannot be moved now). Returns npages or an error, nothing pinned.
+ */
+int cxla_pin_user(unsigned long first, unsigned long npages,
+		  unsigned int gup_flags, struct page **pages)
+{
+	unsigned long done = 0;
+	int got;
+
+	while (done < npages) {
+		got = pin_user_pages_fast(first + (done << PAGE_SHIFT),
+					  npages - done, gup_flags, pages + done);
+		if (got <= 0) {
+			if (done)
+				unpin_user_pages(pages, done);
+			return got ?: -EFAULT;
+		}
+		done += got;
+	}
+	return done;
+}
+
 static int cxla_operand_get(struct cxla_file *cf, const struct cxl_accel_mem *m,
 			    u64 len, struct cxla_operand *op)
 {
@@ -136,16 +162,13 @@ static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
 	if (!pin->pages)
 		return -ENOMEM;
 	pin->write = write;
-	got = pin_user_pages_fast(first, npages, write ? FOLL_WRITE : 0,
-				  pin->pages);
+	got = cxla_pin_user(first, npages, write ? FOLL_WRITE : 0, pin->pages);
 	if (got < 0) {
 		kvfree(pin->pages);
 		pin->pages = NULL;
 		return got;
 	}
 	pin->npages = got;
-	if (got != npages)
-		return -EFAULT;
 
 	off = offset_in_page(start);
 	for (i = 0; i < npages; i++) {

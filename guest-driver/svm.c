@@ -19,12 +19,17 @@
  * on each page and registers its range as in flight; then it drops the
  * lock and lets the device work. An invalidation that overlaps a range in
  * flight waits until the device has finished with it before it returns, so
- * after munmap() or mprotect() returns, the device no longer touches the
- * old pages. The page references outlive a command that times out
- * (quarantine), so a late device write can only land in a page that is
- * still allocated. Nothing that can allocate memory runs with the mirror
- * lock held or between registering a range and submitting the command:
- * reclaim could call the notifier of the same mirror.
+ * after munmap(), mprotect() or fork() returns, the device no longer
+ * touches the old pages. The range stays registered, and the page
+ * references stay taken, until the device hands the command back, also
+ * when the ioctl gave up on it (timeout, signal: quarantine, vq.c): a late
+ * device write must neither land in a page that went back to the
+ * allocator nor in one that fork() has shared with a child since. So a
+ * mirror lives as long as its last access, after its file is closed too,
+ * and keeps its notifier registered until then. Nothing that can allocate
+ * memory runs with the mirror lock held or between registering a range and
+ * submitting the command: reclaim could call the notifier of the same
+ * mirror.
  *
  * Windows are at most CXLA_SVM_WINDOW pages, so that a request fits one
  * page and the submission path needs no allocation.
@@ -58,8 +63,9 @@ struct cxla_svm_file {
 };
 
 struct cxla_mirror {
+	struct kref ref;		/* the file's list, accesses in flight */
 	struct list_head node;		/* cxla_svm_file.mirrors */
-	struct cxla_dev *cd;
+	struct cxla_dev *cd;		/* holds a device reference */
 	struct mmu_interval_notifier notifier;
 	struct mutex lock;		/* pt; the invalidation takes it */
 	struct xarray pt;		/* page index -> pfn << 1 | writable */
@@ -72,6 +78,13 @@ struct cxla_window {
 	struct list_head node;
 	unsigned long start;
 	unsigned long end;
+};
+
+/* A device access in flight: the release data of its request */
+struct cxla_svm_access {
+	struct cxla_window w;		/* on m->windows */
+	struct cxla_mirror *m;		/* a mirror reference */
+	struct cxla_page_hold *hold;
 };
 
 static bool cxla_mirror_busy(struct cxla_mirror *m, unsigned long start,
@@ -135,12 +148,39 @@ static const struct mmu_interval_notifier_ops cxla_mirror_ops = {
 	.invalidate = cxla_mirror_invalidate,
 };
 
-static void cxla_mirror_destroy(struct cxla_mirror *m)
+static void cxla_mirror_release(struct kref *ref)
 {
+	struct cxla_mirror *m = container_of(ref, struct cxla_mirror, ref);
+	struct cxla_dev *cd = m->cd;
+
 	mmu_interval_notifier_remove(&m->notifier);
 	xa_destroy(&m->pt);
-	atomic64_dec(&m->cd->mig->stat[CXLA_MS_SVM_MIRRORS]);
+	atomic64_dec(&cd->mig->stat[CXLA_MS_SVM_MIRRORS]);
 	kfree(m);
+	put_device(&cd->dev);
+}
+
+/* May sleep: the last reference removes the notifier. */
+static void cxla_mirror_put(struct cxla_mirror *m)
+{
+	kref_put(&m->ref, cxla_mirror_release);
+}
+
+/* The device returned the command (or was reset): the access is over. */
+static void cxla_svm_access_release(struct cxla_req *req)
+{
+	struct cxla_svm_access *a = req->release_data;
+	struct cxla_mirror *m = a->m;
+
+	spin_lock(&m->wlock);
+	list_del(&a->w.node);
+	spin_unlock(&m->wlock);
+	wake_up_all(&m->wq);
+	cxla_page_hold_free(a->hold);
+	kfree(a);
+	req->release_data = NULL;
+	req->release = NULL;
+	cxla_mirror_put(m);
 }
 
 static struct cxla_svm_file *cxla_svm_file_get(struct cxla_file *cf)
@@ -182,7 +222,7 @@ static struct cxla_mirror *cxla_mirror_get(struct cxla_file *cf)
 		if (!atomic_read(&m->notifier.mm->mm_users)) {
 			list_del(&m->node);
 			sf->nmirrors--;
-			cxla_mirror_destroy(m);
+			cxla_mirror_put(m);
 		}
 	}
 	if (sf->nmirrors >= CXLA_SVM_MAX_MIRRORS) {
@@ -194,6 +234,7 @@ static struct cxla_mirror *cxla_mirror_get(struct cxla_file *cf)
 		m = ERR_PTR(-ENOMEM);
 		goto out;
 	}
+	kref_init(&m->ref);
 	m->cd = cf->dev;
 	mutex_init(&m->lock);
 	xa_init(&m->pt);
@@ -208,6 +249,7 @@ static struct cxla_mirror *cxla_mirror_get(struct cxla_file *cf)
 		m = ERR_PTR(ret);
 		goto out;
 	}
+	get_device(&cf->dev->dev);
 	atomic64_inc(&cf->dev->mig->stat[CXLA_MS_SVM_MIRRORS]);
 	list_add_tail(&m->node, &sf->mirrors);
 	sf->nmirrors++;
@@ -224,9 +266,10 @@ void cxla_svm_release(struct cxla_file *cf)
 
 	if (!sf)
 		return;
+	/* accesses still in flight keep their mirror until the device is done */
 	list_for_each_entry_safe(m, t, &sf->mirrors, node) {
 		list_del(&m->node);
-		cxla_mirror_destroy(m);
+		cxla_mirror_put(m);
 	}
 	mutex_destroy(&sf->lock);
 	kfree(sf);
@@ -398,8 +441,7 @@ static int cxla_svm_window(struct cxla_svm_ctx *x, u64 uaddr, u32 len, u64 pos)
 	unsigned long start = uaddr & PAGE_MASK;
 	unsigned int npages = (PAGE_ALIGN(uaddr + len) - start) >> PAGE_SHIFT;
 	bool write = s->op == CXL_ACCEL_SVM_WRITE || s->op == CXL_ACCEL_SVM_FILL;
-	struct cxla_window w = { .start = start,
-				 .end = start + ((unsigned long)npages << PAGE_SHIFT) };
+	struct cxla_svm_access *a;
 	struct cxla_page_hold *hold;
 	struct cxla_sge *sge, *user;
 	unsigned int nuser = 0, i;
@@ -429,8 +471,11 @@ static int cxla_svm_window(struct cxla_svm_ctx *x, u64 uaddr, u32 len, u64 pos)
 	req = cxla_req_alloc(cd, opcode, 0, head + (npages + 1) * sizeof(*sge), 0);
 	if (IS_ERR(req))
 		return PTR_ERR(req);
+	a = kzalloc(sizeof(*a), GFP_KERNEL);
 	hold = cxla_page_hold_alloc(npages);
-	if (!hold) {
+	if (!a || !hold) {
+		kfree(a);
+		cxla_page_hold_free(hold);
 		cxla_req_free(cd, req);
 		return -ENOMEM;
 	}
@@ -441,6 +486,7 @@ static int cxla_svm_window(struct cxla_svm_ctx *x, u64 uaddr, u32 len, u64 pos)
 
 	ret = cxla_mirror_resolve(m, start, npages, write, x->pfns, s);
 	if (ret) {
+		kfree(a);
 		cxla_page_hold_free(hold);
 		cxla_req_free(cd, req);
 		return ret;
@@ -457,17 +503,25 @@ static int cxla_svm_window(struct cxla_svm_ctx *x, u64 uaddr, u32 len, u64 pos)
 		len -= piece;
 		off = 0;
 	}
-	if (!ret) {
-		spin_lock(&m->wlock);
-		list_add_tail(&w.node, &m->windows);
-		spin_unlock(&m->wlock);
-	}
-	mutex_unlock(&m->lock);
-	cxla_req_set_hold(req, hold);
 	if (ret) {
+		mutex_unlock(&m->lock);
+		kfree(a);
+		cxla_page_hold_free(hold);
 		cxla_req_free(cd, req);
 		return ret;
 	}
+	/* in flight until the request is freed: after the device is done */
+	a->w.start = start;
+	a->w.end = start + ((unsigned long)npages << PAGE_SHIFT);
+	a->hold = hold;
+	a->m = m;
+	kref_get(&m->ref);
+	spin_lock(&m->wlock);
+	list_add_tail(&a->w.node, &m->windows);
+	spin_unlock(&m->wlock);
+	mutex_unlock(&m->lock);
+	req->release_data = a;
+	req->release = cxla_svm_access_release;
 
 	switch (s->op) {
 	case CXL_ACCEL_SVM_READ:
@@ -509,16 +563,12 @@ static int cxla_svm_window(struct cxla_svm_ctx *x, u64 uaddr, u32 len, u64 pos)
 
 	ret = cxla_exec(cd, &req, min_t(u32, s->timeout_ms ?: cxla_cmd_timeout_ms,
 					CXLA_SVM_MAX_TIMEOUT_MS), true);
+	/* abandoned (NULL): the access ends when the device returns it */
 	if (req) {
 		if (!ret && opcode == CXLA_OP_CHECKSUM)
 			x->crc = (u32)le64_to_cpu(cxla_req_resp(req)->result0);
 		cxla_req_free(cd, req);
 	}
-
-	spin_lock(&m->wlock);
-	list_del(&w.node);
-	spin_unlock(&m->wlock);
-	wake_up_all(&m->wq);
 	return ret;
 }
 
@@ -749,8 +799,8 @@ long cxla_ioc_pin_checksum(struct cxla_file *cf, void __user *arg)
 			return -ENOMEM;
 		}
 		/* FOLL_LONGTERM: device-coherent pages move to RAM first */
-		got = pin_user_pages_fast(first, npages, FOLL_LONGTERM,
-					  req->pins[0].pages);
+		got = cxla_pin_user(first, npages, FOLL_LONGTERM,
+				    req->pins[0].pages);
 		if (got < 0) {
 			kvfree(req->pins[0].pages);
 			req->pins[0].pages = NULL;
@@ -758,10 +808,6 @@ long cxla_ioc_pin_checksum(struct cxla_file *cf, void __user *arg)
 			return got;
 		}
 		req->pins[0].npages = got;
-		if (got != npages) {
-			cxla_req_free(cd, req);
-			return -EFAULT;
-		}
 		c = cxla_req_payload(req);
 		sge = (struct cxla_sge *)(c + 1);
 		for (k = 0; k < npages && !ret; k++) {

@@ -526,6 +526,99 @@ static int test_mprotect_mirror(struct ctx *c)
 }
 
 /* hmm-tests anon_read_child / anon_write_child: fork, private COW */
+struct engine_blocker {
+	int fd;
+	uint32_t handle;
+	int ret;
+};
+
+/* Keeps one DMA engine busy for a while: a long device fetch-add. */
+static void *engine_block(void *arg)
+{
+	struct engine_blocker *b = arg;
+
+	b->ret = cxla_atomic(b->fd, cxla_dev(b->handle, 0), CXL_ACCEL_ATOMIC_FETCH_ADD,
+			     8, 1, 0, 1ULL << 26, 60000, NULL);
+	return NULL;
+}
+
+/*
+ * A device write that its ioctl gave up on (a 1 ms timeout while the
+ * engines are busy) still lands later. fork() right after must not share
+ * the pages it writes with the child before it has landed: the child's
+ * memory must never change under it.
+ */
+static int test_svm_timeout_fork(struct ctx *c)
+{
+	size_t len = 512 * KiB, i;
+	struct engine_blocker b[8];
+	struct cxl_accel_alloc a;
+	struct cxl_accel_svm s;
+	pthread_t t[8];
+	uint8_t *p = map_anon(len);
+	unsigned int nb = c->id.num_dma_engines, k;
+	uint64_t v = 0x5a5a5a5a5a5a5a5aULL;
+	int status, r;
+	pid_t pid;
+
+	CHECK(p, "mmap");
+	CHECK(nb && nb <= 8, "%u engines", nb);
+	memset(p, 0x11, len);
+	OK(cxla_alloc(c->fd, PG, 0, &a));
+	for (k = 0; k < nb; k++) {
+		b[k] = (struct engine_blocker){ .fd = c->fd, .handle = a.handle };
+		CHECK(!pthread_create(&t[k], NULL, engine_block, &b[k]), "thread");
+	}
+	usleep(100000);		/* the engines are busy now */
+	memset(&s, 0, sizeof(s));
+	s.addr = (uintptr_t)p;
+	s.len = len;
+	s.op = CXL_ACCEL_SVM_FILL;
+	s.value = v;
+	s.timeout_ms = 1;
+	r = cxla_ioctl(c->fd, CXL_ACCEL_IOC_SVM, &s);
+	pid = fork();
+	if (!pid) {
+		uint32_t c1 = crc32c(0, p, len), c2;
+
+		usleep(1500000);	/* the engines are free long before */
+		c2 = crc32c(0, p, len);
+		_exit(c1 == c2 ? 0 : 1);
+	}
+	CHECK(pid > 0, "fork");
+	for (k = 0; k < nb; k++)
+		pthread_join(t[k], NULL);
+	waitpid(pid, &status, 0);
+	CHECK(r == -ETIMEDOUT, "SVM fill with 1 ms while the engines are busy: %d", r);
+	for (k = 0; k < nb; k++)
+		CHECK(!b[k].ret, "blocker %u: %d", k, b[k].ret);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status),
+	      "the child's memory changed after fork (a late device write landed in a shared page)");
+	/*
+	 * fork waited for the write (the first window: the ioctl stopped at
+	 * its timeout): it landed whole before the pages were shared
+	 */
+	for (i = 0; i < len; i += PG) {
+		uint8_t want[PG];
+
+		memset(want, 0x11, PG);
+		if (memcmp(p + i, want, PG)) {
+			memcpy(want, &v, 8);
+			for (k = 8; k < PG; k *= 2)
+				memcpy(want + k, want, k);
+			CHECK(!memcmp(p + i, want, PG),
+			      "parent: page %zu neither old nor filled", i / PG);
+		} else {
+			CHECK(i, "parent: the first page was not filled");
+		}
+	}
+	OK(cxla_free(c->fd, a.handle));
+	munmap(p, len);
+	DETAIL("SVM fill timed out (-ETIMEDOUT) behind %u busy engines; fork waited for it to land, the child's memory never changed",
+	       nb);
+	return PASS;
+}
+
 static int test_fork_child_private(struct ctx *c)
 {
 	size_t len = 64 * PG;
@@ -944,7 +1037,7 @@ static int test_migrate_release(struct ctx *c)
 	      (unsigned long long)id.devmem_free, (unsigned long long)free0);
 	munmap(p, len);
 	POOL_IDLE(c->fd);
-	DETAIL("EVICT (migrate_device_range) moved %llu pages back, freed %llu pool buffers; data right, device memory all free",
+	DETAIL("EVICT moved %llu pages back, freed %llu pool buffers; data right, device memory all free",
 	       (unsigned long long)e.evicted, (unsigned long long)e.chunks_freed);
 	return PASS;
 }
@@ -1167,6 +1260,100 @@ static int test_exit_with_device_pages(struct ctx *c)
 	POOL_IDLE(c->fd);
 	OK(cxla_hmm_info(c->fd, &h));
 	DETAIL("child exited with 8 MiB on device memory: every page back in the pool, pool buffers freed");
+	return PASS;
+}
+
+/*
+ * Device pages that no process maps any more but that a pipe still
+ * references (vmsplice from a process that exited): eviction must leave
+ * them alone, since their anon_vmas are gone (a walk of one crashed the
+ * kernel), the pipe must still deliver their data, and the pages come back
+ * to the pool when the pipe lets them go. The child maps every page as a
+ * vma of its own, so that it owns whole slab pages of anon_vmas, which go
+ * back to the page allocator and are reused (zeroed) before the EVICT.
+ */
+#define SPLICE_PAGES	128	/* in the pipe */
+#define SPLICE_VMAS	2048	/* enough anon_vmas for whole slab pages */
+
+/* One round: returns PASS or FAIL; *evicted_total accumulates. */
+static int evict_spliced_round(struct ctx *c, int round)
+{
+	size_t n = SPLICE_PAGES, len = n * PG, churn = 128 * MiB, i;
+	uint64_t seed = 171 + round * SPLICE_VMAS;
+	struct cxl_accel_evict e;
+	int pipefd[2], status;
+	uint8_t *buf, *q;
+	pid_t pid;
+
+	CHECK(!pipe(pipefd), "pipe");
+	CHECK(fcntl(pipefd[1], F_SETPIPE_SZ, (int)(2 * len)) >= (int)len,
+	      "F_SETPIPE_SZ");
+	pid = fork();
+	if (!pid) {
+		/* RW pages between PROT_NONE ones: a vma and anon_vma each */
+		size_t span = 2 * SPLICE_VMAS * PG;
+		uint8_t *p = mmap(NULL, span, PROT_NONE,
+				  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		struct iovec iov[SPLICE_PAGES];
+		struct cxl_accel_migrate m;
+
+		if (p == MAP_FAILED)
+			_exit(1);
+		for (i = 0; i < SPLICE_VMAS; i++) {
+			if (mprotect(p + 2 * i * PG, PG, PROT_READ | PROT_WRITE))
+				_exit(1);
+			fill_pages(p + 2 * i * PG, PG, seed + i);
+		}
+		if (cxla_migrate(c->fd, p, span, true, &m) ||
+		    m.migrated != SPLICE_VMAS)
+			_exit(2);
+		/* every 16th page into the pipe */
+		for (i = 0; i < n; i++) {
+			iov[i].iov_base = p + 2 * (16 * i) * PG;
+			iov[i].iov_len = PG;
+		}
+		if (vmsplice(pipefd[1], iov, n, 0) != (ssize_t)len)
+			_exit(3);
+		_exit(0);	/* its address space and anon_vmas go */
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child status %d",
+	      WEXITSTATUS(status));
+	/* past an RCU grace period, the freed slab pages are reused, zeroed */
+	usleep(200000);
+	q = map_anon(churn);
+	CHECK(q, "mmap");
+	for (i = 0; i < churn / PG; i++)
+		q[i * PG + PG - 1] = 1;
+	OK(evict(c->fd, &e));
+	CHECK(e.remaining == n, "round %d: evict: %llu evicted, %llu remaining (the pipe holds %zu)",
+	      round, (unsigned long long)e.evicted,
+	      (unsigned long long)e.remaining, n);
+	buf = malloc(len);
+	CHECK(buf, "malloc");
+	CHECK(read(pipefd[0], buf, len) == (ssize_t)len, "read pipe");
+	for (i = 0; i < n; i++)
+		CHECK(check_pages(buf + i * PG, PG, seed + 16 * i) < 0,
+		      "round %d: the pipe delivered other data in page %zu",
+		      round, i);
+	free(buf);
+	munmap(q, churn);
+	close(pipefd[0]);
+	close(pipefd[1]);
+	POOL_IDLE(c->fd);
+	return PASS;
+}
+
+static int test_evict_spliced(struct ctx *c)
+{
+	int round;
+
+	for (round = 0; round < 3; round++)
+		if (evict_spliced_round(c, round) != PASS)
+			return FAIL;
+	DETAIL("3 rounds: EVICT left the %d spliced pages of an exited process alone; the pipe delivered their data, then they went back to the pool",
+	       SPLICE_PAGES);
 	return PASS;
 }
 
@@ -1883,6 +2070,58 @@ static int hold_migrated(const char *path, bool close_fd)
 	return 0;
 }
 
+/*
+ * --hold-spliced DEV [SECS]: a child moves 16 pages to DEV's memory,
+ * vmsplice()s them into our pipe and exits, so that only the pipe holds
+ * them; say "SPLICE READY" and wait until /tmp/splice-go exists (or SECS
+ * have passed), while the script unbinds the device or unloads the module.
+ * Then the pipe must still deliver the data; closing it releases the pages.
+ */
+static int hold_spliced(const char *path, int secs)
+{
+	size_t n = 16, len = n * PG;
+	int fd = open(path, O_RDWR), pipefd[2], status;
+	uint8_t *buf = malloc(len);
+	pid_t pid;
+
+	if (fd < 0 || !buf || pipe(pipefd)) {
+		printf("SPLICE setup failed\n");
+		return 1;
+	}
+	pid = fork();
+	if (!pid) {
+		struct cxl_accel_migrate m;
+		uint8_t *p = map_anon(len);
+		struct iovec iov = { p, len };
+
+		if (!p)
+			_exit(1);
+		fill_pages(p, len, 201);
+		if (cxla_migrate(fd, p, len, true, &m) || m.migrated != n)
+			_exit(2);
+		_exit(vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)len ? 0 : 3);
+	}
+	waitpid(pid, &status, 0);
+	close(fd);
+	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+		printf("SPLICE child failed: %d\n", WEXITSTATUS(status));
+		return 1;
+	}
+	printf("SPLICE READY %zu device pages held by a pipe only\n", n);
+	fflush(stdout);
+	if (!wait_file("/tmp/splice-go", secs))
+		printf("SPLICE releasing after %d s\n", secs);
+	if (read(pipefd[0], buf, len) != (ssize_t)len ||
+	    check_pages(buf, len, 201) >= 0) {
+		printf("SPLICE DONE bad: the pipe lost the data\n");
+		return 1;
+	}
+	close(pipefd[0]);
+	close(pipefd[1]);
+	printf("SPLICE DONE ok: the pipe delivered the data\n");
+	return 0;
+}
+
 /* -------------------------------------------- NUMA attach mode */
 
 #define MPOL_BIND	2
@@ -2581,6 +2820,7 @@ static const struct test tests[] = {
 	T(svm_fill_checksum),
 	T(mirror),
 	T(mprotect_mirror),
+	T(svm_timeout_fork),
 	T(fork_child_private),
 	T(fork_child_shared),
 	T(thp),
@@ -2597,6 +2837,7 @@ static const struct test tests[] = {
 	T(snapshot),
 	T(cow_device_pages),
 	T(exit_with_device_pages),
+	T(evict_spliced),
 	T(unmap_race),
 	T(migrate_unmap_race),
 	T(longterm_pin),
@@ -2667,6 +2908,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--hold-migrated") && i + 1 < argc) {
 			return hold_migrated(argv[i + 1], i + 2 < argc &&
 					     !strcmp(argv[i + 2], "--close"));
+		} else if (!strcmp(argv[i], "--hold-spliced") && i + 1 < argc) {
+			return hold_spliced(argv[i + 1],
+					    i + 2 < argc ? atoi(argv[i + 2]) : 120);
 		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
 			return hmm_stall(atoi(argv[i + 1]), argv[i + 2]);
 		} else if (!strcmp(argv[i], "--soak") && i + 3 < argc) {
@@ -2682,7 +2926,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr,
 				"usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-s stress-secs] [--peer-only] [-l]\n"
-				"       %s --hold-migrated dev [--close] | --stall secs dev | --soak secs dev peer-dev\n",
+				"       %s --hold-migrated dev [--close] | --hold-spliced dev [secs] | --stall secs dev | --soak secs dev peer-dev\n",
 				argv[0], argv[0]);
 			return 2;
 		}

@@ -213,6 +213,65 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
             result hmm.unload_with_migrated_pages FAIL "rmmod failed"
         fi
     fi
+
+    # unbind while only a pipe holds migrated pages (of a process that
+    # exited): unbind does not wait for them, the memory stays mapped until
+    # the pipe lets go; meanwhile the device cannot bind again and the module
+    # cannot be unloaded
+    hdev=$(device_list | tail -n 1)
+    hvdev=$(basename "$(readlink "/sys/class/cxl-accel/$hdev/device")")
+    rm -f /tmp/splice-go
+    "$HMM" --hold-spliced "/dev/$hdev" >/tmp/splice.out 2>&1 &
+    holder=$!
+    wait_for_line /tmp/splice.out 'SPLICE READY' 300
+    t0=$(date +%s)
+    echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
+    t1=$(date +%s)
+    echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/bind 2>/dev/null
+    if [ -e "/sys/bus/virtio/drivers/cxl_accel/$hvdev" ]; then rebound=yes; else rebound=no; fi
+    if rmmod cxl_accel 2>/dev/null; then unloaded=yes; else unloaded=no; fi
+    touch /tmp/splice-go
+    wait "$holder"
+    hold_rc=$?
+    sed 's/^/  /' /tmp/splice.out
+    i=0
+    while ! dmesg | grep -q 'removed device memory was released' && [ $i -lt 50 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    released=$(dmesg | grep -c 'the last page of removed device memory was released')
+    echo "$hvdev" >/sys/bus/virtio/drivers/cxl_accel/bind
+    ensure_nodes
+    if [ $hold_rc = 0 ] && [ $((t1 - t0)) -le 10 ] && [ $rebound = no ] &&
+        [ $unloaded = no ] && [ "$released" -ge 1 ] &&
+        [ "$(device_list | wc -l)" = "$expected" ]; then
+        result hmm.unbind_with_spliced_pages PASS "unbind took $((t1 - t0)) s, bind and rmmod refused while the pipe held the pages, the pipe delivered their data, then the memory was released and the device bound again"
+    else
+        result hmm.unbind_with_spliced_pages FAIL "holder rc $hold_rc, unbind $((t1 - t0)) s, rebound while held: $rebound, unloaded while held: $unloaded, released: $released, devices $(device_list | wc -l)"
+    fi
+
+    # unload while a pipe holds migrated pages: rmmod waits until it lets go
+    if [ -n "$KO" ]; then
+        rm -f /tmp/splice-go
+        "$HMM" --hold-spliced "/dev/$1" 3 >/tmp/splice.out 2>&1 &
+        holder=$!
+        wait_for_line /tmp/splice.out 'SPLICE READY' 300
+        t0=$(date +%s)
+        if rmmod cxl_accel; then unloaded=yes; else unloaded=no; fi
+        t1=$(date +%s)
+        wait "$holder"
+        hold_rc=$?
+        sed 's/^/  /' /tmp/splice.out
+        # shellcheck disable=SC2086
+        [ $unloaded = yes ] && insmod "$KO" ${CXLA_PARAMS:-}
+        ensure_nodes
+        if [ $hold_rc = 0 ] && [ $unloaded = yes ] && [ $((t1 - t0)) -ge 2 ] &&
+            [ "$(device_list | wc -l)" = "$expected" ]; then
+            result hmm.unload_with_spliced_pages PASS "rmmod waited $((t1 - t0)) s for the pipe to release the pages, then unloaded; insmod again"
+        else
+            result hmm.unload_with_spliced_pages FAIL "holder rc $hold_rc, unloaded: $unloaded after $((t1 - t0)) s, devices $(device_list | wc -l)"
+        fi
+    fi
 else
     result hmm FAIL "hmm-tests or hmm-bench not found"
 fi
