@@ -13,8 +13,7 @@ cd "$ROOT"
 command -v cargo >/dev/null ||
     die "ci/demo.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
 "$HERE/setup.sh" 2>/dev/null >/dev/null || "$HERE/setup.sh"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+load_env
 log "building the daemon, the driver and the demo program"
 cargo build --release --locked -q
 make -s -C guest-driver KDIR="$KDIR" >/dev/null

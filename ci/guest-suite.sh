@@ -11,9 +11,7 @@ ROOT=$(dirname "$HERE")
 . "$HERE/lib.sh"
 cd "$ROOT"
 
-[ -f "$CACHE/env.sh" ] || die "ci/guest-suite.sh: run ci/setup.sh first ($CACHE/env.sh is missing)"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+load_env
 [ -x target/release/cxl-accel ] || cargo build --release --locked
 
 log "== guest driver (KDIR=$KDIR)"
@@ -22,7 +20,7 @@ log "== guest test programs"
 make -s -C tests/guest >/dev/null
 
 ADD=()
-for f in tests/guest/out/*; do
+for f in tests/guest/out/* tests/guest/stress-guest.sh; do
     ADD+=(--add "$f:/bin/")
 done
 exec "$HERE/run-guest.sh" --devices 2 --quiet --timeout 1200 \

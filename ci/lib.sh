@@ -3,6 +3,10 @@
 
 # shellcheck disable=SC2034 # used by the scripts that source this
 CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
+# The guest set-up (QEMU, guest kernel, its headers and modules) that
+# ci/setup.sh wrote; CXL_ACCEL_ENV picks another one, e.g. the debug
+# kernel's of ci/debug-kernel.sh.
+ENV_FILE="${CXL_ACCEL_ENV:-$CACHE/env.sh}"
 
 die() {
     echo "$*" >&2
@@ -11,6 +15,13 @@ die() {
 
 log() {
     echo "[$(date +%H:%M:%S)] $*" >&2
+}
+
+# Source the guest set-up (exports QEMU, GUEST_KERNEL, KDIR, ...).
+load_env() {
+    [ -f "$ENV_FILE" ] || die "$ENV_FILE is missing: run ci/setup.sh first"
+    # shellcheck source=/dev/null
+    . "$ENV_FILE"
 }
 
 now() {

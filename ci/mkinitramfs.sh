@@ -16,7 +16,7 @@
 #     "CXL-ACCEL-GUEST-DONE rc=N" and powers off;
 #   - otherwise: an interactive shell on the console; power off when it exits.
 #
-# Needs GUEST_KVER and GUEST_MODULES (from "$CACHE/env.sh", written by ci/setup.sh).
+# Needs GUEST_KVER and GUEST_MODULES (from the set-up ci/setup.sh wrote).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -48,9 +48,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || usage 2
 
-if [ -z "${GUEST_KVER:-}" ] && [ -f "$CACHE/env.sh" ]; then
-    # shellcheck source=/dev/null
-    . "$CACHE/env.sh"
+if [ -z "${GUEST_KVER:-}" ] && [ -f "$ENV_FILE" ]; then
+    load_env
 fi
 [ -n "${GUEST_KVER:-}" ] || die "mkinitramfs: GUEST_KVER unknown; run ci/setup.sh first"
 BUSYBOX=${BUSYBOX:-/bin/busybox}

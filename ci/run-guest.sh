@@ -39,7 +39,7 @@
 # has WARNING:/BUG:/Oops/Call Trace/Kernel panic. The last line is
 # "N passed, N failed".
 #
-# Needs "$CACHE/env.sh" from ci/setup.sh.
+# Needs the set-up of ci/setup.sh ("$CACHE/env.sh", or CXL_ACCEL_ENV).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -119,9 +119,7 @@ if [ "$INTERACTIVE" = 0 ] && [ -z "$SCRIPT" ]; then
 fi
 [ -z "$SCRIPT" ] || [ -f "$SCRIPT" ] || die "run-guest: script $SCRIPT not found"
 
-[ -f "$CACHE/env.sh" ] || die "run-guest: $CACHE/env.sh missing; run ci/setup.sh first"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+load_env
 [ -x "$QEMU" ] || die "run-guest: QEMU=$QEMU not executable; rerun ci/setup.sh"
 [ -f "$GUEST_KERNEL" ] || die "run-guest: GUEST_KERNEL=$GUEST_KERNEL missing; rerun ci/setup.sh"
 if [ "$DEVICES" -gt 0 ] && [ ! -x "$DAEMON" ]; then

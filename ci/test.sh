@@ -81,8 +81,6 @@ log "== guest: hot-unplug under load"
 tests/guest/run-unplug.sh --quiet "${SANDBOX[@]}" | tee "$OUT"
 UNPLUG=$(tail -n 1 "$OUT")
 log "== guest: NUMA attach mode, QEMU as the socket server"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
 "$HERE/run-guest.sh" --attach numa --socket-mode client --devices 2 --quiet --timeout 600 \
     "${SANDBOX[@]}" \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \

@@ -78,6 +78,7 @@ struct cxla_window {
 	struct list_head node;
 	unsigned long start;
 	unsigned long end;
+	bool given_up;		/* an invalidation waited in vain: not again */
 };
 
 /* A device access in flight: the release data of its request */
@@ -95,13 +96,26 @@ static bool cxla_mirror_busy(struct cxla_mirror *m, unsigned long start,
 
 	spin_lock(&m->wlock);
 	list_for_each_entry(w, &m->windows, node) {
-		if (w->start < end && start < w->end) {
+		if (w->start < end && start < w->end && !w->given_up) {
 			busy = true;
 			break;
 		}
 	}
 	spin_unlock(&m->wlock);
 	return busy;
+}
+
+/* A device that does not finish in CXLA_SVM_INVAL_WAIT is not waited for again. */
+static void cxla_mirror_give_up(struct cxla_mirror *m, unsigned long start,
+				unsigned long end)
+{
+	struct cxla_window *w;
+
+	spin_lock(&m->wlock);
+	list_for_each_entry(w, &m->windows, node)
+		if (w->start < end && start < w->end)
+			w->given_up = true;
+	spin_unlock(&m->wlock);
 }
 
 static bool cxla_mirror_invalidate(struct mmu_interval_notifier *mni,
@@ -136,10 +150,12 @@ static bool cxla_mirror_invalidate(struct mmu_interval_notifier *mni,
 	if (blockable && cxla_mirror_busy(m, start, end)) {
 		atomic64_inc(&mig->stat[CXLA_MS_SVM_INVAL_WAITS]);
 		if (!wait_event_timeout(m->wq, !cxla_mirror_busy(m, start, end),
-					CXLA_SVM_INVAL_WAIT))
+					CXLA_SVM_INVAL_WAIT)) {
+			cxla_mirror_give_up(m, start, end);
 			dev_warn_ratelimited(&m->cd->dev,
-					     "invalidation of %#lx-%#lx gave up waiting for a device access\n",
+					     "invalidation of %#lx-%#lx gave up waiting for a device access (device not answering)\n",
 					     start, end);
+		}
 	}
 	return true;
 }

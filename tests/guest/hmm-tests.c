@@ -1357,6 +1357,83 @@ static int test_evict_spliced(struct ctx *c)
 	return PASS;
 }
 
+/*
+ * Eviction finds device pages wherever they are mapped: moved by mremap()
+ * in the process that migrated them, and kept only by a forked child after
+ * that process exited (the device never saw the child: every process is
+ * looked at then). The data stays right, the pool ends empty.
+ */
+static int test_evict_moved_and_inherited(struct ctx *c)
+{
+	size_t len = 2 * MiB, n = len / PG;
+	int tochild[2], toparent[2], status;
+	struct cxl_accel_evict e;
+	struct cxl_accel_migrate m;
+	uint8_t *p, *q, f[512];
+	char ok = 0;
+	pid_t pid;
+
+	/* mremap: the same process, another address */
+	p = map_aligned(len, 2 * MiB);
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 211);
+	OK(cxla_migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n, "migrate %llu", (unsigned long long)m.migrated);
+	q = mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+		   map_aligned(len, 2 * MiB));
+	CHECK(q != MAP_FAILED, "mremap");
+	OK(evict(c->fd, &e));
+	CHECK(e.evicted == n && !e.remaining, "after mremap: %llu evicted, %llu remaining",
+	      (unsigned long long)e.evicted, (unsigned long long)e.remaining);
+	CHECK(check_pages(q, len, 211) < 0, "data after mremap and eviction");
+	OK(snapshot(c->fd, q, len, f));
+	CHECK(!count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0), "pages still on the device");
+	munmap(q, len);
+	POOL_IDLE(c->fd);
+
+	/* a child inherits them, its parent exits */
+	CHECK(!pipe(tochild) && !pipe(toparent), "pipe");
+	pid = fork();
+	if (!pid) {
+		pid_t gc;
+
+		p = map_anon(len);
+		if (!p)
+			_exit(1);
+		madvise(p, len, MADV_NOHUGEPAGE);
+		fill_pages(p, len, 212);
+		if (cxla_migrate(c->fd, p, len, true, &m) || m.migrated != n)
+			_exit(2);
+		gc = fork();
+		if (!gc) {
+			/* the grandchild, never known to the device */
+			if (read(tochild[0], &ok, 1) != 1)
+				_exit(1);
+			ok = check_pages(p, len, 212) < 0 ? 'y' : 'n';
+			if (snapshot(c->fd, p, len, f) ||
+			    count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0))
+				ok = 'd';
+			_exit(write(toparent[1], &ok, 1) == 1 ? 0 : 1);
+		}
+		_exit(gc > 0 ? 0 : 3);	/* the pages live on in the grandchild */
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child %d", WEXITSTATUS(status));
+	OK(evict(c->fd, &e));
+	CHECK(e.evicted == n && !e.remaining, "inherited: %llu evicted, %llu remaining",
+	      (unsigned long long)e.evicted, (unsigned long long)e.remaining);
+	CHECK(write(tochild[1], "g", 1) == 1, "pipe");
+	CHECK(read(toparent[0], &ok, 1) == 1, "grandchild gone");
+	CHECK(ok == 'y', "grandchild: %s", ok == 'n' ? "data changed" :
+	      ok == 'd' ? "pages still on the device" : "failed");
+	POOL_IDLE(c->fd);
+	DETAIL("EVICT moved %zu pages after mremap, and %zu pages that only a grandchild of the migrating process still mapped; data intact",
+	       n, n);
+	return PASS;
+}
+
 struct racer {
 	int fd;
 	uint8_t *p;
@@ -2838,6 +2915,7 @@ static const struct test tests[] = {
 	T(cow_device_pages),
 	T(exit_with_device_pages),
 	T(evict_spliced),
+	T(evict_moved_and_inherited),
 	T(unmap_race),
 	T(migrate_unmap_race),
 	T(longterm_pin),

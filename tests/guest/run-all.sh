@@ -276,6 +276,17 @@ else
     result hmm FAIL "hmm-tests or hmm-bench not found"
 fi
 
+# Seeded random stress with oracles on two devices (tests/guest/mm-stress.c,
+# through stress-guest.sh): migrations, SVM writes given up and landing
+# late, pins, EVICT, fork, kills, vmsplice; every process checks its memory
+# after every operation.
+STRESSRUN=$(find_file stress-guest.sh)
+if [ -n "$STRESSRUN" ]; then
+    sh "$STRESSRUN" || RC=1
+else
+    result mm_stress FAIL "stress-guest.sh not found"
+fi
+
 # Garbage arguments and races (tests/guest/race-tests.c) on every device in
 # turn, another device importing its DMA-BUFs; not in parallel: each run
 # checks the exact leak counters of both. Then the module must unload:

@@ -13,19 +13,13 @@
 # KEEP_LOG (a file to keep the console and daemon logs in).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+# shellcheck source=tests/guest/host-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 KILLS=${KILLS:-15}
 INTERVAL=${INTERVAL:-1.5}
 START=${START:-2}
 STREAM=${STREAM:-40}
-DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 
-make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
-make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -29,11 +29,8 @@
 # SOAK_LOG (a file to keep the guest console and daemon logs in).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+# shellcheck source=tests/guest/host-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 SOAK=${SOAK_SECONDS:-60}
 INTERVAL=${INTERVAL:-2}
 START=${START:-3}
@@ -44,10 +41,7 @@ if ! [[ "$SOAK" =~ ^[0-9]+$ ]] || [ "$SOAK" -lt 20 ]; then
 fi
 KILLS=${KILLS:-$(awk -v s="$SOAK" -v i="$INTERVAL" -v a="$START" -v g="$STAGGER" \
     'BEGIN { n = int((s - 6 - a - g) / i) + 1; print (n < 1 ? 1 : n) }')}
-DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 
-make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
-make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 trap '[ -z "${SOAK_LOG:-}" ] || cp "$TMP/run.log" "$SOAK_LOG"; rm -rf "$TMP"' EXIT

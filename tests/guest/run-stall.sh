@@ -10,17 +10,11 @@
 # Usage: tests/guest/run-stall.sh [ci/run-guest.sh options]
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+# shellcheck source=tests/guest/host-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 STOP_AT=${STOP_AT:-4}
 STOP_FOR=${STOP_FOR:-6}
-DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 
-make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
-make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -22,17 +22,12 @@
 #       --qemu-arg ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
-# shellcheck source=/dev/null
-. "$CACHE/env.sh"
+# shellcheck source=tests/guest/host-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 READY_WAIT=${READY_WAIT:-300}	# s until the guest is set up
 DELETE_WAIT=${DELETE_WAIT:-60}	# s from device_del to QEMU's DEVICE_DELETED
 UNPLUG_ID=${UNPLUG_ID:-cxlacc0}	# device_del target
 
-make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
-make -s -C "$HERE"
 
 TMP=$(mktemp -d)
 RG_PID=

@@ -1,0 +1,58 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Guest side of the seeded random stress (tests/guest/mm-stress.c): runs it on
+# the first two cxl-accel devices (or one) for CXLA_STRESS_SECONDS (default 60)
+# with CXLA_STRESS_SEED (default: a fresh one, printed), then requires that
+# nothing was left behind: every migration pool empty, no device mirror, no
+# command still quarantined. Used by run-all.sh (the CI form) and run-stress.sh
+# (long runs by hand). Prints "RESULT mm_stress ..." and
+# "RESULT mm_stress_leaks ...".
+D=$(cd "$(dirname "$0")" && pwd)
+STRESS=$D/mm-stress
+[ -x "$STRESS" ] || STRESS=$(command -v mm-stress)
+if [ -z "$STRESS" ]; then
+    echo "RESULT mm_stress FAIL mm-stress not found"
+    exit 1
+fi
+# shellcheck disable=SC2046 # device names have no blanks
+set -- $(for s in /sys/class/cxl-accel/*; do [ -e "$s/dev" ] && basename "$s"; done)
+if [ $# = 0 ]; then
+    echo "RESULT mm_stress FAIL no cxl-accel device"
+    exit 1
+fi
+rc=0
+# shellcheck disable=SC2086
+"$STRESS" -t "${CXLA_STRESS_SECONDS:-60}" -n "${CXLA_STRESS_PROCS:-4}" \
+    ${CXLA_STRESS_SEED:+-s "$CXLA_STRESS_SEED"} ${CXLA_STRESS_EXCLUDE:+-x "$CXLA_STRESS_EXCLUDE"} \
+    -d "/dev/$1" ${2:+-P "/dev/$2"} || rc=1
+
+# pages of exited processes come back asynchronously
+leaks=
+for dev in "$@"; do
+    m=/sys/class/cxl-accel/$dev/migration
+    i=0
+    while [ $i -lt 50 ] && ! grep -q '^pool_pages_used 0$' "$m"; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    used=$(sed -n 's/^pool_pages_used //p' "$m")
+    mirrors=$(sed -n 's/^svm_mirrors //p' "$m")
+    q=/sys/class/cxl-accel/$dev/quarantined
+    i=0
+    while [ $i -lt 100 ] && [ "$(cat "$q")" != 0 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    quar=$(cat "$q")
+    [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ] ||
+        leaks="$leaks $dev: $used pool pages, $mirrors mirrors, $quar quarantined;"
+    echo "  $dev: pool pages in use $used, mirrors $mirrors, commands quarantined $quar"
+done
+if [ -z "$leaks" ]; then
+    echo "RESULT mm_stress_leaks PASS every migration pool empty, no device mirror, no quarantined command"
+else
+    echo "RESULT mm_stress_leaks FAIL$leaks"
+    rc=1
+fi
+exit $rc
