@@ -12,11 +12,19 @@ cd "$ROOT"
 
 command -v cargo >/dev/null ||
     die "ci/demo.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
-"$HERE/setup.sh" 2>/dev/null >/dev/null || "$HERE/setup.sh"
+# The daemon builds while the set-up downloads (its progress goes to stderr).
+T0=$(now)
+BUILDLOG=$(mktemp)
+log "building the daemon (cargo build --release) while the set-up runs"
+cargo build --release --locked >"$BUILDLOG" 2>&1 &
+CARGO_PID=$!
+"$HERE/setup.sh" >/dev/null
+wait_progress "cargo build --release" "$BUILDLOG" "$CARGO_PID" "$T0" ||
+    { tail -n 30 "$BUILDLOG" >&2; die "ci/demo.sh: cargo build --release failed"; }
+rm -f "$BUILDLOG"
 load_env
-log "building the daemon, the driver and the demo program"
-cargo build --release --locked -q
-make -s -C guest-driver KDIR="$KDIR" >/dev/null
+log "building the driver and the demo program"
+build_driver "$ROOT"
 make -s -C tests/guest >/dev/null
 
 LOG=$(mktemp)

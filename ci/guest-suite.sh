@@ -15,7 +15,7 @@ load_env
 [ -x target/release/cxl-accel ] || cargo build --release --locked
 
 log "== guest driver (KDIR=$KDIR)"
-make -s -C guest-driver KDIR="$KDIR" >/dev/null
+build_driver "$ROOT"
 log "== guest test programs"
 make -s -C tests/guest >/dev/null
 

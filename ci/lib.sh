@@ -17,11 +17,49 @@ log() {
     echo "[$(date +%H:%M:%S)] $*" >&2
 }
 
-# Source the guest set-up (exports QEMU, GUEST_KERNEL, KDIR, ...).
+# Source the guest set-up (exports QEMU, GUEST_KERNEL, KDIR, ...); with
+# CXL_ACCEL_QEMU_ENV, that file's QEMU instead (e.g. "$CACHE/qemu-10.2.env").
 load_env() {
     [ -f "$ENV_FILE" ] || die "$ENV_FILE is missing: run ci/setup.sh first"
     # shellcheck source=/dev/null
     . "$ENV_FILE"
+    if [ -n "${CXL_ACCEL_QEMU_ENV:-}" ]; then
+        [ -f "$CXL_ACCEL_QEMU_ENV" ] || die "$CXL_ACCEL_QEMU_ENV is missing: run ci/setup.sh --qemu-floor first"
+        # shellcheck source=/dev/null
+        . "$CXL_ACCEL_QEMU_ENV"
+    fi
+}
+
+# Run a long command with its output in a log, saying every 10 s that it
+# still works (with the log's last line). Returns the command's status.
+with_progress() { # what logfile command...
+    local what=$1 logf=$2 t0 pid
+    shift 2
+    t0=$(now)
+    "$@" >"$logf" 2>&1 &
+    pid=$!
+    wait_progress "$what" "$logf" "$pid" "$t0"
+}
+
+# Wait for background process PID, saying every 10 s that it still works.
+wait_progress() { # what logfile pid t0
+    local what=$1 logf=$2 pid=$3 t0=$4 i last
+    while :; do
+        for ((i = 0; i < 100; i++)); do
+            kill -0 "$pid" 2>/dev/null || break 2
+            sleep 0.1
+        done
+        last=$(tail -n 1 "$logf" 2>/dev/null | tr -d '\r' | cut -c1-70)
+        log "$what: ${last:+$last, }$(elapsed "$t0")s so far"
+    done
+    wait "$pid"
+}
+
+# Build the guest driver for the loaded guest kernel (KMAKE: make, or make in
+# the trixie root for Debian's 7.3 kernel).
+build_driver() { # repo
+    # shellcheck disable=SC2086 # KMAKE is a command with its arguments
+    ${KMAKE:-make} -s -C "$1/guest-driver" KDIR="$KDIR" -j2 >/dev/null
 }
 
 now() {

@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317 # steps are called through run_step
-# Bring a Debian bookworm host to the point where cxl-accel guests can boot:
-# host packages, a Debian 6.12 guest kernel + headers unpacked into the cache
-# (never installed on the host), and a QEMU >= 10.2.
-# Every step is skipped when already done; the result is "$CACHE/env.sh".
+# Bring a host to the point where cxl-accel guests boot, compiling nothing:
+#   - host packages (apt-get install from the host's own apt sources);
+#   - QEMU: QEMU= if given; else a qemu-system-x86_64 >= 10.2 on PATH that has
+#     vhost-user-test-device-pci; else Debian's qemu-system-x86 from
+#     trixie-backports (11.1), installed into a minimal Debian trixie root in
+#     the cache (debootstrap) and run from there with that root's libraries;
+#   - the Debian 6.12 guest kernel and headers (bookworm-backports), unpacked
+#     into the cache (never installed on the host);
+#   - with --kernel 7.3: Debian's 7.3 guest kernel (trixie-backports) as well,
+#     its headers and compiler in the trixie root (its modules build there);
+#   - with --qemu-floor: QEMU 10.2 built from Debian's source package, the
+#     documented minimum (about 10 minutes, once);
+#   - with --linux-source: Debian's Linux 6.12 source tarball (the kernel's own
+#     HMM selftests are built from it).
+# The host's apt configuration is never changed: every extra Debian suite is
+# read through a private apt configuration in the cache. Every step is
+# skipped when already done and prints a line at least every 15 s while it
+# works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh" and
+# "$CACHE/qemu-10.2.env" (see ci/README.md).
 #
+# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source]
 # Overrides (each skips its step):
 #   QEMU=/path/to/qemu-system-x86_64
 #   GUEST_KERNEL=/path/to/bzImage  KDIR=/path/to/kernel/build/dir
@@ -22,12 +38,25 @@ JOBS="${CXL_ACCEL_JOBS:-2}"
 QEMU_MIN=10.2
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
-case "${1:-}" in
--h | --help)
-    sed -n '2,/^set -euo/p' "$0" | sed '/shellcheck/d; $d; s/^# \{0,1\}//'
-    exit 0
-    ;;
-esac
+WANT_73=0
+WANT_FLOOR=0
+WANT_SRC=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -h | --help)
+        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        exit 0
+        ;;
+    --kernel)
+        [ "${2:-}" = 7.3 ] || die "ci/setup.sh: --kernel takes 7.3 (6.12 is always set up)"
+        WANT_73=1
+        shift 2
+        ;;
+    --qemu-floor) WANT_FLOOR=1; shift ;;
+    --linux-source) WANT_SRC=1; shift ;;
+    *) die "ci/setup.sh: unknown argument '$1' (see --help)" ;;
+    esac
+done
 
 mkdir -p "$CACHE"
 TIMINGS=()
@@ -39,39 +68,40 @@ run_step() {
     log "== $name"
     "$@"
     dt=$(elapsed "$t0")
-    TIMINGS+=("$(printf '%-10s %7ss' "$name" "$dt")")
+    TIMINGS+=("$(printf '%-12s %7ss' "$name" "$dt")")
     log "== $name done in ${dt}s"
 }
 
-# ---------------------------------------------------------------- packages
+# --------------------------------------------------------------- host
 
 HOST_PACKAGES=(
-    build-essential busybox-static dwarves seabios qemu-system-data
-    xz-utils bzip2 cpio kmod python3 python3-venv ca-certificates curl
+    build-essential busybox-static dwarves xz-utils bzip2 cpio kmod python3
+    ca-certificates curl dpkg-dev debootstrap
+)
+# QEMU 10.2 from source: its build dependencies and Debian's firmware
+FLOOR_PACKAGES=(
     ninja-build libglib2.0-dev libfdt-dev libpixman-1-dev flex bison
-    device-tree-compiler pkg-config dpkg-dev
+    device-tree-compiler pkg-config python3-venv seabios qemu-system-data
 )
 
-APT_UPDATED=0
-apt_update() {
-    [ "$APT_UPDATED" = 1 ] && return 0
-    log "apt-get update"
-    if ! apt-get update -q >"$CACHE/apt-update.log" 2>&1; then
-        tail -n 20 "$CACHE/apt-update.log" >&2
-        die "cxl-accel setup: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"
+# The set-up knows Debian 12 and 13; elsewhere everything must be given.
+step_host() {
+    local id ver
+    # shellcheck source=/dev/null
+    id=$(. /etc/os-release 2>/dev/null && echo "${ID:-unknown}")
+    # shellcheck source=/dev/null
+    ver=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID:-}")
+    case "$id:$ver" in
+    debian:12 | debian:13)
+        log "host: Debian $ver"
+        return 0
+        ;;
+    esac
+    if [ -n "${QEMU:-}" ] && [ -n "${GUEST_KERNEL:-}" ] && [ -n "${KDIR:-}" ]; then
+        log "host: $id $ver (not Debian 12/13): using QEMU=, GUEST_KERNEL= and KDIR= as given"
+        return 0
     fi
-    APT_UPDATED=1
-}
-
-# The guest kernel comes from bookworm-backports. Backports is NotAutomatic,
-# so adding it never changes what the host itself installs or upgrades.
-BACKPORTS_LIST=/etc/apt/sources.list.d/cxl-accel-backports.sources
-have_backports_source() {
-    grep -qsE '^[^#]*bookworm-backports' /etc/apt/sources.list \
-        /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources
-}
-have_backports_index() {
-    compgen -G '/var/lib/apt/lists/*_dists_bookworm-backports_main_binary-amd64_Packages*' >/dev/null
+    die "ci/setup.sh: this host is $id $ver; the automated set-up needs Debian 12 or 13. Elsewhere install QEMU >= $QEMU_MIN and a guest kernel with its headers yourself and run with QEMU=, GUEST_KERNEL= and KDIR= (Ubuntu 26.04: apt install qemu-system-x86 busybox-static cpio kmod build-essential linux-headers-generic; Fedora 43: dnf install qemu-system-x86-core busybox cpio kmod gcc make kernel-devel)."
 }
 
 step_packages() {
@@ -79,39 +109,86 @@ step_packages() {
     for p in "${HOST_PACKAGES[@]}"; do
         pkg_installed "$p" || missing+=("$p")
     done
-    local need_backports=1
-    if [ -n "${GUEST_KERNEL:-}" ] && [ -n "${KDIR:-}" ]; then need_backports=0; fi
-    [ -e "$CACHE/kernel/current/.done" ] && need_backports=0
-
-    if [ "${#missing[@]}" -eq 0 ] && { [ "$need_backports" = 0 ] || { have_backports_source && have_backports_index; }; }; then
+    if [ "$WANT_FLOOR" = 1 ]; then
+        for p in "${FLOOR_PACKAGES[@]}"; do
+            pkg_installed "$p" || missing+=("$p")
+        done
+    fi
+    if [ "${#missing[@]}" -eq 0 ]; then
         log "all host packages present"
         return 0
     fi
-    [ "$(id -u)" = 0 ] || die "cxl-accel setup: need root to install ${missing[*]:-the bookworm-backports source}; rerun as root or install them yourself"
+    [ "$(id -u)" = 0 ] || die "cxl-accel setup: need root to install ${missing[*]}; rerun as root or install them yourself"
+    log "apt-get update"
+    with_progress "apt-get update" "$CACHE/apt-update.log" apt-get update -q ||
+        { tail -n 20 "$CACHE/apt-update.log" >&2; die "cxl-accel setup: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"; }
+    log "installing: ${missing[*]}"
+    with_progress "apt-get install" "$CACHE/apt-install.log" \
+        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        { tail -n 20 "$CACHE/apt-install.log" >&2; die "cxl-accel setup: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"; }
+}
 
-    if [ "$need_backports" = 1 ] && ! have_backports_source; then
-        log "adding $BACKPORTS_LIST"
-        cat >"$BACKPORTS_LIST" <<EOF
-# Added by cxl-accel ci/setup.sh: the guest kernel comes from here.
-Types: deb
-URIs: $MIRROR
-Suites: bookworm-backports
-Components: main
-Signed-By: $KEYRING
-EOF
-    fi
-    apt_update
-    if [ "${#missing[@]}" -gt 0 ]; then
-        log "installing: ${missing[*]}"
-        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-            >"$CACHE/apt-install.log" 2>&1; then
-            tail -n 20 "$CACHE/apt-install.log" >&2
-            die "cxl-accel setup: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"
-        fi
+# ------------------------------------------------- private apt configurations
+
+# apt run against a configuration of its own in $CACHE/apt/NAME (sources,
+# lists, cache), so that suites the host does not use (bookworm-backports,
+# unstable's sources) never enter /etc/apt.
+papt_dir() { echo "$CACHE/apt/$1"; }
+
+papt_init() { # name sources-line...
+    local d
+    d=$(papt_dir "$1")
+    shift
+    mkdir -p "$d/parts" "$d/lists/partial" "$d/cache/archives/partial"
+    printf '%s\n' "$@" >"$d/sources.list.new"
+    : >"$d/preferences"
+    if ! cmp -s "$d/sources.list.new" "$d/sources.list" 2>/dev/null; then
+        mv "$d/sources.list.new" "$d/sources.list"
+        rm -f "$d/.updated"
+    else
+        rm -f "$d/sources.list.new"
     fi
 }
 
-# ------------------------------------------------------------ guest kernel
+papt_opts() { # name
+    local d
+    d=$(papt_dir "$1")
+    echo "-o Dir::Etc::SourceList=$d/sources.list -o Dir::Etc::SourceParts=$d/parts" \
+        "-o Dir::Etc::Preferences=$d/preferences -o Dir::Etc::PreferencesParts=$d/parts" \
+        "-o Dir::State::Lists=$d/lists -o Dir::Cache=$d/cache -o APT::Sandbox::User=root"
+}
+
+papt() { # name apt-get-args...
+    local n=$1
+    shift
+    # shellcheck disable=SC2046 # the options are words without blanks
+    apt-get -q $(papt_opts "$n") "$@"
+}
+
+papt_cache() { # name apt-cache-args...
+    local n=$1
+    shift
+    # shellcheck disable=SC2046
+    apt-cache $(papt_opts "$n") "$@"
+}
+
+papt_update() { # name
+    local d
+    d=$(papt_dir "$1")
+    [ -e "$d/.updated" ] && return 0
+    with_progress "apt index ($1)" "$d/update.log" papt "$1" update ||
+        { tail -n 5 "$d/update.log" >&2; die "cxl-accel setup: cannot read the $1 apt index (see $d/update.log)"; }
+    touch "$d/.updated"
+}
+
+BPO=bookworm-backports
+bpo_apt() {
+    papt_init "$BPO" "deb [signed-by=$KEYRING] $MIRROR bookworm-backports main" \
+        "deb-src [signed-by=$KEYRING] $MIRROR bookworm-backports main"
+    papt_update "$BPO"
+}
+
+# ------------------------------------------------------------ guest kernels
 
 # Make a dpkg -x'd tree self-contained: absolute symlinks (e.g. the headers'
 # scripts/ -> /usr/lib/linux-kbuild-*/scripts) are re-pointed into the tree.
@@ -131,26 +208,32 @@ fix_abs_symlinks() {
         done
 }
 
-# Build a trivial GPL module: proves KDIR works (pahole, kbuild, symlinks).
-verify_kdir() {
-    local kdir=$1 kver=$2 t
-    t=$(mktemp -d)
+# Build a trivial GPL module: proves the kernel build tree works (pahole,
+# kbuild, symlinks) with the make given (KMAKE: make, or make in the root).
+verify_kdir() { # kdir kver make...
+    local kdir=$1 kver=$2 t vm
+    shift 2
+    t=$(mktemp -d "$CACHE/kmod-check.XXXXXX")
     cat >"$t/hello.c" <<'EOF'
 #include <linux/module.h>
 #include <linux/dma-buf.h>
+#include <linux/version.h>
 static int __init hello_init(void) { pr_info("cxl-accel hello\n"); return 0; }
 static void __exit hello_exit(void) { }
 module_init(hello_init);
 module_exit(hello_exit);
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)
+MODULE_IMPORT_NS("DMA_BUF");
+#else
 MODULE_IMPORT_NS(DMA_BUF);
+#endif
 MODULE_LICENSE("GPL");
 EOF
     echo 'obj-m := hello.o' >"$t/Makefile"
-    if ! make -C "$kdir" M="$t" modules >"$t/build.log" 2>&1 || [ ! -f "$t/hello.ko" ]; then
+    if ! (cd "$t" && "$@" -C "$kdir" M="$t" modules) >"$t/build.log" 2>&1 || [ ! -f "$t/hello.ko" ]; then
         tail -n 20 "$t/build.log" >&2
-        die "cxl-accel setup: test module does not build against KDIR=$kdir (log: $t/build.log); install dwarves (pahole) or set KDIR="
+        die "cxl-accel setup: test module does not build against $kdir (log: $t/build.log)"
     fi
-    local vm
     vm=$(modinfo -F vermagic "$t/hello.ko")
     case "$vm" in
     "$kver "*) ;;
@@ -158,107 +241,6 @@ EOF
     esac
     rm -rf "$t"
     log "test module built against $kdir (vermagic: $vm)"
-}
-
-# Record what the project relies on in the guest kernel config.
-kernel_report() {
-    local root=$1 kver=$2 moddir=$3 config out
-    config=$root/boot/config-$kver
-    out=$CACHE/kernel/$kver/config-report.txt
-    [ -f "$config" ] || { log "no kernel config at $config; skipping report"; return 0; }
-    {
-        echo "# Guest kernel $kver: options the project relies on (y=built-in, m=module, n=off)"
-        local o v
-        for o in ZONE_DEVICE HMM_MIRROR DEVICE_MIGRATION MMU_NOTIFIER DMA_SHARED_BUFFER \
-            UDMABUF DMABUF_HEAPS_SYSTEM NUMA ACPI_HMAT DEVICE_PRIVATE PCI_P2PDMA TEST_HMM \
-            GUP_TEST MODULE_SIG MODULE_SIG_FORCE DEBUG_INFO_BTF_MODULES; do
-            v=$(sed -n "s/^CONFIG_$o=//p" "$config")
-            printf '%-24s %s\n' "$o" "${v:-n}"
-        done
-        echo "# virtio options"
-        grep -E '^CONFIG_[A-Z0-9_]*VIRTIO[A-Z0-9_]*=' "$config" | sed 's/^CONFIG_//; s/=/ /' |
-            awk '{ printf "%-24s %s\n", $1, $2 }'
-        echo "# built-in virtio modules (modules.builtin)"
-        grep -i virtio "$moddir/modules.builtin" | sed 's#.*/##; s/\.ko$//' | sort | tr '\n' ' '
-        echo
-        # Device IDs in aliases are hex (virtio:d0000001Bv* is ID 27).
-        echo "# virtio device IDs with a modular driver (modules.alias; built-in drivers"
-        echo "# such as virtio_console (3) and virtiofs (26) have no alias in 6.12)"
-        grep -E '^alias virtio:d' "$moddir/modules.alias" | while read -r _ a m; do
-            a=${a#virtio:d}
-            echo "$((16#${a%%v*})) $m"
-        done | sort -n -u | tr '\n' ' '
-        echo
-    } >"$out"
-    cat "$out" >&2
-}
-
-step_kernel() {
-    if [ -n "${GUEST_KERNEL:-}" ] && [ -n "${KDIR:-}" ]; then
-        [ -f "$GUEST_KERNEL" ] || die "cxl-accel setup: GUEST_KERNEL=$GUEST_KERNEL does not exist"
-        [ -d "$KDIR" ] || die "cxl-accel setup: KDIR=$KDIR does not exist"
-        GUEST_KVER=${GUEST_KVER:-$(cat "$KDIR/include/config/kernel.release" 2>/dev/null || true)}
-        GUEST_MODULES=${GUEST_MODULES:-}
-        log "using GUEST_KERNEL=$GUEST_KERNEL KDIR=$KDIR (kver ${GUEST_KVER:-unknown})"
-        return 0
-    fi
-
-    local base=$CACHE/kernel
-    if [ ! -e "$base/current/.done" ]; then
-        apt_update_if_no_kernel_candidates
-        # Newest Debian 6.12 generic amd64 image (signed or -unsigned).
-        local img kver
-        img=$(apt-cache pkgnames linux-image-6.12. |
-            grep -E '^linux-image-6\.12\.[0-9]+[^-]*-amd64(-unsigned)?$' | sort -V | tail -n 1 || true)
-        [ -n "$img" ] || die "cxl-accel setup: cannot find linux-image-6.12.*-amd64 in bookworm-backports; set GUEST_KERNEL= and KDIR="
-        kver=${img#linux-image-}
-        kver=${kver%-unsigned}
-        log "guest kernel package: $img (kver $kver)"
-
-        # Headers pull in -common and linux-kbuild-*: take their exact names
-        # from the Depends line instead of guessing the naming scheme.
-        local deps pkgs
-        deps=$(apt-cache show --no-all-versions "linux-headers-$kver" 2>/dev/null |
-            sed -n 's/^Depends: //p' | tr ',' '\n' | awk '{print $1}' |
-            grep -E '^linux-(headers|kbuild)-' || true)
-        [ -n "$deps" ] || die "cxl-accel setup: cannot find linux-headers-$kver in bookworm-backports; set GUEST_KERNEL= and KDIR="
-        # shellcheck disable=SC2206
-        pkgs=("$img" "linux-headers-$kver" $deps)
-
-        local debs=$base/debs/$kver
-        mkdir -p "$debs"
-        log "downloading ${pkgs[*]}"
-        (cd "$debs" && apt-get download -q -o APT::Sandbox::User=root "${pkgs[@]}") >"$debs/download.log" 2>&1 ||
-            { tail -n 5 "$debs/download.log" >&2; die "cxl-accel setup: cannot download linux-image/headers $kver from bookworm-backports; set GUEST_KERNEL= and KDIR="; }
-
-        local root=$base/$kver/root
-        rm -rf "$base/$kver.tmp"
-        mkdir -p "$base/$kver.tmp"
-        local d
-        for d in "$debs"/*.deb; do dpkg -x "$d" "$base/$kver.tmp"; done
-        rm -rf "$root"
-        mkdir -p "$base/$kver"
-        mv "$base/$kver.tmp" "$root"
-        fix_abs_symlinks "$root"
-
-        local moddir
-        moddir=$(kernel_moddir "$root" "$kver")
-        # The package ships no modules.dep/alias (dpkg's postinst makes them).
-        depmod -b "$root" "$kver" ||
-            die "cxl-accel setup: depmod failed for $kver in $root (kmod too old for .ko.xz?)"
-        verify_kdir "$root/usr/src/linux-headers-$kver" "$kver"
-        kernel_report "$root" "$kver" "$moddir"
-        echo "$kver" >"$base/$kver/kver"
-        touch "$base/$kver/.done"
-        ln -sfn "$kver" "$base/current"
-    fi
-    GUEST_KVER=$(cat "$base/current/kver")
-    local root=$base/current/root
-    root=$(cd "$root" && pwd -P)
-    GUEST_KERNEL=${GUEST_KERNEL:-$root/boot/vmlinuz-$GUEST_KVER}
-    KDIR=${KDIR:-$root/usr/src/linux-headers-$GUEST_KVER}
-    GUEST_MODULES=${GUEST_MODULES:-$(kernel_moddir "$root" "$GUEST_KVER")}
-    log "guest kernel $GUEST_KVER ready in $root"
 }
 
 kernel_moddir() {
@@ -269,11 +251,209 @@ kernel_moddir() {
     die "cxl-accel setup: no modules directory for $2 under $1"
 }
 
-apt_update_if_no_kernel_candidates() {
-    if ! apt-cache pkgnames linux-image-6.12. | grep -q .; then
-        have_backports_source || die "cxl-accel setup: no bookworm-backports apt source; rerun as root or set GUEST_KERNEL= and KDIR="
-        apt_update
+# Record what the project relies on in a guest kernel's config.
+kernel_report() { # config moddir out
+    local config=$1 moddir=$2 out=$3 o v
+    [ -f "$config" ] || { log "no kernel config at $config; skipping report"; return 0; }
+    {
+        echo "# Guest kernel: options the project relies on (y=built-in, m=module, n=off)"
+        for o in ZONE_DEVICE DEVICE_PRIVATE HMM_MIRROR DEVICE_MIGRATION MMU_NOTIFIER \
+            DMA_SHARED_BUFFER UDMABUF DMABUF_HEAPS_SYSTEM PCI_P2PDMA NUMA ACPI_HMAT \
+            TEST_HMM GUP_TEST MODULE_SIG MODULE_SIG_FORCE DEBUG_INFO_BTF_MODULES; do
+            v=$(sed -n "s/^CONFIG_$o=//p" "$config")
+            printf '%-24s %s\n' "$o" "${v:-n}"
+        done
+        echo "# virtio device IDs with a modular driver (modules.alias)"
+        grep -E '^alias virtio:d' "$moddir/modules.alias" | while read -r _ a _; do
+            a=${a#virtio:d}
+            echo "$((16#${a%%v*}))"
+        done | sort -n -u | tr '\n' ' '
+        echo
+    } >"$out"
+}
+
+# Unpack .debs into DIR (which must not exist yet), atomically.
+unpack_debs() { # dir deb...
+    local dir=$1 d
+    shift
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    for d in "$@"; do dpkg -x "$d" "$dir.tmp"; done
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+}
+
+# Debian's newest 6.12 generic amd64 kernel, image and headers, from
+# bookworm-backports, unpacked into $CACHE/kernel/<kver>/root.
+step_kernel_612() {
+    if [ -n "${GUEST_KERNEL:-}" ] && [ -n "${KDIR:-}" ]; then
+        [ -f "$GUEST_KERNEL" ] || die "cxl-accel setup: GUEST_KERNEL=$GUEST_KERNEL does not exist"
+        [ -d "$KDIR" ] || die "cxl-accel setup: KDIR=$KDIR does not exist"
+        GUEST_KVER=${GUEST_KVER:-$(cat "$KDIR/include/config/kernel.release" 2>/dev/null || true)}
+        GUEST_MODULES=${GUEST_MODULES:-}
+        log "using GUEST_KERNEL=$GUEST_KERNEL KDIR=$KDIR (kver ${GUEST_KVER:-unknown})"
+        return 0
     fi
+    local base=$CACHE/kernel
+    if [ ! -e "$base/current/.done" ]; then
+        bpo_apt
+        local img kver deps pkgs debs root moddir
+        img=$(papt_cache "$BPO" pkgnames linux-image-6.12. |
+            grep -E '^linux-image-6\.12\.[0-9]+[^-]*-amd64(-unsigned)?$' | sort -V | tail -n 1 || true)
+        [ -n "$img" ] || die "cxl-accel setup: cannot find linux-image-6.12.*-amd64 in bookworm-backports; set GUEST_KERNEL= and KDIR="
+        kver=${img#linux-image-}
+        kver=${kver%-unsigned}
+        log "guest kernel package: $img (kver $kver)"
+        # Headers pull in -common and linux-kbuild-*: their names come from
+        # the Depends line instead of a guess at the naming scheme.
+        deps=$(papt_cache "$BPO" show --no-all-versions "linux-headers-$kver" 2>/dev/null |
+            sed -n 's/^Depends: //p' | tr ',' '\n' | awk '{print $1}' |
+            grep -E '^linux-(headers|kbuild)-' || true)
+        [ -n "$deps" ] || die "cxl-accel setup: cannot find linux-headers-$kver in bookworm-backports; set GUEST_KERNEL= and KDIR="
+        # shellcheck disable=SC2206
+        pkgs=("$img" "linux-headers-$kver" $deps)
+        debs=$base/debs/$kver
+        mkdir -p "$debs"
+        (cd "$debs" && with_progress "downloading ${pkgs[*]}" "$debs/download.log" \
+            papt "$BPO" download "${pkgs[@]}") ||
+            { tail -n 5 "$debs/download.log" >&2; die "cxl-accel setup: cannot download linux-image/headers $kver from bookworm-backports; set GUEST_KERNEL= and KDIR="; }
+        root=$base/$kver/root
+        log "unpacking $kver"
+        unpack_debs "$root" "$debs"/*.deb
+        fix_abs_symlinks "$root"
+        moddir=$(kernel_moddir "$root" "$kver")
+        # The package ships no modules.dep/alias (dpkg's postinst makes them).
+        depmod -b "$root" "$kver" ||
+            die "cxl-accel setup: depmod failed for $kver in $root (kmod too old for .ko.xz?)"
+        verify_kdir "$root/usr/src/linux-headers-$kver" "$kver" make
+        kernel_report "$root/boot/config-$kver" "$moddir" "$base/$kver/config-report.txt"
+        echo "$kver" >"$base/$kver/kver"
+        touch "$base/$kver/.done"
+        ln -sfn "$kver" "$base/current"
+    fi
+    GUEST_KVER=$(cat "$base/current/kver")
+    local root
+    root=$(cd "$base/current/root" && pwd -P)
+    GUEST_KERNEL=$root/boot/vmlinuz-$GUEST_KVER
+    KDIR=$root/usr/src/linux-headers-$GUEST_KVER
+    GUEST_MODULES=$(kernel_moddir "$root" "$GUEST_KVER")
+    log "guest kernel $GUEST_KVER ready in $root"
+}
+
+# ------------------------------------------------------------- trixie root
+
+TRIXIE=$CACHE/trixie
+TROOT=$TRIXIE/root
+
+# A minimal Debian trixie with trixie-backports, for Debian's QEMU 11.1 and
+# for building modules for Debian's 7.3 kernel (its build tools need
+# trixie's C library).
+step_trixie_root() {
+    [ -e "$TRIXIE/.root-done" ] && return 0
+    [ "$(id -u)" = 0 ] || die "cxl-accel setup: building the Debian trixie root needs root (debootstrap); or set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"
+    mkdir -p "$TRIXIE"
+    rm -rf "$TROOT.tmp"
+    with_progress "debootstrap trixie" "$TRIXIE/debootstrap.log" \
+        debootstrap --variant=minbase trixie "$TROOT.tmp" "$MIRROR" ||
+        { tail -n 10 "$TRIXIE/debootstrap.log" >&2; rm -rf "$TROOT.tmp"; die "cxl-accel setup: debootstrap of Debian trixie failed (see $TRIXIE/debootstrap.log); or set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
+    echo "deb $MIRROR trixie-backports main" >"$TROOT.tmp/etc/apt/sources.list.d/trixie-backports.list"
+    rm -rf "$TROOT"
+    mv "$TROOT.tmp" "$TROOT"
+    write_root_runner
+    with_progress "apt index (trixie root)" "$TRIXIE/apt-update.log" "$TRIXIE/run" apt-get update -q ||
+        { tail -n 5 "$TRIXIE/apt-update.log" >&2; die "cxl-accel setup: apt-get update in the trixie root failed"; }
+    touch "$TRIXIE/.root-done"
+}
+
+# $TRIXIE/run CMD...: CMD in the trixie root, in the current directory, with
+# the host's /proc, /sys, /dev, /tmp, $HOME and the current directory at the
+# same paths. A private mount namespace: nothing stays mounted afterwards.
+write_root_runner() {
+    cat >"$TRIXIE/run" <<EOF
+#!/bin/sh
+# Written by ci/setup.sh: runs a command in the cached Debian trixie root.
+exec unshare --mount --propagation private -- sh -c '
+    root=\$1; shift
+    for d in /proc /sys /dev /tmp "\$HOME" "\$PWD"; do
+        [ -d "\$d" ] || continue
+        mkdir -p "\$root\$d" && mount --rbind "\$d" "\$root\$d" || exit 1
+    done
+    exec chroot "\$root" /bin/sh -c "cd \"\\\$0\" && exec \"\\\$@\"" "\$PWD" "\$@"
+' sh "$TROOT" "\$@"
+EOF
+    chmod +x "$TRIXIE/run"
+}
+
+root_install() { # package... (from trixie-backports where it has them)
+    local missing=() p
+    for p in "$@"; do
+        # shellcheck disable=SC2016 # dpkg-query's format, not ours
+        [ "$(chroot "$TROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] ||
+            missing+=("$p")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    with_progress "installing ${missing[*]} in the trixie root" "$TRIXIE/apt-install.log" \
+        "$TRIXIE/run" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends -t trixie-backports "${missing[@]}" ||
+        { tail -n 10 "$TRIXIE/apt-install.log" >&2; die "cxl-accel setup: cannot install ${missing[*]} in the trixie root (see $TRIXIE/apt-install.log)"; }
+}
+
+# QEMU from the root, run with the root's own dynamic loader and libraries:
+# no chroot, so every host path (sockets, memory files) stays visible.
+write_qemu_wrapper() {
+    cat >"$TRIXIE/qemu-system-x86_64" <<EOF
+#!/bin/sh
+# Written by ci/setup.sh: Debian trixie's QEMU with the trixie root's libraries.
+exec env QEMU_MODULE_DIR="$TROOT/usr/lib/x86_64-linux-gnu/qemu" \\
+    "$TROOT/lib64/ld-linux-x86-64.so.2" \\
+    --library-path "$TROOT/lib/x86_64-linux-gnu:$TROOT/usr/lib/x86_64-linux-gnu" \\
+    "$TROOT/usr/bin/qemu-system-x86_64" "\$@"
+EOF
+    chmod +x "$TRIXIE/qemu-system-x86_64"
+}
+
+# Debian's newest 7.3 kernel from trixie-backports: image, modules and base
+# files unpacked into $CACHE/kernel/<kver>/root, headers and compiler installed in
+# the trixie root (module builds run there: KMAKE).
+step_kernel_73() {
+    local base=$CACHE/kernel kver
+    step_trixie_root
+    if [ ! -e "$base/current-7.3/.done" ]; then
+        kver=$(chroot "$TROOT" apt-cache pkgnames linux-headers-7.3. |
+            grep -E '^linux-headers-7\.3\.[0-9]+[^-]*-amd64$' | sed 's/^linux-headers-//' | sort -V | tail -n 1 || true)
+        [ -n "$kver" ] || die "cxl-accel setup: trixie-backports has no linux-headers-7.3.*-amd64"
+        log "guest kernel 7.3: $kver"
+        root_install "linux-headers-$kver" make gcc libc6-dev dwarves kmod
+        local debs=$base/debs/$kver
+        mkdir -p "$debs"
+        (cd "$debs" && with_progress "downloading linux-binary/modules $kver" "$debs/download.log" \
+            "$TRIXIE/run" apt-get download -q -o APT::Sandbox::User=root \
+            "linux-binary-$kver" "linux-modules-$kver" "linux-base-$kver") ||
+            { tail -n 5 "$debs/download.log" >&2; die "cxl-accel setup: cannot download the $kver kernel from trixie-backports"; }
+        local root=$base/$kver/root moddir
+        log "unpacking $kver"
+        unpack_debs "$root" "$debs"/*.deb
+        moddir=$(kernel_moddir "$root" "$kver")
+        # (the package has no modules.order: depmod says so, harmlessly)
+        depmod -b "$root/usr" "$kver" 2>/dev/null ||
+            die "cxl-accel setup: depmod failed for $kver in $root"
+        verify_kdir "/usr/src/linux-headers-$kver" "$kver" "$TRIXIE/run" make
+        kernel_report "$TROOT/usr/src/linux-headers-$kver/.config" "$moddir" \
+            "$base/$kver/config-report.txt"
+        echo "$kver" >"$base/$kver/kver"
+        touch "$base/$kver/.done"
+        ln -sfn "$kver" "$base/current-7.3"
+    fi
+    kver=$(cat "$base/current-7.3/kver")
+    local root moddir
+    root=$(cd "$base/current-7.3/root" && pwd -P)
+    moddir=$(kernel_moddir "$root" "$kver")
+    K73_KVER=$kver
+    K73_KERNEL=$moddir/vmlinuz
+    [ -f "$K73_KERNEL" ] || K73_KERNEL=$root/boot/vmlinuz-$kver
+    K73_MODULES=$moddir
+    K73_KDIR=/usr/src/linux-headers-$kver
+    log "guest kernel $kver ready in $root (modules build in $TROOT)"
 }
 
 # -------------------------------------------------------------------- QEMU
@@ -287,93 +467,72 @@ version_ge() { # $1 >= $2 ?
     [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]
 }
 
-QEMU_DIR=$CACHE/qemu
-QEMU_CACHED=$QEMU_DIR/bin/qemu-system-x86_64
+has_test_device() {
+    "$1" -device help 2>/dev/null | grep -q '"vhost-user-test-device-pci"'
+}
 
+QEMU_FW=
 step_qemu() {
-    local v
+    local v sys
     if [ -n "${QEMU:-}" ]; then
         [ -x "$QEMU" ] || die "cxl-accel setup: QEMU=$QEMU is not executable"
         v=$(qemu_version "$QEMU")
         version_ge "${v:-0}" "$QEMU_MIN" || log "warning: QEMU=$QEMU is version ${v:-unknown} (< $QEMU_MIN)"
+        QEMU_FW=${QEMU_FIRMWARE_ARGS:-}
         log "using QEMU=$QEMU ($v)"
         return 0
     fi
-    local sys
     sys=$(command -v qemu-system-x86_64 || true)
-    if [ -n "$sys" ] && version_ge "$(qemu_version "$sys")" "$QEMU_MIN"; then
+    if [ -n "$sys" ] && version_ge "$(qemu_version "$sys")" "$QEMU_MIN" && has_test_device "$sys"; then
         QEMU=$sys
         log "using $sys ($(qemu_version "$sys"))"
         return 0
     fi
-    if [ -x "$QEMU_CACHED" ] && version_ge "$(qemu_version "$QEMU_CACHED")" "$QEMU_MIN"; then
-        QEMU=$QEMU_CACHED
-        log "using cached $QEMU ($(qemu_version "$QEMU"))"
-        return 0
-    fi
-    build_qemu
-    QEMU=$QEMU_CACHED
+    [ -z "$sys" ] || log "$sys is $(qemu_version "$sys") (needs >= $QEMU_MIN with vhost-user-test-device-pci): using Debian's trixie-backports package"
+    step_trixie_root
+    root_install qemu-system-x86
+    write_qemu_wrapper
+    QEMU=$TRIXIE/qemu-system-x86_64
+    QEMU_FW="-L $TROOT/usr/share/seabios -L $TROOT/usr/share/qemu"
+    has_test_device "$QEMU" || die "cxl-accel setup: $QEMU has no vhost-user-test-device-pci"
+    log "using Debian's QEMU $(qemu_version "$QEMU") from the trixie root"
 }
 
-# A private apt configuration that only knows the *source* index of unstable:
-# without a binary index for unstable no binary package can ever come from it,
-# and the host's own apt state is left untouched.
-UNSTABLE_APT=$CACHE/apt-unstable-src
-unstable_apt() {
-    apt-get -q \
-        -o Dir::Etc::SourceList="$UNSTABLE_APT/sources.list" \
-        -o Dir::Etc::SourceParts="$UNSTABLE_APT/parts" \
-        -o Dir::Etc::Preferences="$UNSTABLE_APT/preferences" \
-        -o Dir::Etc::PreferencesParts="$UNSTABLE_APT/parts" \
-        -o Dir::State::Lists="$UNSTABLE_APT/lists" \
-        -o Dir::Cache="$UNSTABLE_APT/cache" \
-        -o APT::Sandbox::User=root \
-        "$@"
-}
-
-unstable_apt_cache() {
-    apt-cache \
-        -o Dir::Etc::SourceList="$UNSTABLE_APT/sources.list" \
-        -o Dir::Etc::SourceParts="$UNSTABLE_APT/parts" \
-        -o Dir::State::Lists="$UNSTABLE_APT/lists" \
-        -o Dir::Cache="$UNSTABLE_APT/cache" \
-        "$@"
-}
+# QEMU 10.2 from Debian's source package: the documented minimum.
+QEMU_DIR=$CACHE/qemu
+QEMU_FLOOR=$QEMU_DIR/bin/qemu-system-x86_64
+UNSTABLE_SRC=unstable-src
 
 fetch_qemu_source() {
-    mkdir -p "$UNSTABLE_APT/parts" "$UNSTABLE_APT/lists/partial" "$UNSTABLE_APT/cache/archives/partial"
-    echo "deb-src [signed-by=$KEYRING] $MIRROR unstable main" >"$UNSTABLE_APT/sources.list"
-    : >"$UNSTABLE_APT/preferences"
+    papt_init "$UNSTABLE_SRC" "deb-src [signed-by=$KEYRING] $MIRROR unstable main"
     local src=$QEMU_DIR/src
     mkdir -p "$src"
-    if ! compgen -G "$src/qemu_*.dsc" >/dev/null; then
-        unstable_apt update >"$QEMU_DIR/apt-src.log" 2>&1 ||
-            { tail -n 5 "$QEMU_DIR/apt-src.log" >&2; die "cxl-accel setup: cannot fetch Debian unstable Sources index; set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
-        # The Sources index can list versions (several, even) whose files the
-        # mirror does not serve (yet): try the newest first, then older ones.
+    if ! compgen -G "$src/qemu_10.2*.dsc" >/dev/null; then
+        papt_update "$UNSTABLE_SRC"
+        # The index lists versions whose files the mirror may not serve (yet):
+        # the newest 10.2.x that downloads.
         local v ok=0
-        for v in $(unstable_apt_cache madison qemu | awk -F'|' '{gsub(/ /, "", $2); print $2}' | sort -rV); do
-            version_ge "$(echo "$v" | sed -E 's/^[0-9]+://; s/[+~-].*//')" "$QEMU_MIN" || continue
+        for v in $(papt_cache "$UNSTABLE_SRC" madison qemu | awk -F'|' '{gsub(/ /, "", $2); print $2}' | sort -rV); do
+            case "$(echo "$v" | sed -E 's/^[0-9]+://')" in 10.2.*) ;; *) continue ;; esac
             log "downloading qemu source $v"
-            if (cd "$src" && unstable_apt source --download-only "qemu=$v") >>"$QEMU_DIR/apt-src.log" 2>&1; then
+            if (cd "$src" && papt "$UNSTABLE_SRC" source --download-only "qemu=$v") >>"$QEMU_DIR/apt-src.log" 2>&1; then
                 ok=1
                 break
             fi
-            log "qemu source $v is listed but not downloadable; trying an older one"
+            log "qemu source $v is listed but not downloadable; trying another"
             rm -f "$src"/qemu_*
         done
-        [ "$ok" = 1 ] || { tail -n 5 "$QEMU_DIR/apt-src.log" >&2; die "cxl-accel setup: cannot download a qemu source package >= $QEMU_MIN from Debian unstable; set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
+        [ "$ok" = 1 ] || { tail -n 5 "$QEMU_DIR/apt-src.log" >&2; die "cxl-accel setup: cannot download a qemu 10.2 source package from Debian unstable"; }
     fi
-    # Newest downloaded orig tarball, e.g. qemu_10.2.2+ds.orig.tar.xz.
-    local orig
-    orig=$(printf '%s\n' "$src"/qemu_*.orig.tar.* | sort -V | tail -n 1)
-    QEMU_SRC_VERSION=$(basename "$orig" | sed -E 's/^qemu_([0-9.]+).*/\1/')
-    QEMU_ORIG=$orig
-    version_ge "$QEMU_SRC_VERSION" "$QEMU_MIN" ||
-        die "cxl-accel setup: Debian unstable has qemu $QEMU_SRC_VERSION (< $QEMU_MIN); set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"
+    QEMU_ORIG=$(printf '%s\n' "$src"/qemu_10.2*.orig.tar.* | sort -V | tail -n 1)
+    QEMU_SRC_VERSION=$(basename "$QEMU_ORIG" | sed -E 's/^qemu_([0-9.]+).*/\1/')
 }
 
-build_qemu() {
+step_qemu_floor() {
+    if [ -x "$QEMU_FLOOR" ] && version_ge "$(qemu_version "$QEMU_FLOOR")" "$QEMU_MIN"; then
+        log "QEMU $(qemu_version "$QEMU_FLOOR") at $QEMU_FLOOR"
+        return 0
+    fi
     fetch_qemu_source
     local ver=$QEMU_SRC_VERSION
     local srcdir=$QEMU_DIR/qemu-$ver build=$QEMU_DIR/build-$ver venv=$QEMU_DIR/venv
@@ -395,59 +554,96 @@ build_qemu() {
     if [ ! -x "$venv/bin/meson" ]; then
         rm -rf "$venv"
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q 'meson>=1.5' pycotap >"$QEMU_DIR/pip.log" 2>&1 ||
-            { tail -n 5 "$QEMU_DIR/pip.log" >&2; die "cxl-accel setup: cannot pip install meson/pycotap from PyPI; set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
+        with_progress "pip install meson" "$QEMU_DIR/pip.log" "$venv/bin/pip" install -q 'meson>=1.5' pycotap ||
+            { tail -n 5 "$QEMU_DIR/pip.log" >&2; die "cxl-accel setup: cannot pip install meson/pycotap from PyPI"; }
     fi
     local blog=$QEMU_DIR/build-$ver.log
-    log "building QEMU $ver in $build (log: $blog, ninja -j$JOBS; 4-10 min)"
+    log "building QEMU $ver in $build (log: $blog, ninja -j$JOBS; about 10 min)"
     mkdir -p "$build"
     if [ ! -f "$build/build.ninja" ]; then
-        (cd "$build" && PATH="$venv/bin:$PATH" "$srcdir/configure" \
+        (cd "$build" && with_progress "QEMU configure" "$blog" env PATH="$venv/bin:$PATH" "$srcdir/configure" \
             --python="$venv/bin/python3" \
             --target-list=x86_64-softmmu --without-default-features --enable-kvm --enable-tcg \
             --enable-vhost-user --disable-docs --disable-tools --disable-werror --disable-rust \
-            --disable-install-blobs) >"$blog" 2>&1 ||
-            { tail -n 20 "$blog" >&2; rm -f "$build/build.ninja"; die "cxl-accel setup: QEMU configure failed (see $blog); set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
+            --disable-install-blobs) ||
+            { tail -n 20 "$blog" >&2; rm -f "$build/build.ninja"; die "cxl-accel setup: QEMU configure failed (see $blog)"; }
     fi
-    (cd "$build" && PATH="$venv/bin:$PATH" ninja -j"$JOBS" qemu-system-x86_64) >>"$blog" 2>&1 ||
-        { tail -n 20 "$blog" >&2; die "cxl-accel setup: QEMU build failed (see $blog); set QEMU=/path/to/qemu-system-x86_64 (>= $QEMU_MIN)"; }
+    (cd "$build" && with_progress "QEMU build" "$blog.ninja" env PATH="$venv/bin:$PATH" ninja -j"$JOBS" qemu-system-x86_64) ||
+        { tail -n 20 "$blog.ninja" >&2; die "cxl-accel setup: QEMU build failed (see $blog.ninja)"; }
     mkdir -p "$QEMU_DIR/bin"
-    cp "$build/qemu-system-x86_64" "$QEMU_CACHED.tmp"
-    mv "$QEMU_CACHED.tmp" "$QEMU_CACHED"
-    log "QEMU $(qemu_version "$QEMU_CACHED") at $QEMU_CACHED"
+    cp "$build/qemu-system-x86_64" "$QEMU_FLOOR.tmp"
+    mv "$QEMU_FLOOR.tmp" "$QEMU_FLOOR"
+    log "QEMU $(qemu_version "$QEMU_FLOOR") at $QEMU_FLOOR"
+}
+
+# ------------------------------------------------------------ Linux source
+
+# Debian's Linux source tarball of the 6.12 series (the kernel's own
+# selftests are built from it); the newest that downloads.
+step_linux_source() {
+    local dir=$CACHE/linux-src v
+    mkdir -p "$dir"
+    if compgen -G "$dir/linux_6.12.*.orig.tar.xz" >/dev/null; then
+        log "Linux source: $(basename "$(printf '%s\n' "$dir"/linux_6.12.*.orig.tar.xz | sort -V | tail -n 1)")"
+        return 0
+    fi
+    bpo_apt
+    for v in $(papt_cache "$BPO" madison linux | awk -F'|' '{gsub(/ /, "", $2); print $2}' | grep '^6\.12\.' | sort -rV); do
+        if (cd "$dir" && with_progress "downloading the Linux $v source" "$dir/download.log" \
+            papt "$BPO" source --download-only --tar-only "linux=$v"); then
+            rm -f "$dir"/*.dsc "$dir"/*.debian.tar.*
+            return 0
+        fi
+        log "linux source $v is listed but not downloadable; trying another"
+    done
+    die "cxl-accel setup: cannot download a Linux 6.12 source tarball from bookworm-backports"
 }
 
 # --------------------------------------------------------------------- env
 
-step_env() {
-    local fw="-L /usr/share/seabios -L /usr/share/qemu"
-    # Sanity: the generic vhost-user device must be there and creatable.
-    if ! "$QEMU" -device help 2>/dev/null | grep -q '"vhost-user-test-device-pci"'; then
-        log "warning: $QEMU has no vhost-user-test-device-pci (needs QEMU >= $QEMU_MIN)"
-    fi
-    local env=$CACHE/env.sh
+write_env() { # file kernel kver kdir modules kmake
     {
-        echo "# Written by ci/setup.sh on $(date -u +%FT%TZ); source me."
+        echo "# Written by ci/setup.sh on $(date -u +%FT%TZ); source me (ci/lib.sh load_env)."
         printf 'export QEMU=%q\n' "$QEMU"
-        printf 'export QEMU_FIRMWARE_ARGS=%q\n' "$fw"
-        printf 'export GUEST_KERNEL=%q\n' "$GUEST_KERNEL"
-        printf 'export GUEST_KVER=%q\n' "${GUEST_KVER:-}"
-        printf 'export KDIR=%q\n' "$KDIR"
-        printf 'export GUEST_MODULES=%q\n' "${GUEST_MODULES:-}"
-    } >"$env.tmp"
-    mv "$env.tmp" "$env"
-    log "wrote $env"
+        printf 'export QEMU_FIRMWARE_ARGS=%q\n' "$QEMU_FW"
+        printf 'export GUEST_KERNEL=%q\n' "$2"
+        printf 'export GUEST_KVER=%q\n' "$3"
+        printf 'export KDIR=%q\n' "$4"
+        printf 'export GUEST_MODULES=%q\n' "$5"
+        printf 'export KMAKE=%q\n' "$6"
+    } >"$1.tmp"
+    mv "$1.tmp" "$1"
+    log "wrote $1"
+}
+
+step_env() {
+    write_env "$CACHE/env.sh" "$GUEST_KERNEL" "${GUEST_KVER:-}" "$KDIR" "${GUEST_MODULES:-}" make
+    if [ "$WANT_73" = 1 ]; then
+        write_env "$CACHE/env-7.3.sh" "$K73_KERNEL" "$K73_KVER" "$K73_KDIR" "$K73_MODULES" "$TRIXIE/run make"
+    fi
+    if [ "$WANT_FLOOR" = 1 ]; then
+        {
+            echo "# Written by ci/setup.sh: QEMU 10.2 (CXL_ACCEL_QEMU_ENV=this file)."
+            printf 'export QEMU=%q\n' "$QEMU_FLOOR"
+            printf 'export QEMU_FIRMWARE_ARGS=%q\n' "-L /usr/share/seabios -L /usr/share/qemu"
+        } >"$CACHE/qemu-10.2.env"
+        log "wrote $CACHE/qemu-10.2.env"
+    fi
 }
 
 main() {
     local t0
     t0=$(now)
+    run_step host step_host
     run_step packages step_packages
-    run_step kernel step_kernel
+    run_step kernel-6.12 step_kernel_612
     run_step qemu step_qemu
+    [ "$WANT_73" = 0 ] || run_step kernel-7.3 step_kernel_73
+    [ "$WANT_FLOOR" = 0 ] || run_step qemu-10.2 step_qemu_floor
+    [ "$WANT_SRC" = 0 ] || run_step linux-source step_linux_source
     run_step env step_env
     echo "cxl-accel setup: timings" >&2
-    printf '  %s\n' "${TIMINGS[@]}" "$(printf '%-10s %7ss' total "$(elapsed "$t0")")" >&2
+    printf '  %s\n' "${TIMINGS[@]}" "$(printf '%-12s %7ss' total "$(elapsed "$t0")")" >&2
     cat "$CACHE/env.sh"
 }
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: GPL-2.0
+# shellcheck shell=bash
 # Sourced by the host-side daemon wrappers (killing-daemon, stalling-daemon).
 
 # wait_for_console FILE PATTERN: poll the guest console FILE until a line has

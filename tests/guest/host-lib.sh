@@ -11,5 +11,5 @@ REPO=$(cd "$HERE/../.." && pwd)
 load_env
 # shellcheck disable=SC2034 # used by the scripts that source this
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
-make -s -C "$REPO/guest-driver" KDIR="$KDIR" -j2
+build_driver "$REPO"
 make -s -C "$HERE"
