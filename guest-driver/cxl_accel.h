@@ -17,6 +17,7 @@
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 
+#include "compat.h"
 #include "cxl_accel_proto.h"
 #include "uapi/cxl_accel.h"
 

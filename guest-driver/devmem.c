@@ -46,7 +46,7 @@ struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx)
 
 bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page)
 {
-	return is_zone_device_page(page) && page->pgmap == &cd->pgmap;
+	return is_zone_device_page(page) && cxla_page_pgmap(page) == &cd->pgmap;
 }
 
 /* Every page of the buffer is back: return the range to the device. */
@@ -121,7 +121,8 @@ static void cxla_pages_live_dec(struct cxla_dev *cd)
 static void cxla_page_free(struct page *page)
 {
 	struct cxla_buf *buf = page->zone_device_data;
-	struct cxla_dev *cd = container_of(page->pgmap, struct cxla_dev, pgmap);
+	struct cxla_dev *cd = container_of(cxla_page_pgmap(page), struct cxla_dev,
+					   pgmap);
 
 	if (buf && buf->chunk) {	/* a migration page: back to its pool */
 		cxla_pool_page_free(buf, page);
@@ -136,8 +137,10 @@ static void cxla_page_free(struct page *page)
 	cxla_pages_live_dec(cd);
 }
 
+CXLA_DECLARE_PAGEMAP_FREE(cxla_page_free)
+
 static const struct dev_pagemap_ops cxla_pgmap_ops = {
-	.page_free = cxla_page_free,
+	CXLA_PAGEMAP_FREE(cxla_page_free),
 };
 
 /* Drop the driver's own reference on every page of the buffer. */
@@ -280,7 +283,7 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 	for (i = 0; i < buf->npages; i++) {
 		struct page *page = cxla_buf_page(buf, i);
 
-		zone_device_page_init(page);	/* returns it locked */
+		cxla_zone_device_page_init(page, &cd->pgmap);	/* locked */
 		page->zone_device_data = buf;
 		unlock_page(page);
 	}

@@ -60,7 +60,7 @@
 
 #include "cxl_accel.h"
 
-MODULE_IMPORT_NS(DMA_BUF);
+CXLA_IMPORT_NS(DMA_BUF);
 
 /* Bound of the wait for an importer's commands on an invalidated mapping */
 #define CXLA_DRAIN_MAX_JIFFIES	(10 * HZ)
@@ -150,11 +150,11 @@ void cxla_dmabuf_init_dev(struct cxla_dev *cd)
  * A reference on a DMA-BUF whose file may be in its last fput (its release
  * callback has not run yet, so the file is still there). Like the dma-buf
  * core's own list walkers; get_file_active() would spin here, since the
- * file pointer never changes. 6.12 has f_count (file_ref_t from 6.13).
+ * file pointer never changes.
  */
 static bool cxla_dmabuf_tryget(struct dma_buf *dmabuf)
 {
-	return atomic_long_inc_not_zero(&dmabuf->file->f_count);
+	return cxla_file_tryget(dmabuf->file);
 }
 
 /* ------------------------------------------------------------- exporter */
@@ -689,7 +689,7 @@ void cxla_dmabuf_revoke_exports(struct cxla_dev *cd)
 		exp = dmabuf->priv;
 		dma_resv_lock(dmabuf->resv, NULL);
 		WRITE_ONCE(exp->revoked, true);
-		dma_buf_move_notify(dmabuf);
+		cxla_dma_buf_invalidate(dmabuf);
 		list_for_each_entry(attach, &dmabuf->attachments, node)
 			if (!attach->importer_ops)
 				dev_warn(&cd->dev,
@@ -748,7 +748,7 @@ static void cxla_import_move_notify(struct dma_buf_attachment *attach)
 
 static const struct dma_buf_attach_ops cxla_importer_ops = {
 	.allow_peer2peer = true,
-	.move_notify = cxla_import_move_notify,
+	CXLA_ATTACH_INVALIDATE(cxla_import_move_notify),
 };
 
 /* Map (or remap after a move) and wait for fences of others' work. */

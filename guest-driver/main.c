@@ -306,7 +306,8 @@ static int __init cxla_init(void)
 {
 	int ret;
 
-	cxla_wq = alloc_workqueue("cxl_accel", 0, 0);
+	/* no CPU affinity needed (7.x warns when neither is said) */
+	cxla_wq = alloc_workqueue("cxl_accel", WQ_UNBOUND, 0);
 	if (!cxla_wq)
 		return -ENOMEM;
 	ret = cxla_chrdev_init();

@@ -220,7 +220,7 @@ static unsigned long cxla_pool_take(struct cxla_mig *mig, unsigned long n,
 
 	atomic_long_add(got, &mig->cd->pages_live);
 	for (i = 0; i < got; i++)
-		zone_device_page_init(pages[i]);	/* refcount 1, locked */
+		cxla_zone_device_page_init(pages[i], &mig->cd->pgmap);
 	return got;
 }
 
@@ -798,7 +798,7 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 				res->already++;
 				continue;
 			}
-			if (!PageAnon(sp) || PageKsm(sp)) {
+			if (!PageAnon(sp) || folio_test_ksm(page_folio(sp))) {
 				res->refused++;	/* page cache, shmem, KSM */
 				continue;
 			}

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * cxl-accel: one spelling for the kernel interfaces that changed between
+ * the kernels the driver supports (Debian's 6.12 and 7.x). Kbuild finds
+ * the CXLA_HAVE_* ones in the headers it builds against.
+ */
+#ifndef CXLA_COMPAT_H
+#define CXLA_COMPAT_H
+
+#include <linux/dma-buf.h>
+#include <linux/fs.h>
+#include <linux/memremap.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/version.h>
+
+/* symbol namespaces are string literals from 6.13 */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)
+#define CXLA_IMPORT_NS(ns)	MODULE_IMPORT_NS(#ns)
+#else
+#define CXLA_IMPORT_NS(ns)	MODULE_IMPORT_NS(ns)
+#endif
+
+/* the pagemap of a ZONE_DEVICE page: a folio field after 6.14 */
+static inline struct dev_pagemap *cxla_page_pgmap(struct page *page)
+{
+#ifdef CXLA_HAVE_PAGE_PGMAP
+	return page_pgmap(page);
+#else
+	return page->pgmap;
+#endif
+}
+
+/* hand out a free device page: refcount 1, locked */
+static inline void cxla_zone_device_page_init(struct page *page,
+					      struct dev_pagemap *pgmap)
+{
+#ifdef CXLA_HAVE_ZDPI_PGMAP
+	zone_device_page_init(page, pgmap, 0);
+#else
+	zone_device_page_init(page);
+#endif
+}
+
+/*
+ * dev_pagemap_ops: page_free(page), later folio_free(folio). Our pages are
+ * order 0: CXLA_PAGEMAP_FREE(fn) sets up a void fn(struct page *) for both,
+ * after CXLA_DECLARE_PAGEMAP_FREE(fn).
+ */
+#ifdef CXLA_HAVE_FOLIO_FREE
+#define CXLA_DECLARE_PAGEMAP_FREE(fn)					\
+static void fn##_folio(struct folio *folio)				\
+{									\
+	fn(&folio->page);						\
+}
+#define CXLA_PAGEMAP_FREE(fn)	.folio_free = fn##_folio
+#else
+#define CXLA_DECLARE_PAGEMAP_FREE(fn)
+#define CXLA_PAGEMAP_FREE(fn)	.page_free = fn
+#endif
+
+/* a dynamic importer's "the exporter moved or revoked the buffer" */
+#ifdef CXLA_HAVE_INVALIDATE_MAPPINGS
+#define cxla_dma_buf_invalidate(dmabuf)	dma_buf_invalidate_mappings(dmabuf)
+#define CXLA_ATTACH_INVALIDATE(fn)	.invalidate_mappings = fn
+#else
+#define cxla_dma_buf_invalidate(dmabuf)	dma_buf_move_notify(dmabuf)
+#define CXLA_ATTACH_INVALIDATE(fn)	.move_notify = fn
+#endif
+
+/* a reference on a file that may be in its last fput: false then */
+static inline bool cxla_file_tryget(struct file *file)
+{
+#ifdef CXLA_HAVE_FILE_REF
+	return file_ref_get(&file->f_ref);
+#else
+	return atomic_long_inc_not_zero(&file->f_count);
+#endif
+}
+
+#endif /* CXLA_COMPAT_H */
