@@ -465,15 +465,21 @@ static long cxla_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return cxla_ioc_export_dmabuf(cf, uarg);
 	case CXL_ACCEL_IOC_IMPORT_DMABUF:
 		return cxla_ioc_import_dmabuf(cf, uarg);
-	/* page migration and shared virtual memory (migrate.c, svm.c) */
+	/* page migration (migrate.c, evict.c), shared virtual memory (svm.c) */
 	case CXL_ACCEL_IOC_MIGRATE_TO_DEV:
+		return cxla_ioc_migrate(cf, uarg, true);
 	case CXL_ACCEL_IOC_MIGRATE_TO_RAM:
+		return cxla_ioc_migrate(cf, uarg, false);
 	case CXL_ACCEL_IOC_EVICT:
+		return cxla_ioc_evict(cf, uarg);
 	case CXL_ACCEL_IOC_HMM_INFO:
+		return cxla_ioc_hmm_info(cf, uarg);
 	case CXL_ACCEL_IOC_SVM:
+		return cxla_ioc_svm(cf, uarg);
 	case CXL_ACCEL_IOC_SNAPSHOT:
+		return cxla_ioc_snapshot(cf, uarg);
 	case CXL_ACCEL_IOC_PIN_CHECKSUM:
-		return cxla_hmm_ioctl(cf, cmd, uarg);
+		return cxla_ioc_pin_checksum(cf, uarg);
 	default:
 		return -ENOTTY;
 	}

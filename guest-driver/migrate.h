@@ -17,6 +17,9 @@
 
 struct cxla_buf;
 struct cxla_dev;
+struct cxl_accel_migrate;
+struct mm_struct;
+struct vm_area_struct;
 struct cxla_file;
 struct cxla_req;
 struct page;
@@ -103,21 +106,87 @@ struct cxla_page_hold {
 
 extern u8 cxla_pgmap_owner;	/* dev_pagemap.owner of every cxl-accel device */
 
-/* migrate.c */
+/* Limits shared by the migration files */
+#define CXLA_MIG_WINDOW		4096UL	/* pages per migrate_vma_setup() */
+#define CXLA_EVICT_SCAN		512UL	/* pages per look at page tables */
+#define CXLA_COPY_MAX_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB pages at most */
+#define CXLA_MAX_NOINTR		(30 * HZ)
+#define CXLA_MIG_MAX_TIMEOUT_MS	30000	/* per command of a migration ioctl */
+
+/* One 4 KiB page to copy, or to zero-fill (no source) */
+struct cxla_xpage {
+	u64 src;
+	u64 dst;
+	u16 sspace;
+	u16 dspace;
+	bool zero;
+	bool failed;		/* out: its command failed */
+	unsigned long idx;	/* in the migrate arrays */
+	struct page *spage;
+	struct page *dpage;	/* referenced by the command while it lives */
+};
+
+/* What a window does with the pages it finds */
+enum cxla_mig_mode {
+	CXLA_MIG_TO_DEV,	/* RAM and other devices' pages to this device */
+	CXLA_MIG_TO_RAM,	/* cxl-accel device pages to RAM */
+	CXLA_MIG_EVICT,		/* this device's pages to RAM */
+};
+
+struct cxla_mig_ctx {
+	struct cxla_mig *mig;
+	enum cxla_mig_mode mode;
+	unsigned long *src;
+	unsigned long *dst;
+	struct cxla_xpage *xp;
+	struct page **pages;
+	unsigned int timeout_ms;
+	bool intr;		/* device waits end on signals (ioctls) */
+	bool dma;		/* EVICT: the device copies, else the CPU */
+	bool cpu_fallback;	/* EVICT: the CPU copies what the device failed */
+	struct cxl_accel_migrate *res;	/* counters */
+	u64 cpu_copied;		/* EVICT: pages the CPU copied */
+};
+
+/* pool.c */
 int cxla_mig_init(struct cxla_dev *cd);
 void cxla_mig_register(struct cxla_dev *cd, phys_addr_t start, u64 size,
 		       bool coherent, int node);
-void cxla_mig_evict_all(struct cxla_dev *cd);
-void cxla_mig_teardown(struct cxla_dev *cd);
+void cxla_mig_unregister(struct cxla_mig *mig);
 void cxla_mig_free(struct cxla_dev *cd);
-int cxla_numa_init(struct cxla_dev *cd);
 void cxla_pool_page_free(struct cxla_buf *buf, struct page *page);
-long cxla_hmm_ioctl(struct cxla_file *cf, unsigned int cmd, void __user *arg);
-extern const struct attribute_group cxla_mig_group;
+unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
+			    struct page **pages, int *err);
+unsigned long cxla_pool_shrink(struct cxla_mig *mig);
+unsigned long cxla_pool_mapped(struct cxla_mig *mig);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);
 struct cxla_page_hold *cxla_page_hold_alloc(unsigned int max);
 void cxla_page_hold_free(struct cxla_page_hold *h);
 void cxla_req_set_hold(struct cxla_req *req, struct cxla_page_hold *h);
+
+/* xcopy.c */
+int cxla_xcopy(struct cxla_mig *mig, struct cxla_xpage *xp, unsigned int n,
+	       unsigned int timeout_ms, bool intr);
+
+/* migrate.c */
+int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages);
+void cxla_mig_ctx_free(struct cxla_mig_ctx *x);
+int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
+		    unsigned long start, unsigned long end);
+bool cxla_vma_migratable(struct vm_area_struct *vma, bool to_dev);
+long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev);
+long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg);
+extern const struct attribute_group cxla_mig_group;
+
+/* evict.c */
+void cxla_mig_track_mm(struct cxla_mig *mig, struct mm_struct *mm);
+void cxla_mig_forget_mms(struct cxla_mig *mig);
+long cxla_ioc_evict(struct cxla_file *cf, void __user *arg);
+void cxla_mig_evict_all(struct cxla_dev *cd);
+void cxla_mig_teardown(struct cxla_dev *cd);
+
+/* numa.c */
+int cxla_numa_init(struct cxla_dev *cd);
 
 /* svm.c */
 long cxla_ioc_svm(struct cxla_file *cf, void __user *arg);

@@ -301,8 +301,9 @@ struct cxl_accel_dmabuf_import {
  * hugetlbfs are refused; pinned pages and pages another migration holds
  * are busy. The range must be mapped (else -EFAULT); THP is split first.
  *
- * EVICT moves every page of this device's memory that holds process data
- * back to system RAM, whoever maps it (migrate_device_range), and returns
+ * EVICT moves every page of this device's memory that a process maps back
+ * to system RAM, whoever it is (pages only a pipe or a pin still holds stay
+ * and are counted as remaining), and returns
  * the pool's device buffers to the device. Unbind and module unload do the
  * same: no process data is left on a device that goes away.
  *

@@ -1,0 +1,360 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: the page pool that migration takes device pages from, the
+ * list of devices (to tell RAM, local and peer pages apart) and page holds.
+ *
+ * Destination pages come from pool chunks: 2 MiB device buffers
+ * (cxla_buf_alloc, ALLOC) whose pages the pool takes over. A free pool
+ * page has refcount 0; zone_device_page_init() hands it out locked with
+ * refcount 1; the mm then holds it through its mappings, and when the last
+ * reference goes, page_free() (devmem.c) returns it to its chunk here. A
+ * chunk whose pages are all back is given back to the device (FREE), from
+ * a work item, so that device memory is not kept by the pool.
+ *
+ * Device commands that time out or are interrupted stay quarantined (vq.c)
+ * together with a reference on every destination page they write
+ * (cxla_page_hold), so the device can never write into a page that went
+ * back to the page allocator or the pool.
+ */
+#include <linux/memremap.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+
+#include "cxl_accel.h"
+
+u8 cxla_pgmap_owner;
+
+/* All devices with their memory ranges, to tell local, peer and RAM pages */
+static DEFINE_SPINLOCK(cxla_reg_lock);
+static LIST_HEAD(cxla_reg);
+
+void cxla_mig_register(struct cxla_dev *cd, phys_addr_t start, u64 size,
+		       bool coherent, int node)
+{
+	struct cxla_mig *mig = cd->mig;
+
+	spin_lock(&cxla_reg_lock);
+	mig->mem_start = start;
+	mig->mem_end = start + size;
+	mig->coherent = coherent;
+	mig->node = node;
+	list_add_tail(&mig->reg, &cxla_reg);
+	spin_unlock(&cxla_reg_lock);
+}
+
+void cxla_mig_unregister(struct cxla_mig *mig)
+{
+	spin_lock(&cxla_reg_lock);
+	if (mig->mem_end) {
+		list_del(&mig->reg);
+		mig->mem_end = 0;
+	}
+	spin_unlock(&cxla_reg_lock);
+}
+
+/* CXLA_ON_RAM, CXLA_ON_LOCAL (this device's memory) or CXLA_ON_PEER */
+int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page)
+{
+	phys_addr_t pa = page_to_phys(page);
+	struct cxla_mig *m;
+	int where = CXLA_ON_RAM;
+
+	spin_lock(&cxla_reg_lock);
+	list_for_each_entry(m, &cxla_reg, reg) {
+		if (pa >= m->mem_start && pa < m->mem_end) {
+			where = m == cd->mig ? CXLA_ON_LOCAL : CXLA_ON_PEER;
+			break;
+		}
+	}
+	spin_unlock(&cxla_reg_lock);
+	return where;
+}
+
+/* ------------------------------------------------------- page holds */
+
+struct cxla_page_hold *cxla_page_hold_alloc(unsigned int max)
+{
+	struct cxla_page_hold *h;
+
+	h = kvmalloc(struct_size(h, pages, max), GFP_KERNEL);
+	if (h) {
+		h->n = 0;
+		h->max = max;
+	}
+	return h;
+}
+
+void cxla_page_hold_free(struct cxla_page_hold *h)
+{
+	unsigned int i;
+
+	if (!h)
+		return;
+	for (i = 0; i < h->n; i++)
+		put_page(h->pages[i]);
+	kvfree(h);
+}
+
+static void cxla_page_hold_release(struct cxla_req *req)
+{
+	cxla_page_hold_free(req->release_data);
+	req->release_data = NULL;
+	req->release = NULL;
+}
+
+/* The request keeps the pages referenced until it is freed (or reaped). */
+void cxla_req_set_hold(struct cxla_req *req, struct cxla_page_hold *h)
+{
+	req->release_data = h;
+	req->release = cxla_page_hold_release;
+}
+
+/* ------------------------------------------------------------- pool */
+
+/* devmem.c's page_free() for pool pages: the page is free again. */
+void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
+{
+	struct cxla_chunk *c = buf->chunk;
+	struct cxla_mig *mig = c->mig;
+	unsigned long idx = page_to_pfn(page) - c->first_pfn;
+	unsigned long flags;
+	bool empty;
+
+	spin_lock_irqsave(&mig->lock, flags);
+	if (WARN_ON_ONCE(idx >= CXLA_CHUNK_PAGES || test_bit(idx, c->free))) {
+		spin_unlock_irqrestore(&mig->lock, flags);
+		return;
+	}
+	__set_bit(idx, c->free);
+	c->nfree++;
+	mig->pages_used--;
+	mig->pages_free++;
+	empty = c->live && c->nfree == CXLA_CHUNK_PAGES && !mig->closed;
+	spin_unlock_irqrestore(&mig->lock, flags);
+	if (empty)
+		queue_work(cxla_wq, &mig->shrink_work);
+}
+
+/* Take up to n free pages; they come back locked with refcount 1. */
+static unsigned long cxla_pool_take(struct cxla_mig *mig, unsigned long n,
+				    struct page **pages)
+{
+	unsigned long got = 0, flags, i;
+	struct cxla_chunk *c;
+
+	spin_lock_irqsave(&mig->lock, flags);
+	list_for_each_entry(c, &mig->chunks, node) {
+		while (got < n && c->nfree) {
+			unsigned int bit;
+
+			bit = find_next_bit(c->free, CXLA_CHUNK_PAGES, c->cursor);
+			if (bit >= CXLA_CHUNK_PAGES)
+				bit = find_first_bit(c->free, CXLA_CHUNK_PAGES);
+			__clear_bit(bit, c->free);
+			c->nfree--;
+			c->cursor = bit + 1;
+			pages[got] = pfn_to_page(c->first_pfn + bit);
+			/* the page is free: nobody else looks at it */
+			pages[got]->zone_device_data = c->buf;
+			got++;
+		}
+		if (got == n)
+			break;
+	}
+	mig->pages_free -= got;
+	mig->pages_used += got;
+	spin_unlock_irqrestore(&mig->lock, flags);
+
+	atomic_long_add(got, &mig->cd->pages_live);
+	for (i = 0; i < got; i++)
+		cxla_zone_device_page_init(pages[i], &mig->cd->pgmap);
+	return got;
+}
+
+/* Add a chunk: ALLOC a device buffer and take its pages over. */
+static int cxla_pool_grow(struct cxla_mig *mig)
+{
+	struct cxla_dev *cd = mig->cd;
+	struct cxla_chunk *c;
+	struct cxla_buf *buf;
+	unsigned long i;
+	bool held;
+	int ret = 0;
+
+	mutex_lock(&mig->grow_lock);
+	if (READ_ONCE(mig->pages_free))
+		goto out;		/* someone else grew it */
+	if (READ_ONCE(mig->closed) || READ_ONCE(cd->dead)) {
+		ret = -ENODEV;
+		goto out;
+	}
+	c = kzalloc(sizeof(*c), GFP_KERNEL);
+	if (!c) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* 2 MiB aligned lets the device copy whole chunks as 2 MiB pages */
+	ret = cxla_buf_alloc(cd, CXLA_CHUNK_SIZE, CXLA_CHUNK_SIZE, &buf);
+	if (ret == -ENOSPC)	/* fragmented: any 2 MiB will do */
+		ret = cxla_buf_alloc(cd, CXLA_CHUNK_SIZE, PAGE_SIZE, &buf);
+	if (ret) {
+		kfree(c);
+		goto out;
+	}
+	c->mig = mig;
+	c->buf = buf;
+	c->first_pfn = PHYS_PFN(cd->devmem_gpa + buf->offset);
+	INIT_LIST_HEAD(&c->node);
+
+	spin_lock_irq(&mig->lock);
+	mig->pages_used += CXLA_CHUNK_PAGES;	/* until page_free() below */
+	spin_unlock_irq(&mig->lock);
+	WRITE_ONCE(buf->chunk, c);
+	mutex_lock(&cd->buf_lock);
+	held = buf->pages_held;
+	buf->pages_held = false;
+	mutex_unlock(&cd->buf_lock);
+	/* removal waits for us (mig->sem), so the buffer's references are ours */
+	WARN_ON_ONCE(!held);
+	for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+		put_page(pfn_to_page(c->first_pfn + i));	/* -> pool */
+
+	spin_lock_irq(&mig->lock);
+	c->live = true;
+	list_add_tail(&c->node, &mig->chunks);
+	mig->nchunks++;
+	spin_unlock_irq(&mig->lock);
+out:
+	mutex_unlock(&mig->grow_lock);
+	return ret;
+}
+
+/*
+ * Hand out up to n pool pages, growing the pool as needed. Returns how many
+ * (fewer when device memory is full: *err = -ENOSPC, or on another error).
+ */
+unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
+				   struct page **pages, int *err)
+{
+	unsigned long got = 0;
+	int ret;
+
+	*err = 0;
+	while (got < n) {
+		if (READ_ONCE(mig->closed)) {
+			*err = -ENODEV;
+			break;
+		}
+		got += cxla_pool_take(mig, n - got, pages + got);
+		if (got == n)
+			break;
+		ret = cxla_pool_grow(mig);
+		if (ret) {
+			*err = ret;
+			break;
+		}
+	}
+	return got;
+}
+
+static void cxla_chunk_destroy(struct cxla_chunk *c)
+{
+	struct cxla_buf *buf = c->buf;
+
+	/* pool pages never counted down pages_out: drop them all at once */
+	atomic_long_sub(CXLA_CHUNK_PAGES, &buf->pages_out);
+	cxla_buf_put(buf);	/* the last reference: FREE on the device */
+	kfree(c);
+}
+
+/* Give chunks whose pages are all free back to the device. */
+unsigned long cxla_pool_shrink(struct cxla_mig *mig)
+{
+	struct cxla_chunk *c, *t;
+	unsigned long n = 0;
+	LIST_HEAD(gone);
+
+	spin_lock_irq(&mig->lock);
+	list_for_each_entry_safe(c, t, &mig->chunks, node) {
+		if (c->nfree != CXLA_CHUNK_PAGES)
+			continue;
+		c->live = false;
+		list_move_tail(&c->node, &gone);
+		mig->nchunks--;
+		mig->pages_free -= CXLA_CHUNK_PAGES;
+		n++;
+	}
+	spin_unlock_irq(&mig->lock);
+	list_for_each_entry_safe(c, t, &gone, node) {
+		list_del(&c->node);
+		cxla_chunk_destroy(c);
+	}
+	return n;
+}
+
+static void cxla_shrink_work(struct work_struct *work)
+{
+	struct cxla_mig *mig = container_of(work, struct cxla_mig, shrink_work);
+
+	down_write(&mig->sem);
+	if (!READ_ONCE(mig->closed))
+		cxla_pool_shrink(mig);
+	up_write(&mig->sem);
+}
+
+int cxla_mig_init(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig;
+	int i;
+
+	mig = kzalloc(sizeof(*mig), GFP_KERNEL);
+	if (!mig)
+		return -ENOMEM;
+	mig->cd = cd;
+	init_rwsem(&mig->sem);
+	mutex_init(&mig->grow_lock);
+	spin_lock_init(&mig->lock);
+	INIT_LIST_HEAD(&mig->chunks);
+	INIT_LIST_HEAD(&mig->reg);
+	mutex_init(&mig->mm_lock);
+	INIT_LIST_HEAD(&mig->mms);
+	INIT_WORK(&mig->shrink_work, cxla_shrink_work);
+	mig->node = NUMA_NO_NODE;
+	for (i = 0; i < CXLA_MS_COUNT; i++)
+		atomic64_set(&mig->stat[i], 0);
+	cd->mig = mig;
+	return 0;
+}
+
+/* Device structure released: nothing can reach the pool any more. */
+void cxla_mig_free(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig = cd->mig;
+
+	if (!mig)
+		return;
+	cxla_mig_unregister(mig);
+	cxla_mig_forget_mms(mig);
+	cd->mig = NULL;
+	kfree(mig);
+}
+
+/* Pool pages that a page table still maps */
+unsigned long cxla_pool_mapped(struct cxla_mig *mig)
+{
+	unsigned long n = 0, flags;
+	struct cxla_chunk *c;
+	unsigned int i;
+
+	spin_lock_irqsave(&mig->lock, flags);
+	list_for_each_entry(c, &mig->chunks, node) {
+		if (c->nfree == CXLA_CHUNK_PAGES)
+			continue;
+		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+			if (!test_bit(i, c->free) &&
+			    folio_mapped(page_folio(pfn_to_page(c->first_pfn + i))))
+				n++;
+	}
+	spin_unlock_irqrestore(&mig->lock, flags);
+	return n;
+}
