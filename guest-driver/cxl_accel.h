@@ -110,6 +110,7 @@ struct cxla_dev {
 	atomic64_t dstat[CXL_ACCEL_DSTAT_COUNT];
 
 	struct cxla_mig *mig;		/* migration pool, counters (migrate.c) */
+	struct cxla_priv *priv;		/* private device pages (private.c) */
 };
 
 /* A device-memory buffer */

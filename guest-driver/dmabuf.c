@@ -496,6 +496,28 @@ static bool cxla_export_gone(struct cxla_dev *cd, struct cxla_buf *buf)
 	return gone;
 }
 
+/*
+ * Wait until the buffer's DMA-BUF has left the list; -ERESTARTSYS on a
+ * signal. The condition takes a mutex, so it is looked at while running
+ * (wait_woken), not in the sleeping state wait_event() would look in.
+ */
+static int cxla_export_wait_gone(struct cxla_dev *cd, struct cxla_buf *buf)
+{
+	DEFINE_WAIT_FUNC(wait, woken_wake_function);
+	int ret = 0;
+
+	add_wait_queue(&cxla_export_wq, &wait);
+	while (!cxla_export_gone(cd, buf)) {
+		if (signal_pending(current)) {
+			ret = -ERESTARTSYS;
+			break;
+		}
+		wait_woken(&wait, TASK_INTERRUPTIBLE, MAX_SCHEDULE_TIMEOUT);
+	}
+	remove_wait_queue(&cxla_export_wq, &wait);
+	return ret;
+}
+
 /* Create the DMA-BUF of a buffer; consumes the caller's buffer reference. */
 static struct dma_buf *cxla_export_create(struct cxla_dev *cd,
 					  struct cxla_buf *buf)
@@ -624,8 +646,7 @@ long cxla_ioc_export_dmabuf(struct cxla_file *cf, void __user *arg)
 		if (dmabuf != ERR_PTR(-EAGAIN))
 			break;
 		/* its last fd is closing right now: wait for the release */
-		if (wait_event_interruptible(cxla_export_wq,
-					     cxla_export_gone(cd, buf))) {
+		if (cxla_export_wait_gone(cd, buf)) {
 			mutex_unlock(&cd->export_lock);
 			cxla_buf_put(buf);
 			return -ERESTARTSYS;	/* nothing done yet */

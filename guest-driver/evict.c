@@ -181,11 +181,12 @@ static const struct mmu_interval_notifier_ops cxla_scan_ops = {
  * faulting anything in (mmap_lock held). A window that cannot be looked at
  * stays whole.
  */
-static void cxla_evict_scan(struct cxla_mig *mig,
+static void cxla_evict_scan(struct cxla_mig_ctx *x,
 			    struct mmu_interval_notifier *mni,
 			    unsigned long *pfns, unsigned long *lo,
 			    unsigned long *hi)
 {
+	struct cxla_dev *cd = x->mig->cd;
 	struct hmm_range range = {
 		.notifier = mni,
 		.start = *lo,
@@ -193,11 +194,15 @@ static void cxla_evict_scan(struct cxla_mig *mig,
 		.hmm_pfns = pfns,
 		.default_flags = 0,	/* look, do not fault */
 		.pfn_flags_mask = 0,
+		.dev_private_owner = cxla_priv_owner(cd),
 	};
 	unsigned long i, n = (*hi - *lo) >> PAGE_SHIFT, first = n, last = 0;
-	unsigned long pstart = PHYS_PFN(mig->cd->devmem_gpa);
-	unsigned long pend = pstart + PHYS_PFN(mig->cd->devmem_size);
+	unsigned long pstart = PHYS_PFN(cd->devmem_gpa);
+	unsigned long pend = pstart + PHYS_PFN(cd->devmem_size);
 	int ret, tries;
+
+	if (x->priv)
+		cxla_priv_pfns(cd, &pstart, &pend);
 
 	for (tries = 0; tries < 8; tries++) {
 		range.notifier_seq = mmu_interval_read_begin(mni);
@@ -254,13 +259,18 @@ static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
 			continue;
 		for (a = vma->vm_start; a < vma->vm_end; a = next) {
 			next = min(vma->vm_end, ALIGN_DOWN(a, scan) + scan);
-			lo = a;
-			hi = next;
-			/* hmm_range_fault() does not show what PROT_NONE hides */
-			if (vma->vm_flags & VM_READ)
-				cxla_evict_scan(x->mig, &mni, pfns, &lo, &hi);
-			if (lo < hi)
-				ret = cxla_mig_window(x, vma, lo, hi);
+			/* coherent pages, then this device's private ones */
+			for (x->priv = false; !ret; x->priv = true) {
+				lo = a;
+				hi = next;
+				/* hmm_range_fault() does not show what PROT_NONE hides */
+				if (vma->vm_flags & VM_READ)
+					cxla_evict_scan(x, &mni, pfns, &lo, &hi);
+				if (lo < hi)
+					ret = cxla_mig_window(x, vma, lo, hi);
+				if (x->priv || !x->mig->cd->priv)
+					break;
+			}
 			if (ret)
 				break;
 			if (x->intr && fatal_signal_pending(current)) {
@@ -292,6 +302,12 @@ static int cxla_evict_set(struct cxla_mig_ctx *x, struct cxla_mm_set *set,
 	return err;
 }
 
+/* Pages of this device that a page table maps: coherent and private */
+static unsigned long cxla_evict_mapped(struct cxla_mig *mig)
+{
+	return cxla_pool_mapped(mig) + cxla_priv_mapped(mig->cd);
+}
+
 /*
  * Evict until no page of the pool is mapped any more, retrying busy pages
  * (locked, being migrated elsewhere) until retry_ms have passed. mig->sem
@@ -316,7 +332,7 @@ static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
 		cxla_mm_set_put(&set);
 		if (ret == -EINTR || (ret && !x->cpu_fallback))
 			break;
-		if (!cxla_pool_mapped(mig))
+		if (!cxla_evict_mapped(mig))
 			break;
 		/* mapped by processes that did not migrate them: look at all */
 		if (time_after_eq(jiffies, all_next)) {
@@ -327,7 +343,7 @@ static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
 			cxla_mm_set_put(&set);
 			if (ret == -EINTR || (ret && !x->cpu_fallback))
 				break;
-			if (!cxla_pool_mapped(mig))
+			if (!cxla_evict_mapped(mig))
 				break;
 		}
 		if (time_after(jiffies, deadline) ||

@@ -145,6 +145,7 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	cxla_dmabuf_detach_imports(cd);
 	/* migrated pages that were busy: CPU copy, then the pool's chunks go */
 	cxla_mig_teardown(cd);
+	cxla_priv_teardown(cd);
 
 	orphan = cxla_devmem_teardown(cd);
 	vdev->config->del_vqs(vdev);
@@ -226,9 +227,11 @@ static int cxla_probe(struct virtio_device *vdev)
 	}
 
 	if (cd->features & CXLA_F_NUMA)
-		ret = cxla_numa_init(cd);	/* migrate.c: no ivshmem function */
+		ret = cxla_numa_init(cd);	/* numa.c: no ivshmem function */
 	else
 		ret = cxla_devmem_init(cd);
+	if (!ret)
+		ret = cxla_priv_init(cd);	/* private.c: where the kernel can */
 	if (ret)
 		goto err_shutdown;
 

@@ -48,7 +48,8 @@ int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages)
 	x->src = kvmalloc_array(npages, sizeof(*x->src), GFP_KERNEL);
 	x->dst = kvmalloc_array(npages, sizeof(*x->dst), GFP_KERNEL);
 	x->xp = kvmalloc_array(npages, sizeof(*x->xp), GFP_KERNEL);
-	x->pages = kvmalloc_array(npages, sizeof(*x->pages), GFP_KERNEL);
+	x->pages = kvmalloc_array(2 * npages, sizeof(*x->pages), GFP_KERNEL);
+	x->cap = npages;
 	if (!x->src || !x->dst || !x->xp || !x->pages) {
 		cxla_mig_ctx_free(x);
 		return -ENOMEM;
@@ -105,6 +106,14 @@ static void cxla_ram_block_put(struct cxla_ram_block *b)
 	b->base = NULL;
 }
 
+/* A page of this device to bring back: coherent, or private (x->priv) */
+static bool cxla_mig_ours(struct cxla_mig_ctx *x, struct page *page)
+{
+	struct cxla_dev *cd = x->mig->cd;
+
+	return x->priv ? cxla_page_is_priv(cd, page) : cxla_page_is_ours(cd, page);
+}
+
 /*
  * Where the pages found in a window go. Fills x->xp[] (source, space) and
  * returns how many move; counts the others in x->res.
@@ -127,7 +136,7 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 		args->dst[i] = 0;
 		if (x->mode == CXLA_MIG_EVICT) {
 			/* only this device's pages; the rest stays as it is */
-			if (!sp || !cxla_page_is_ours(cd, sp))
+			if (!sp || !cxla_mig_ours(x, sp))
 				continue;
 			if (!(s & MIGRATE_PFN_MIGRATE)) {
 				res->busy++;
@@ -155,11 +164,20 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 			nx++;
 			continue;
 		}
+		if (!to_dev && x->priv) {
+			/* this device's private page: its data is in the backing */
+			e->spage = cxla_priv_backing(sp);
+			e->src = page_to_phys(e->spage) - cd->devmem_gpa;
+			e->sspace = CXLA_SPACE_DEVMEM;
+			e->dspace = CXLA_SPACE_GPA;
+			nx++;
+			continue;
+		}
 		/* evicting: ours, also once removal took it off the list */
 		where = x->mode == CXLA_MIG_EVICT ? CXLA_ON_LOCAL :
 			cxla_page_owner_dev(cd, sp);
 		if (to_dev) {
-			if (where == CXLA_ON_LOCAL) {
+			if (where == CXLA_ON_LOCAL && !x->priv) {
 				res->already++;
 				continue;
 			}
@@ -173,6 +191,10 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 			}
 			e->src = page_to_phys(sp);
 			e->sspace = CXLA_SPACE_GPA;	/* RAM or a peer's BAR */
+			if (where == CXLA_ON_LOCAL) {	/* coherent to private */
+				e->src -= cd->devmem_gpa;
+				e->sspace = CXLA_SPACE_DEVMEM;
+			}
 			e->dspace = CXLA_SPACE_DEVMEM;
 		} else {
 			if (where == CXLA_ON_RAM) {	/* another kind of device page */
@@ -185,7 +207,7 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 			}
 			e->src = page_to_phys(sp);
 			e->sspace = CXLA_SPACE_GPA;
-			if (where == CXLA_ON_LOCAL || x->mode == CXLA_MIG_EVICT) {
+			if (where == CXLA_ON_LOCAL) {
 				e->src -= cd->devmem_gpa;
 				e->sspace = CXLA_SPACE_DEVMEM;
 			}
@@ -207,7 +229,14 @@ static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
 	unsigned long i, got;
 
 	if (x->mode == CXLA_MIG_TO_DEV) {
-		got = cxla_pool_get(mig, nx, x->pages, err);
+		/* private: x->pages get the backing pages, which the device writes */
+		struct page **privp = x->pages + x->cap;
+
+		if (x->priv) {
+			got = cxla_priv_get(mig->cd, nx, privp, x->pages, err);
+		} else {
+			got = cxla_pool_get(mig, nx, x->pages, err);
+		}
 		if (got < nx) {
 			if (*err == -ENOSPC)
 				res->no_space += nx - got;
@@ -217,8 +246,9 @@ static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
 		for (i = 0; i < got; i++) {
 			struct cxla_xpage *e = &x->xp[i];
 
-			e->dpage = x->pages[i];
-			e->dst = page_to_phys(e->dpage) - mig->cd->devmem_gpa;
+			e->dpage = x->priv ? privp[i] : x->pages[i];
+			e->dstore = x->priv ? x->pages[i] : NULL;
+			e->dst = page_to_phys(x->pages[i]) - mig->cd->devmem_gpa;
 		}
 		return got;
 	}
@@ -244,18 +274,18 @@ static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
 
 /*
  * Copy the pages: by the device (failed ones get ->failed and lose their
- * destination, which a quarantined command may still write); evicting,
- * also by the CPU (into new pages), since the memory is still mapped.
+ * destination, which a quarantined command may still write); towards RAM
+ * with cpu_fallback (eviction, CPU faults), also by the CPU (into new
+ * pages), since device memory is still mapped in the kernel.
  */
 static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 			 unsigned long nx)
 {
 	struct cxla_mig *mig = x->mig;
-	bool evict = x->mode == CXLA_MIG_EVICT;
 	unsigned long i;
 	int ret = 0;
 
-	if (!evict || x->dma)
+	if (x->dma)
 		ret = cxla_xcopy(mig, x->xp, nx, x->timeout_ms, x->intr);
 	else
 		for (i = 0; i < nx; i++)
@@ -266,13 +296,13 @@ static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 
 		if (!e->failed)
 			continue;
-		if (!evict || x->dma) {
+		if (x->dma) {
 			/* the failed command keeps its own reference */
 			args->dst[e->idx] = 0;
 			unlock_page(e->dpage);
 			put_page(e->dpage);
 			e->dpage = NULL;
-			if (!evict || !x->cpu_fallback) {
+			if (!x->cpu_fallback || x->mode == CXLA_MIG_TO_DEV) {
 				x->res->busy++;
 				continue;
 			}
@@ -297,21 +327,26 @@ static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
  * reading. Updates the counters of x->res.
  */
 int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
-			   unsigned long start, unsigned long end)
+		    unsigned long start, unsigned long end)
 {
 	struct cxla_mig *mig = x->mig;
 	struct cxl_accel_migrate *res = x->res;
+	bool from_priv = x->priv && x->mode != CXLA_MIG_TO_DEV;
 	struct migrate_vma args = {
 		.vma = vma,
 		.start = start,
 		.end = end,
 		.src = x->src,
 		.dst = x->dst,
-		.pgmap_owner = &cxla_pgmap_owner,
-		.flags = x->mode == CXLA_MIG_TO_DEV ?
+		/* all devices' coherent pages, or this device's private ones */
+		.pgmap_owner = from_priv ? cxla_priv_owner(mig->cd) :
+			       &cxla_pgmap_owner,
+		.flags = from_priv ? MIGRATE_VMA_SELECT_DEVICE_PRIVATE :
+			 x->mode == CXLA_MIG_TO_DEV ?
 			 MIGRATE_VMA_SELECT_SYSTEM |
 			 MIGRATE_VMA_SELECT_DEVICE_COHERENT :
 			 MIGRATE_VMA_SELECT_DEVICE_COHERENT,
+		.fault_page = x->fault_page,
 	};
 	unsigned long i, nx, moved = 0, before = x->cpu_copied;
 	int ret, err = 0;
@@ -380,6 +415,7 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 		.mig = mig,
 		.mode = to_dev ? CXLA_MIG_TO_DEV : CXLA_MIG_TO_RAM,
 		.intr = true,
+		.dma = true,
 	};
 	struct cxl_accel_migrate m;
 	struct vm_area_struct *vma;
@@ -391,11 +427,15 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 	for (i = 0; i < ARRAY_SIZE(m.reserved); i++)
 		if (m.reserved[i])
 			return -EINVAL;
-	if (m.flags || !m.len || !PAGE_ALIGNED(m.addr) || !PAGE_ALIGNED(m.len) ||
+	if ((m.flags & ~CXL_ACCEL_MIGRATE_PRIVATE) || !m.len ||
+	    !PAGE_ALIGNED(m.addr) || !PAGE_ALIGNED(m.len) ||
 	    m.addr + m.len < m.addr || m.addr + m.len > TASK_SIZE)
 		return -EINVAL;
 	if (!mig->coherent)
 		return -EOPNOTSUPP;	/* NUMA mode: move_pages()/mbind() */
+	x.priv = m.flags & CXL_ACCEL_MIGRATE_PRIVATE;
+	if (x.priv && !cd->priv)
+		return -EOPNOTSUPP;	/* no CONFIG_DEVICE_PRIVATE */
 	if (!mm)
 		return -EINVAL;
 	start = m.addr;
@@ -480,6 +520,8 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 	h->flags = mig->coherent ? CXL_ACCEL_HMM_COHERENT : 0;
 	if (cd->features & CXL_ACCEL_F_NUMA)
 		h->flags |= CXL_ACCEL_HMM_NUMA;
+	if (cd->priv)
+		h->flags |= CXL_ACCEL_HMM_PRIVATE;
 	h->numa_node = mig->node;
 	h->mem_start = mig->mem_start;
 	h->mem_size = mig->mem_end ? mig->mem_end - mig->mem_start : 0;
@@ -501,6 +543,8 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 	h->svm_invalidations = atomic64_read(&mig->stat[CXLA_MS_SVM_INVAL]);
 	h->svm_invalidate_waits = atomic64_read(&mig->stat[CXLA_MS_SVM_INVAL_WAITS]);
 	h->svm_mirrors = atomic64_read(&mig->stat[CXLA_MS_SVM_MIRRORS]);
+	h->private_pages = cxla_priv_used(cd);
+	h->cpu_faults = atomic64_read(&mig->stat[CXLA_MS_CPU_FAULTS]);
 }
 
 long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg)
@@ -520,15 +564,17 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 
 	cxla_hmm_info(to_cxla_dev(dev), &h);
 	return sysfs_emit(buf,
-			  "mode %s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\n",
+			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\n",
 			  h.flags & CXL_ACCEL_HMM_NUMA ? "numa" :
 			  h.flags & CXL_ACCEL_HMM_COHERENT ? "coherent" : "none",
+			  h.flags & CXL_ACCEL_HMM_PRIVATE ? " private" : "",
 			  h.numa_node, h.pool_chunks, h.pool_pages_used,
 			  h.pool_pages_free, h.migrated_to_dev, h.migrated_to_ram,
 			  h.evicted, h.cpu_evicted, h.copy_commands,
 			  h.copy_failures, h.svm_faults, h.svm_retries,
 			  h.svm_mirror_hits, h.svm_invalidations,
-			  h.svm_invalidate_waits, h.svm_mirrors);
+			  h.svm_invalidate_waits, h.svm_mirrors, h.private_pages,
+			  h.cpu_faults);
 }
 static DEVICE_ATTR_RO(migration);
 

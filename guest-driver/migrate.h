@@ -55,6 +55,7 @@ enum {
 	CXLA_MS_SVM_INVAL,
 	CXLA_MS_SVM_INVAL_WAITS,
 	CXLA_MS_SVM_MIRRORS,	/* gauge */
+	CXLA_MS_CPU_FAULTS,	/* migrate_to_ram() of private pages */
 	CXLA_MS_COUNT
 };
 
@@ -122,8 +123,11 @@ struct cxla_xpage {
 	bool zero;
 	bool failed;		/* out: its command failed */
 	unsigned long idx;	/* in the migrate arrays */
-	struct page *spage;
-	struct page *dpage;	/* referenced by the command while it lives */
+	struct page *spage;	/* where the data is (a private page's backing) */
+	struct page *dpage;	/* the destination page for migrate_vma */
+	struct page *dstore;	/* what the device writes, if not dpage (a
+				 * private page's backing); the command holds it
+				 */
 };
 
 /* What a window does with the pages it finds */
@@ -133,19 +137,24 @@ enum cxla_mig_mode {
 	CXLA_MIG_EVICT,		/* this device's pages to RAM */
 };
 
+/* A window's pages: coherent or this device's private ones (x->priv) */
+
 struct cxla_mig_ctx {
 	struct cxla_mig *mig;
 	enum cxla_mig_mode mode;
 	unsigned long *src;
 	unsigned long *dst;
 	struct cxla_xpage *xp;
-	struct page **pages;
+	struct page **pages;	/* 2 * cap: pool pages, then private pages */
+	unsigned long cap;	/* pages of a window at most */
 	unsigned int timeout_ms;
+	bool priv;		/* to or from private pages (private.c) */
+	struct page *fault_page;	/* migrate_to_ram() */
 	bool intr;		/* device waits end on signals (ioctls) */
-	bool dma;		/* EVICT: the device copies, else the CPU */
-	bool cpu_fallback;	/* EVICT: the CPU copies what the device failed */
+	bool dma;		/* the device copies, else the CPU */
+	bool cpu_fallback;	/* to RAM: the CPU copies what the device failed */
 	struct cxl_accel_migrate *res;	/* counters */
-	u64 cpu_copied;		/* EVICT: pages the CPU copied */
+	u64 cpu_copied;		/* pages the CPU copied */
 };
 
 /* pool.c */
@@ -187,6 +196,50 @@ void cxla_mig_teardown(struct cxla_dev *cd);
 
 /* numa.c */
 int cxla_numa_init(struct cxla_dev *cd);
+
+/* private.c */
+extern bool cxla_private_memory;
+#ifdef CONFIG_DEVICE_PRIVATE
+int cxla_priv_init(struct cxla_dev *cd);
+void cxla_priv_teardown(struct cxla_dev *cd);
+bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page);
+void *cxla_priv_owner(struct cxla_dev *cd);
+struct page *cxla_priv_backing(struct page *page);
+unsigned long cxla_priv_used(struct cxla_dev *cd);
+unsigned long cxla_priv_mapped(struct cxla_dev *cd);
+void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
+		    unsigned long *last);
+unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
+			    struct page **pages, struct page **backing,
+			    int *err);
+#else
+static inline int cxla_priv_init(struct cxla_dev *cd) { return 0; }
+static inline void cxla_priv_teardown(struct cxla_dev *cd) { }
+static inline bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page)
+{
+	return false;
+}
+static inline void *cxla_priv_owner(struct cxla_dev *cd) { return NULL; }
+static inline struct page *cxla_priv_backing(struct page *page)
+{
+	return page;
+}
+static inline unsigned long cxla_priv_used(struct cxla_dev *cd) { return 0; }
+static inline unsigned long cxla_priv_mapped(struct cxla_dev *cd) { return 0; }
+static inline void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
+				  unsigned long *last)
+{
+	*first = 0;
+	*last = 0;
+}
+static inline unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
+					  struct page **pages,
+					  struct page **backing, int *err)
+{
+	*err = -EOPNOTSUPP;
+	return 0;
+}
+#endif
 
 /* svm.c */
 long cxla_ioc_svm(struct cxla_file *cf, void __user *arg);

@@ -351,6 +351,8 @@ static int cxla_mirror_resolve(struct cxla_mirror *m, unsigned long start,
 		.hmm_pfns = pfns,
 		.default_flags = HMM_PFN_REQ_FAULT |
 				 (write ? HMM_PFN_REQ_WRITE : 0),
+		/* this device's private pages are its own: no fault */
+		.dev_private_owner = cxla_priv_owner(m->cd),
 	};
 	unsigned long timeout = jiffies + msecs_to_jiffies(CXLA_SVM_FAULT_MS);
 	int ret;
@@ -413,7 +415,12 @@ static void cxla_sge_add(struct cxla_sge *sge, unsigned int *n, u64 addr,
 static int cxla_page_sge(struct cxla_dev *cd, struct page *page, u32 off,
 			 u32 len, struct cxla_sge *sge, unsigned int *n)
 {
-	u64 addr = page_to_phys(page) + off;
+	u64 addr;
+
+	/* a private page of ours: its data is in the backing page */
+	if (cxla_page_is_priv(cd, page))
+		page = cxla_priv_backing(page);
+	addr = page_to_phys(page) + off;
 
 	switch (cxla_page_owner_dev(cd, page)) {
 	case CXLA_ON_LOCAL:
@@ -672,6 +679,9 @@ static u8 cxla_snap_flags(struct cxla_dev *cd, struct cxla_mirror *m,
 	if (is_zero_pfn(pfn))
 		return f | CXL_ACCEL_SNAP_ZERO;
 	page = pfn_to_page(pfn);
+	/* our private page: on the device, not in the CPU page table */
+	if (cxla_page_is_priv(cd, page))
+		return (f & ~CXL_ACCEL_SNAP_PRESENT) | CXL_ACCEL_SNAP_LOCAL;
 	folio = page_folio(page);
 	/* a PMD-mapped folio that is neither anonymous nor page cache */
 	if ((f & CXL_ACCEL_SNAP_HUGE) && !folio_test_anon(folio) &&
@@ -729,6 +739,7 @@ long cxla_ioc_snapshot(struct cxla_file *cf, void __user *arg)
 			.hmm_pfns = pfns,
 			.default_flags = 0,	/* look, do not fault */
 			.pfn_flags_mask = 0,
+			.dev_private_owner = cxla_priv_owner(cd),
 		};
 
 		timeout = jiffies + msecs_to_jiffies(CXLA_SVM_FAULT_MS);

@@ -156,7 +156,8 @@ static struct cxla_req *cxla_xcmd_build(struct cxla_dev *cd,
 	}
 	for (i = 0; i < nb; i++) {
 		for (k = 0; k < b[i].count; k++) {
-			struct page *p = xp[b[i].first + k].dpage;
+			const struct cxla_xpage *e = &xp[b[i].first + k];
+			struct page *p = e->dstore ?: e->dpage;
 
 			get_page(p);
 			hold->pages[hold->n++] = p;

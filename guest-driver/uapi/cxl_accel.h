@@ -323,10 +323,18 @@ struct cxl_accel_dmabuf_import {
  */
 #define CXL_ACCEL_F_NUMA		(1ULL << 7) /* device memory is a NUMA node */
 
+/*
+ * MIGRATE_TO_DEV / MIGRATE_TO_RAM flag: device-private pages instead of
+ * coherent ones (HMM_INFO flag CXL_ACCEL_HMM_PRIVATE): to the device, the
+ * pages become MEMORY_DEVICE_PRIVATE (a CPU access faults them back to RAM
+ * through the device); to RAM, this device's private pages come back.
+ */
+#define CXL_ACCEL_MIGRATE_PRIVATE	(1U << 0)
+
 struct cxl_accel_migrate {
 	__u64 addr;			/* in: page aligned */
 	__u64 len;			/* in: bytes, page multiple, > 0 */
-	__u32 flags;			/* in: 0 */
+	__u32 flags;			/* in: CXL_ACCEL_MIGRATE_PRIVATE or 0 */
 	__u32 timeout_ms;		/* in: per device command, 0 = default */
 	__u64 migrated;			/* out: pages moved by this call */
 	__u64 already;			/* out: already there (to RAM: not on device, or busy) */
@@ -347,6 +355,7 @@ struct cxl_accel_evict {
 
 #define CXL_ACCEL_HMM_COHERENT		(1U << 0) /* ZONE_DEVICE coherent pages: migration ioctls */
 #define CXL_ACCEL_HMM_NUMA		(1U << 1) /* device memory is a CPU-less NUMA node */
+#define CXL_ACCEL_HMM_PRIVATE		(1U << 2) /* MEMORY_DEVICE_PRIVATE pages too */
 
 struct cxl_accel_hmm_info {
 	__u32 flags;			/* CXL_ACCEL_HMM_* */
@@ -369,7 +378,9 @@ struct cxl_accel_hmm_info {
 	__u64 svm_invalidations;	/* notifier callbacks that dropped entries */
 	__u64 svm_invalidate_waits;	/* callbacks that waited for the device */
 	__u64 svm_mirrors;		/* live mirrors (file, process) */
-	__u64 reserved[8];
+	__u64 private_pages;		/* private pages in use now */
+	__u64 cpu_faults;		/* CPU accesses that brought one back */
+	__u64 reserved[6];
 };
 
 #define CXL_ACCEL_SVM_READ		0 /* device copies the user range into the buffer */
@@ -397,7 +408,8 @@ struct cxl_accel_svm {
 #define CXL_ACCEL_SNAP_WRITE		(1U << 1) /* writable, else read-only */
 #define CXL_ACCEL_SNAP_ZERO		(1U << 2) /* the shared (huge) zero page */
 #define CXL_ACCEL_SNAP_HUGE		(1U << 3) /* mapped by a PMD (THP) */
-#define CXL_ACCEL_SNAP_LOCAL		(1U << 4) /* on this device's memory */
+#define CXL_ACCEL_SNAP_LOCAL		(1U << 4) /* on this device's memory; without
+						   * PRESENT: a private page */
 #define CXL_ACCEL_SNAP_REMOTE		(1U << 5) /* on another cxl-accel device's memory */
 #define CXL_ACCEL_SNAP_MIRRORED		(1U << 6) /* held by this file's device mirror */
 #define CXL_ACCEL_SNAP_ERROR		(1U << 7) /* no access (PROT_NONE) or not mapped */

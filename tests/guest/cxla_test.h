@@ -119,6 +119,25 @@ static inline int cxla_atomic(int fd, struct cxl_accel_mem target, uint16_t op,
 	return ret;
 }
 
+/*
+ * Move [p, p + len) to this device's memory or back to RAM (flags:
+ * CXL_ACCEL_MIGRATE_PRIVATE for device-private pages); *out gets the counts.
+ */
+static inline int cxla_migrate_flags(int fd, void *p, size_t len, bool to_dev,
+				     uint32_t flags,
+				     struct cxl_accel_migrate *out)
+{
+	struct cxl_accel_migrate m = {
+		.addr = (uintptr_t)p, .len = len, .flags = flags,
+	};
+	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
+				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
+
+	if (out)
+		*out = m;
+	return r;
+}
+
 /* Move [p, p + len) to this device's memory or back to RAM; *out gets the counts. */
 static inline int cxla_migrate(int fd, void *p, size_t len, bool to_dev,
 			       struct cxl_accel_migrate *out)

@@ -249,8 +249,13 @@ static int test_bad_args(struct ctx *c)
 	EXPECT_ERR(cxla_migrate(c->fd, p, 0, true, NULL), EINVAL);
 	m.addr = (uintptr_t)p;
 	m.len = PG;
-	m.flags = 1;
+	m.flags = 1U << 31;	/* no such flag */
 	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m), EINVAL);
+	if (!(c->h0.flags & CXL_ACCEL_HMM_PRIVATE)) {
+		m.flags = CXL_ACCEL_MIGRATE_PRIVATE;	/* no private memory */
+		EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m),
+			   EOPNOTSUPP);
+	}
 	m.flags = 0;
 	m.reserved[0] = 1;
 	EXPECT_ERR(cxla_ioctl(c->fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m), EINVAL);
@@ -2873,6 +2878,241 @@ static int hmm_soak(int secs, const char *path, const char *peer)
 	return why[0] ? 1 : 0;
 }
 
+/* ------------------------------------------- device-private memory */
+
+#define PRIV	CXL_ACCEL_MIGRATE_PRIVATE
+
+/* private pages of this device in [p, p + len): on it, not CPU-mapped */
+static long private_pages(int fd, const void *p, size_t len)
+{
+	static uint8_t f[65536];
+	size_t n = len / PG;
+
+	if (n > sizeof(f) || snapshot(fd, p, len, f))
+		return -1;
+	return count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_PRESENT);
+}
+
+static int need_private(struct ctx *c)
+{
+	if (c->h0.flags & CXL_ACCEL_HMM_PRIVATE)
+		return 0;
+	DETAIL("no device-private memory (the kernel has no CONFIG_DEVICE_PRIVATE)");
+	return -1;
+}
+
+#define NEED_PRIVATE() do { if (need_private(c)) return SKIP; } while (0)
+
+/* The private pool must be empty again. */
+static int private_idle(struct ctx *c, int fd)
+{
+	struct cxl_accel_hmm_info h;
+	int i;
+
+	for (i = 0; i < 50; i++) {
+		if (cxla_hmm_info(fd, &h))
+			return -1;
+		if (!h.private_pages)
+			return pool_idle(c, fd);
+		usleep(20000);
+	}
+	DETAIL("%llu private pages still in use", (unsigned long long)h.private_pages);
+	return -1;
+}
+
+#define PRIVATE_IDLE(fd) do { if (private_idle(c, fd)) return FAIL; } while (0)
+
+/*
+ * Private pages: the device holds them, the CPU page table has
+ * device-private entries; the device computes on them where they are;
+ * the way back is MIGRATE_TO_RAM with the same flag.
+ */
+static int test_private_migrate(struct ctx *c)
+{
+	size_t len = 4 * MiB, n = len / PG;
+	uint8_t *p = map_anon(len);
+	struct cxl_accel_hmm_info h;
+	struct cxl_accel_migrate m;
+	uint32_t crc, want;
+
+	NEED_PRIVATE();
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 301);
+	want = crc32c(0, p, len);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu of %zu (busy %llu, no space %llu)",
+	      (unsigned long long)m.migrated, n, (unsigned long long)m.busy,
+	      (unsigned long long)m.no_space);
+	CHECK(private_pages(c->fd, p, len) == (long)n, "%ld of %zu pages private on the device",
+	      private_pages(c->fd, p, len), n);
+	OK(cxla_hmm_info(c->fd, &h));
+	CHECK(h.private_pages == n, "HMM_INFO: %llu private pages",
+	      (unsigned long long)h.private_pages);
+	/* the device reads them where they are: no fault back */
+	OK(svm_crc(c->fd, p, len, &crc));
+	CHECK(crc == want, "device crc %#x, want %#x", crc, want);
+	CHECK(private_pages(c->fd, p, len) == (long)n, "SVM read moved pages");
+	OK(cxla_migrate_flags(c->fd, p, len, false, PRIV, &m));
+	CHECK(m.migrated == n, "back: %llu of %zu", (unsigned long long)m.migrated, n);
+	CHECK(private_pages(c->fd, p, len) == 0, "private pages left");
+	CHECK(check_pages(p, len, 301) < 0, "data after the way back");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("4 MiB to private device pages (no CPU mapping), device crc32c there right without a fault, back to RAM by the device");
+	return PASS;
+}
+
+/* A CPU access to a private page faults it back to RAM, one page at a time. */
+static int test_private_cpu_fault(struct ctx *c)
+{
+	size_t len = 64 * PG, n = len / PG;
+	struct cxl_accel_hmm_info h0, h1;
+	struct cxl_accel_migrate m;
+	uint8_t *p = map_anon(len);
+	long left;
+
+	NEED_PRIVATE();
+	CHECK(p, "mmap");
+	fill_pages(p, len, 302);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(cxla_hmm_info(c->fd, &h0));
+	/* read page 3, write page 7 */
+	CHECK(check_pages_at(p + 3 * PG, 3, PG, 302) < 0, "CPU read of page 3");
+	p[7 * PG] ^= 0xff;
+	OK(cxla_hmm_info(c->fd, &h1));
+	CHECK(h1.cpu_faults - h0.cpu_faults == 2, "%llu CPU faults, want 2",
+	      (unsigned long long)(h1.cpu_faults - h0.cpu_faults));
+	left = private_pages(c->fd, p, len);
+	CHECK(left == (long)n - 2, "%ld pages still private, want %zu", left, n - 2);
+	p[7 * PG] ^= 0xff;
+	CHECK(check_pages(p, len, 302) < 0, "data after CPU faults");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("a read and a write faulted exactly 2 of 64 private pages back to RAM (migrate_to_ram through the device), data right");
+	return PASS;
+}
+
+/* fork shares private pages read-only; a child's access faults them back */
+static int test_private_fork(struct ctx *c)
+{
+	size_t len = 16 * PG, n = len / PG;
+	struct cxl_accel_migrate m;
+	uint8_t *p = map_anon(len);
+	int status;
+	pid_t pid;
+
+	NEED_PRIVATE();
+	CHECK(p, "mmap");
+	fill_pages(p, len, 303);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	pid = fork();
+	if (!pid) {
+		if (check_pages(p, len, 303) >= 0)
+			_exit(1);
+		p[0] ^= 1;	/* the child's own copy */
+		_exit(p[0] == (uint8_t)(page_word(303, 0) ^ 1) ? 0 : 2);
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child: %d", WEXITSTATUS(status));
+	CHECK(check_pages(p, len, 303) < 0, "the parent sees the child's write");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("after fork the child read the private pages (faulted back to RAM) and wrote its own copy; the parent's data unchanged");
+	return PASS;
+}
+
+/* a process exits with private pages, or EVICT brings them back */
+static int test_private_exit_evict(struct ctx *c)
+{
+	size_t len = 2 * MiB, n = len / PG;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_evict e;
+	uint8_t *p;
+	int status;
+	pid_t pid;
+
+	NEED_PRIVATE();
+	pid = fork();
+	if (!pid) {
+		p = map_anon(len);
+		if (!p)
+			_exit(1);
+		fill_pages(p, len, 304);
+		_exit(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m) ||
+		      m.migrated != n ? 2 : 0);
+	}
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child: %d", WEXITSTATUS(status));
+	PRIVATE_IDLE(c->fd);
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	fill_pages(p, len, 305);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(evict(c->fd, &e));
+	CHECK(e.evicted == n && !e.remaining, "EVICT: %llu evicted, %llu remaining",
+	      (unsigned long long)e.evicted, (unsigned long long)e.remaining);
+	CHECK(private_pages(c->fd, p, len) == 0, "private pages left");
+	CHECK(check_pages(p, len, 305) < 0, "data after EVICT");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("a process exited with 2 MiB of private pages: all freed; EVICT brought 2 MiB of private pages back to RAM");
+	return PASS;
+}
+
+/* the device writes private pages in place; the CPU sees it after a fault */
+static int test_private_svm_write(struct ctx *c)
+{
+	size_t len = 32 * PG, n = len / PG, i;
+	uint64_t v = 0x1122334455667788ULL;
+	struct cxl_accel_migrate m;
+	uint8_t *p = map_anon(len);
+
+	NEED_PRIVATE();
+	CHECK(p, "mmap");
+	fill_pages(p, len, 306);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &v, NULL));
+	CHECK(private_pages(c->fd, p, len) == (long)n, "the device write moved pages");
+	for (i = 0; i < len; i += 8)
+		CHECK(*(uint64_t *)(p + i) == v, "byte %zu not filled", i);
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("device filled 32 private pages in place (no fault back), the CPU read the fill after faulting them back");
+	return PASS;
+}
+
+/* another device's private pages: faulted back to RAM before its access */
+static int test_private_peer(struct ctx *c)
+{
+	size_t len = 64 * PG, n = len / PG;
+	struct cxl_accel_migrate m;
+	uint8_t *p = map_anon(len);
+	uint32_t crc, want;
+
+	NEED_PRIVATE();
+	if (need_peer(c))
+		return SKIP;
+	CHECK(p, "mmap");
+	fill_pages(p, len, 307);
+	want = crc32c(0, p, len);
+	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(svm_crc(c->pfd, p, len, &crc));
+	CHECK(crc == want, "peer crc %#x, want %#x", crc, want);
+	CHECK(private_pages(c->fd, p, len) == 0, "pages still private on the first device");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("the second device's access faulted the first one's private pages back to RAM (its owner is not ours), crc right");
+	return PASS;
+}
+
 /* ---------------------------------------------------------- runner */
 
 struct test {
@@ -2922,6 +3162,12 @@ static const struct test tests[] = {
 	T(migrate_no_space),
 	T(migrate_fragmented),
 	T(stress),
+	T(private_migrate),
+	T(private_cpu_fault),
+	T(private_fork),
+	T(private_exit_evict),
+	T(private_svm_write),
+	TP(private_peer),
 	TP(peer_read),
 	TP(peer_migrate),
 	TP(two_device_mirrors),

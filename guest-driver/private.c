@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: device memory as MEMORY_DEVICE_PRIVATE pages, on kernels with
+ * CONFIG_DEVICE_PRIVATE, next to the coherent pages of devmem.c.
+ *
+ * A private page is device memory the CPU cannot address: the page table
+ * entry of a process that has one is a device-private swap entry, and a
+ * CPU access faults into migrate_to_ram(), which brings the page back to
+ * system RAM through the device's DMA engine. Coherence is emulated by
+ * moving pages back and forth, where coherent pages are simply shared.
+ *
+ * The kernel gives private pages struct pages in a free physical range
+ * (request_free_mem_region()); their data lives in device memory: each
+ * private page in use owns one page of the migration pool (pool.c) as its
+ * backing store (zone_device_data), at whose device offset the engine
+ * copies. The pagemap's owner is this device's own (unlike the coherent
+ * pages, which all devices share): hmm_range_fault() and migration select
+ * only this device's private pages, another device's are faulted back to
+ * RAM first, as a real device's would be.
+ */
+#include <linux/highmem.h>
+#include <linux/ioport.h>
+#include <linux/memremap.h>
+#include <linux/migrate.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+
+#include "cxl_accel.h"
+
+bool cxla_private_memory = true;
+module_param_named(private_memory, cxla_private_memory, bool, 0444);
+MODULE_PARM_DESC(private_memory,
+		 "Offer device memory as MEMORY_DEVICE_PRIVATE pages too, where the kernel has them (default on)");
+
+#ifdef CONFIG_DEVICE_PRIVATE
+
+struct cxla_priv {
+	struct cxla_dev *cd;
+	struct dev_pagemap pgmap;	/* its owner: this structure */
+	struct resource *res;
+	unsigned long first_pfn;
+	unsigned long npages;
+	spinlock_t lock;		/* free, used, cursor */
+	unsigned long *free;		/* bitmap: 1 = free */
+	unsigned long used;
+	unsigned long cursor;
+};
+
+static struct cxla_priv *cxla_page_priv(struct page *page)
+{
+	return container_of(cxla_page_pgmap(page), struct cxla_priv, pgmap);
+}
+
+bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page)
+{
+	return cd->priv && is_device_private_page(page) &&
+	       cxla_page_pgmap(page) == &cd->priv->pgmap;
+}
+
+void *cxla_priv_owner(struct cxla_dev *cd)
+{
+	return cd->priv;
+}
+
+struct page *cxla_priv_backing(struct page *page)
+{
+	return page->zone_device_data;
+}
+
+unsigned long cxla_priv_used(struct cxla_dev *cd)
+{
+	return cd->priv ? READ_ONCE(cd->priv->used) : 0;
+}
+
+/* Private pages of this device that a page table maps */
+unsigned long cxla_priv_mapped(struct cxla_dev *cd)
+{
+	struct cxla_priv *pv = cd->priv;
+	unsigned long i, n = 0;
+
+	if (!pv || !READ_ONCE(pv->used))
+		return 0;
+	for (i = 0; i < pv->npages; i++) {
+		struct page *page = pfn_to_page(pv->first_pfn + i);
+
+		if (page_ref_count(page) && folio_mapped(page_folio(page)))
+			n++;
+		if (!(i % 4096))
+			cond_resched();
+	}
+	return n;
+}
+
+/* The pfn range of this device's private pages: [*first, *last) */
+void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
+		    unsigned long *last)
+{
+	*first = cd->priv ? cd->priv->first_pfn : 0;
+	*last = cd->priv ? cd->priv->first_pfn + cd->priv->npages : 0;
+}
+
+/*
+ * Up to n private pages, each with a pool page as its backing store
+ * (backing[i]); they come locked with refcount 1. Returns how many.
+ */
+unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
+			    struct page **pages, struct page **backing,
+			    int *err)
+{
+	struct cxla_priv *pv = cd->priv;
+	unsigned long got, i, bit;
+
+	*err = 0;
+	if (!pv) {
+		*err = -EOPNOTSUPP;
+		return 0;
+	}
+	got = cxla_pool_get(cd->mig, n, backing, err);
+	for (i = 0; i < got; i++) {
+		unlock_page(backing[i]);	/* storage, not a migration page */
+		spin_lock(&pv->lock);
+		bit = find_next_bit(pv->free, pv->npages, pv->cursor);
+		if (bit >= pv->npages)
+			bit = find_first_bit(pv->free, pv->npages);
+		if (WARN_ON_ONCE(bit >= pv->npages)) {
+			spin_unlock(&pv->lock);
+			break;
+		}
+		__clear_bit(bit, pv->free);
+		pv->cursor = bit + 1;
+		pv->used++;
+		spin_unlock(&pv->lock);
+		pages[i] = pfn_to_page(pv->first_pfn + bit);
+		cxla_zone_device_page_init(pages[i], &pv->pgmap);
+		pages[i]->zone_device_data = backing[i];
+	}
+	while (got > i)		/* no private page for them (cannot happen) */
+		put_page(backing[--got]);
+	return got;
+}
+
+/* The last reference to a private page went: its backing goes back too. */
+static void cxla_priv_page_free(struct page *page)
+{
+	struct cxla_priv *pv = cxla_page_priv(page);
+	struct page *backing = page->zone_device_data;
+	unsigned long flags;
+
+	page->zone_device_data = NULL;
+	spin_lock_irqsave(&pv->lock, flags);
+	__set_bit(page_to_pfn(page) - pv->first_pfn, pv->free);
+	pv->used--;
+	spin_unlock_irqrestore(&pv->lock, flags);
+	if (backing)
+		put_page(backing);
+}
+
+CXLA_DECLARE_PAGEMAP_FREE(cxla_priv_page_free)
+
+/*
+ * A CPU access to a private page: bring it back to system RAM, by DMA (by
+ * the CPU, from the backing page, if the device does not answer). Called
+ * with the mmap_lock held: takes no lock that a migration ioctl holds
+ * while it waits for the mmap_lock.
+ */
+static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
+{
+	struct cxla_priv *pv = cxla_page_priv(vmf->page);
+	struct cxla_dev *cd = pv->cd;
+	unsigned long addr = vmf->address & PAGE_MASK, src = 0, dst = 0;
+	struct cxl_accel_migrate res = { };
+	struct cxla_xpage xp;
+	struct page *pg[2];
+	struct cxla_mig_ctx x = {
+		.mig = cd->mig,
+		.mode = CXLA_MIG_TO_RAM,
+		.priv = true,
+		.fault_page = vmf->page,
+		.src = &src,
+		.dst = &dst,
+		.xp = &xp,
+		.pages = pg,
+		.cap = 1,
+		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
+				    CXLA_MIG_MAX_TIMEOUT_MS),
+		.dma = !READ_ONCE(cd->stopped),
+		.cpu_fallback = true,
+		.res = &res,
+	};
+
+	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
+	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
+		return VM_FAULT_SIGBUS;
+	/* not moved (busy): the access faults again */
+	return 0;
+}
+
+static const struct dev_pagemap_ops cxla_priv_ops = {
+	CXLA_PAGEMAP_FREE(cxla_priv_page_free),
+	.migrate_to_ram = cxla_priv_migrate_to_ram,
+};
+
+/* Probe, after device memory: a private page for every device page. */
+int cxla_priv_init(struct cxla_dev *cd)
+{
+	struct cxla_priv *pv;
+	void *addr;
+	int ret;
+
+	if (!cxla_private_memory || !cd->mig->coherent)
+		return 0;
+	pv = kzalloc(sizeof(*pv), GFP_KERNEL);
+	if (!pv)
+		return -ENOMEM;
+	pv->cd = cd;
+	spin_lock_init(&pv->lock);
+	pv->npages = cd->devmem_size >> PAGE_SHIFT;
+	pv->free = bitmap_zalloc(pv->npages, GFP_KERNEL);
+	if (!pv->free) {
+		ret = -ENOMEM;
+		goto err_free;
+	}
+	bitmap_fill(pv->free, pv->npages);
+	pv->res = request_free_mem_region(&iomem_resource, cd->devmem_size,
+					  "cxl-accel private");
+	if (IS_ERR(pv->res)) {
+		ret = PTR_ERR(pv->res);
+		goto err_free;
+	}
+	pv->pgmap.type = MEMORY_DEVICE_PRIVATE;
+	pv->pgmap.range.start = pv->res->start;
+	pv->pgmap.range.end = pv->res->end;
+	pv->pgmap.nr_range = 1;
+	pv->pgmap.ops = &cxla_priv_ops;
+	pv->pgmap.owner = pv;
+	addr = memremap_pages(&pv->pgmap, dev_to_node(&cd->dev));
+	if (IS_ERR(addr)) {
+		ret = PTR_ERR(addr);
+		goto err_release;
+	}
+	pv->first_pfn = PHYS_PFN(pv->res->start);
+	cd->priv = pv;
+	return 0;
+
+err_release:
+	release_mem_region(pv->res->start, resource_size(pv->res));
+err_free:
+	bitmap_free(pv->free);
+	kfree(pv);
+	dev_warn(&cd->dev, "no private device memory (%d): coherent only\n",
+		 ret);
+	return 0;	/* coherent memory works without it */
+}
+
+/* Removal, after eviction: no private page is in use any more. */
+void cxla_priv_teardown(struct cxla_dev *cd)
+{
+	struct cxla_priv *pv = cd->priv;
+
+	if (!pv)
+		return;
+	if (READ_ONCE(pv->used))
+		dev_warn(&cd->dev,
+			 "%lu private pages still in use: removal waits for them\n",
+			 READ_ONCE(pv->used));
+	memunmap_pages(&pv->pgmap);
+	release_mem_region(pv->res->start, resource_size(pv->res));
+	bitmap_free(pv->free);
+	cd->priv = NULL;
+	kfree(pv);
+}
+
+#endif /* CONFIG_DEVICE_PRIVATE */
