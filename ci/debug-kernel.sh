@@ -26,7 +26,7 @@ case "${1:-}" in
 *) die "ci/debug-kernel.sh: unknown argument '$1' (see --help)" ;;
 esac
 
-"$HERE/setup.sh" --linux-source >/dev/null
+run_setup --linux-source
 load_env	# the QEMU to run it with
 TARBALL=$(printf '%s\n' "$CACHE"/linux-src/linux_6.12.*.orig.tar.xz | sort -V | tail -n 1)
 [ -f "$TARBALL" ] || die "ci/debug-kernel.sh: no Linux source tarball in $CACHE/linux-src"

@@ -55,6 +55,13 @@ wait_progress() { # what logfile pid t0
     wait "$pid"
 }
 
+# ci/setup.sh with ARGS, its output (but progress) hidden, without the
+# variables of a loaded set-up: it would take them as overrides.
+run_setup() {
+    env -u QEMU -u QEMU_FIRMWARE_ARGS -u GUEST_KERNEL -u GUEST_KVER -u KDIR \
+        -u GUEST_MODULES -u KMAKE "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "$@" >/dev/null
+}
+
 # Build the guest driver for the loaded guest kernel (KMAKE: make, or make in
 # the trixie root for Debian's 7.3 kernel).
 build_driver() { # repo

@@ -33,11 +33,11 @@
 #   --keep               keep the work directory (sockets, devmem files, logs)
 #   --quiet              do not stream the guest console to stdout
 #
-# Guest scripts print one line per test: "RESULT <name> PASS|FAIL [detail]".
+# Guest scripts print one line per test: "RESULT <name> PASS|FAIL|SKIP [detail]".
 # The run fails when a test fails, the end marker is missing (crash, timeout),
 # the script's exit code is non-zero, a daemon dies, or the guest kernel log
 # has WARNING:/BUG:/Oops/Call Trace/Kernel panic. The last line is
-# "N passed, N failed".
+# "N passed, N failed, N skipped".
 #
 # Needs the set-up of ci/setup.sh ("$CACHE/env.sh", or CXL_ACCEL_ENV).
 set -euo pipefail
@@ -322,16 +322,19 @@ tr -d '\r' <"$CONSOLE" >"$TEXT"
 
 PASSED=0
 FAILED=0
+SKIPPED=0
 RESULT_LINES=()
 while read -r _ name status detail; do
     RESULT_LINES+=("$(printf '%-4s %s%s' "$status" "$name" "${detail:+  ($detail)}")")
-    if [ "$status" = PASS ]; then
-        PASSED=$((PASSED + 1))
-    else
+    case "$status" in
+    PASS) PASSED=$((PASSED + 1)) ;;
+    SKIP) SKIPPED=$((SKIPPED + 1)) ;;
+    *)
         FAILED=$((FAILED + 1))
         FAILS+=("$name${detail:+ ($detail)}")
-    fi
-done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL)( |$)' "$TEXT" || true)
+        ;;
+    esac
+done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL|SKIP)( |$)' "$TEXT" || true)
 
 runner_fail() {
     FAILED=$((FAILED + 1))
@@ -377,5 +380,5 @@ if [ "$FAILED" -gt 0 ] && [ "$QUIET" = 1 ]; then
 fi
 for f in "${FAILS[@]}"; do echo "run-guest: FAIL $f"; done
 [ "$PASSED" -gt 0 ] || [ "$FAILED" -gt 0 ] || echo "run-guest: warning: the guest printed no RESULT lines"
-echo "$PASSED passed, $FAILED failed"
+echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 [ "$FAILED" = 0 ]

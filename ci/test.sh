@@ -93,5 +93,5 @@ SUITE=$(tail -n 1 "$OUT")
 T_GUEST=$(elapsed "$T2")
 log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
 log "guest stall test: $STALL; migration stall test: $HMM_STALL; restarts: $RESTART; soak: $SOAK; hot-unplug: $UNPLUG; NUMA mode: $NUMA"
-# The last line is the guest suite's verdict ("N passed, N failed").
+# The last line is the guest suite's verdict ("N passed, N failed, N skipped").
 echo "$SUITE"

@@ -541,6 +541,24 @@ void cxla_cdev_del(struct cxla_dev *cd)
 	}
 }
 
+/* The device /dev/cxl-accelN, with a reference; NULL if there is none. */
+struct cxla_dev *cxla_dev_get_by_index(unsigned int minor)
+{
+	struct device *dev;
+
+	if (minor >= CXLA_MAX_DEVICES)
+		return NULL;
+	dev = class_find_device_by_devt(cxla_class,
+					MKDEV(MAJOR(cxla_devt), minor));
+	if (!dev)
+		return NULL;
+	if (READ_ONCE(to_cxla_dev(dev)->dead)) {
+		put_device(dev);
+		return NULL;
+	}
+	return to_cxla_dev(dev);
+}
+
 int cxla_chrdev_init(void)
 {
 	int ret;

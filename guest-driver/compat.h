@@ -12,6 +12,7 @@
 #include <linux/memremap.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/rmap.h>
 #include <linux/version.h>
 
 /* symbol namespaces are string literals from 6.13 */
@@ -67,6 +68,31 @@ static void fn##_folio(struct folio *folio)				\
 #define cxla_dma_buf_invalidate(dmabuf)	dma_buf_move_notify(dmabuf)
 #define CXLA_ATTACH_INVALIDATE(fn)	.move_notify = fn
 #endif
+
+/*
+ * Make the page at addr device-exclusive (for device atomics): returns it
+ * locked and referenced, or an error pointer (-EOPNOTSUPP without
+ * CONFIG_DEVICE_PRIVATE, which the kernel needs for it).
+ */
+static inline struct page *cxla_make_exclusive(struct mm_struct *mm,
+					       unsigned long addr, void *owner)
+{
+#if defined(CXLA_HAVE_MAKE_DEVICE_EXCLUSIVE)
+	struct folio *folio;
+
+	return make_device_exclusive(mm, addr, owner, &folio);
+#elif defined(CONFIG_DEVICE_PRIVATE)
+	struct page *page = NULL;
+	int n = make_device_exclusive_range(mm, addr, addr + PAGE_SIZE, &page,
+					    owner);
+
+	if (n == 1 && page)
+		return page;
+	return ERR_PTR(n < 0 ? n : -EBUSY);
+#else
+	return ERR_PTR(-EOPNOTSUPP);
+#endif
+}
 
 /* a reference on a file that may be in its last fput: false then */
 static inline bool cxla_file_tryget(struct file *file)

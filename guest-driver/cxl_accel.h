@@ -256,6 +256,7 @@ void cxla_cdev_init_dev(struct cxla_dev *cd);
 int cxla_cdev_add(struct cxla_dev *cd);
 void cxla_cdev_del(struct cxla_dev *cd);
 void cxla_zap_mappings(struct cxla_dev *cd);
+struct cxla_dev *cxla_dev_get_by_index(unsigned int minor);
 struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
 int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *id,
 		  bool intr);
@@ -278,6 +279,10 @@ int cxla_import_sges(struct cxla_dev *cd, struct cxla_import *imp, u64 off,
 		     unsigned int max);
 void cxla_import_unpin(struct cxla_pin *pin);
 extern const struct attribute_group cxla_dmabuf_group;
+
+/* hmm_compat.c: the test_hmm interface */
+int cxla_hmm_compat_init(void);
+void cxla_hmm_compat_exit(void);
 
 /* sysfs.c */
 extern const struct attribute_group *cxla_groups[];

@@ -355,6 +355,35 @@ static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
 	return ret;
 }
 
+/* Evict every page of the device that a process maps (test_hmm RELEASE). */
+int cxla_evict_device(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig = cd->mig;
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = mig,
+		.mode = CXLA_MIG_EVICT,
+		.intr = true,
+		.dma = true,
+		.res = &res,
+		.timeout_ms = READ_ONCE(cxla_cmd_timeout_ms),
+	};
+	int ret;
+
+	if (!mig->coherent)
+		return -EOPNOTSUPP;
+	ret = cxla_mig_ctx_alloc(&x, CXLA_EVICT_SCAN);
+	if (ret)
+		return ret;
+	down_write(&mig->sem);
+	ret = READ_ONCE(mig->closed) ? -ENODEV :
+	      cxla_evict_loop(&x, CXLA_EVICT_RETRY_MS);
+	cxla_pool_shrink(mig);
+	up_write(&mig->sem);
+	cxla_mig_ctx_free(&x);
+	return ret;
+}
+
 long cxla_ioc_evict(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_mig *mig = cf->dev->mig;

@@ -322,8 +322,13 @@ static int __init cxla_init(void)
 	ret = register_virtio_driver(&cxla_driver);
 	if (ret)
 		goto err_notifier;
+	ret = cxla_hmm_compat_init();
+	if (ret)
+		goto err_driver;
 	return 0;
 
+err_driver:
+	unregister_virtio_driver(&cxla_driver);
 err_notifier:
 	cxla_devmem_notifier_unregister();
 err_chrdev:
@@ -335,6 +340,7 @@ err_wq:
 
 static void __exit cxla_exit(void)
 {
+	cxla_hmm_compat_exit();
 	/* removals wait for their pages instead of leaving them behind */
 	WRITE_ONCE(cxla_unloading, true);
 	unregister_virtio_driver(&cxla_driver);

@@ -201,6 +201,10 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 				res->busy++;
 				continue;
 			}
+			if (where == CXLA_ON_PEER && x->local_only) {
+				res->already++;	/* stays on the other device */
+				continue;
+			}
 			if (where == CXLA_ON_PEER && !(cd->features & CXLA_F_P2P)) {
 				res->busy++;
 				continue;
@@ -232,11 +236,10 @@ static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
 		/* private: x->pages get the backing pages, which the device writes */
 		struct page **privp = x->pages + x->cap;
 
-		if (x->priv) {
+		if (x->priv)
 			got = cxla_priv_get(mig->cd, nx, privp, x->pages, err);
-		} else {
+		else
 			got = cxla_pool_get(mig, nx, x->pages, err);
-		}
 		if (got < nx) {
 			if (*err == -ENOSPC)
 				res->no_space += nx - got;
@@ -342,9 +345,10 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		.pgmap_owner = from_priv ? cxla_priv_owner(mig->cd) :
 			       &cxla_pgmap_owner,
 		.flags = from_priv ? MIGRATE_VMA_SELECT_DEVICE_PRIVATE :
-			 x->mode == CXLA_MIG_TO_DEV ?
-			 MIGRATE_VMA_SELECT_SYSTEM |
+			 x->mode != CXLA_MIG_TO_DEV ?
 			 MIGRATE_VMA_SELECT_DEVICE_COHERENT :
+			 x->system_only ? MIGRATE_VMA_SELECT_SYSTEM :
+			 MIGRATE_VMA_SELECT_SYSTEM |
 			 MIGRATE_VMA_SELECT_DEVICE_COHERENT,
 		.fault_page = x->fault_page,
 	};
@@ -367,10 +371,11 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 
 		if (!args.dst[e->idx])
 			continue;	/* counted as busy */
-		if (args.src[e->idx] & MIGRATE_PFN_MIGRATE)
-			moved++;
-		else
+		if (!(args.src[e->idx] & MIGRATE_PFN_MIGRATE)) {
 			res->busy++;	/* the kernel kept the old page */
+			continue;
+		}
+		moved++;
 	}
 	migrate_vma_finalize(&args);
 
@@ -405,54 +410,48 @@ bool cxla_vma_migratable(struct vm_area_struct *vma, bool to_dev)
 	return true;
 }
 
-long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
-			     bool to_dev)
-{
-	struct cxla_dev *cd = cf->dev;
-	struct cxla_mig *mig = cd->mig;
-	struct mm_struct *mm = current->mm;
-	struct cxla_mig_ctx x = {
-		.mig = mig,
-		.mode = to_dev ? CXLA_MIG_TO_DEV : CXLA_MIG_TO_RAM,
-		.intr = true,
-		.dma = true,
-	};
-	struct cxl_accel_migrate m;
-	struct vm_area_struct *vma;
-	unsigned long start, end, addr, next, win;
-	int ret = 0, i;
+#define CXLA_MIG_BUSY_PASSES	3	/* busy pages are looked at again */
 
-	if (copy_from_user(&m, arg, sizeof(m)))
-		return -EFAULT;
-	for (i = 0; i < ARRAY_SIZE(m.reserved); i++)
-		if (m.reserved[i])
-			return -EINVAL;
-	if ((m.flags & ~CXL_ACCEL_MIGRATE_PRIVATE) || !m.len ||
-	    !PAGE_ALIGNED(m.addr) || !PAGE_ALIGNED(m.len) ||
-	    m.addr + m.len < m.addr || m.addr + m.len > TASK_SIZE)
-		return -EINVAL;
-	if (!mig->coherent)
-		return -EOPNOTSUPP;	/* NUMA mode: move_pages()/mbind() */
-	x.priv = m.flags & CXL_ACCEL_MIGRATE_PRIVATE;
-	if (x.priv && !cd->priv)
-		return -EOPNOTSUPP;	/* no CONFIG_DEVICE_PRIVATE */
-	if (!mm)
-		return -EINVAL;
-	start = m.addr;
-	end = m.addr + m.len;
-	m.migrated = 0;
-	m.already = 0;
-	m.refused = 0;
-	m.busy = 0;
-	m.no_space = 0;
-	x.res = &m;
-	/* mmap_lock is held while the device copies: bounded well below hung-task */
-	x.timeout_ms = min_t(u32, m.timeout_ms ?: READ_ONCE(cxla_cmd_timeout_ms),
-			     CXLA_MIG_MAX_TIMEOUT_MS);
-	win = CXLA_MIG_WINDOW << PAGE_SHIFT;
-	ret = cxla_mig_ctx_alloc(&x, min(m.len >> PAGE_SHIFT, CXLA_MIG_WINDOW));
-	if (ret)
-		return ret;
+static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
+			     unsigned long start, unsigned long end);
+
+/*
+ * Migrate [start, end) of mm as x says (mode, priv, counters in x->res):
+ * the core of the migration ioctls and of the test_hmm interface. The
+ * whole range must be mapped (-EFAULT). The caller set up x's arrays.
+ * Pages that were busy for a moment (locked, still in a CPU's LRU cache,
+ * racing with another migration) are tried again: a later pass moves them
+ * and counts nothing else again (what moved before is "already" there).
+ */
+int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
+		       unsigned long start, unsigned long end)
+{
+	struct cxl_accel_migrate *res = x->res, again;
+	int ret, pass;
+
+	ret = cxla_migrate_pass(x, mm, start, end);
+	for (pass = 1; !ret && res->busy && pass < CXLA_MIG_BUSY_PASSES; pass++) {
+		memset(&again, 0, sizeof(again));
+		x->res = &again;
+		ret = cxla_migrate_pass(x, mm, start, end);
+		x->res = res;
+		res->migrated += again.migrated;
+		res->no_space += again.no_space;
+		res->busy = again.busy;
+	}
+	return ret;
+}
+
+static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
+			     unsigned long start, unsigned long end)
+{
+	struct cxla_mig *mig = x->mig;
+	struct cxla_dev *cd = mig->cd;
+	struct cxl_accel_migrate *res = x->res;
+	bool to_dev = x->mode == CXLA_MIG_TO_DEV;
+	unsigned long addr, next, win = CXLA_MIG_WINDOW << PAGE_SHIFT;
+	struct vm_area_struct *vma;
+	int ret = 0;
 
 	down_read(&mig->sem);
 	if (READ_ONCE(cd->dead) || READ_ONCE(mig->closed)) {
@@ -485,18 +484,18 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 		if (!vma || vma->vm_start >= end) {
 			/* unmapped meanwhile */
 			mmap_read_unlock(mm);
-			m.refused += (end - addr) >> PAGE_SHIFT;
+			res->refused += (end - addr) >> PAGE_SHIFT;
 			break;
 		}
 		if (vma->vm_start > addr) {
-			m.refused += (vma->vm_start - addr) >> PAGE_SHIFT;
+			res->refused += (vma->vm_start - addr) >> PAGE_SHIFT;
 			addr = vma->vm_start;
 		}
 		next = min3(end, vma->vm_end, ALIGN_DOWN(addr, win) + win);
 		if (!cxla_vma_migratable(vma, to_dev))
-			m.refused += (next - addr) >> PAGE_SHIFT;
+			res->refused += (next - addr) >> PAGE_SHIFT;
 		else
-			ret = cxla_mig_window(&x, vma, addr, next);
+			ret = cxla_mig_window(x, vma, addr, next);
 		mmap_read_unlock(mm);
 		if (ret)
 			break;
@@ -504,6 +503,51 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg,
 	}
 out:
 	up_read(&mig->sem);
+	return ret;
+}
+
+long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxla_mig *mig = cd->mig;
+	struct cxla_mig_ctx x = {
+		.mig = mig,
+		.mode = to_dev ? CXLA_MIG_TO_DEV : CXLA_MIG_TO_RAM,
+		.intr = true,
+		.dma = true,
+	};
+	struct cxl_accel_migrate m;
+	int ret, i;
+
+	if (copy_from_user(&m, arg, sizeof(m)))
+		return -EFAULT;
+	for (i = 0; i < ARRAY_SIZE(m.reserved); i++)
+		if (m.reserved[i])
+			return -EINVAL;
+	if ((m.flags & ~CXL_ACCEL_MIGRATE_PRIVATE) || !m.len ||
+	    !PAGE_ALIGNED(m.addr) || !PAGE_ALIGNED(m.len) ||
+	    m.addr + m.len < m.addr || m.addr + m.len > TASK_SIZE)
+		return -EINVAL;
+	if (!mig->coherent)
+		return -EOPNOTSUPP;	/* NUMA mode: move_pages()/mbind() */
+	x.priv = m.flags & CXL_ACCEL_MIGRATE_PRIVATE;
+	if (x.priv && !cd->priv)
+		return -EOPNOTSUPP;	/* no CONFIG_DEVICE_PRIVATE */
+	if (!current->mm)
+		return -EINVAL;
+	m.migrated = 0;
+	m.already = 0;
+	m.refused = 0;
+	m.busy = 0;
+	m.no_space = 0;
+	x.res = &m;
+	/* mmap_lock is held while the device copies: bounded well below hung-task */
+	x.timeout_ms = min_t(u32, m.timeout_ms ?: READ_ONCE(cxla_cmd_timeout_ms),
+			     CXLA_MIG_MAX_TIMEOUT_MS);
+	ret = cxla_mig_ctx_alloc(&x, min(m.len >> PAGE_SHIFT, CXLA_MIG_WINDOW));
+	if (ret)
+		return ret;
+	ret = cxla_migrate_range(&x, current->mm, m.addr, m.addr + m.len);
 	cxla_mig_ctx_free(&x);
 	if (ret)
 		return ret;

@@ -153,6 +153,8 @@ struct cxla_mig_ctx {
 	bool intr;		/* device waits end on signals (ioctls) */
 	bool dma;		/* the device copies, else the CPU */
 	bool cpu_fallback;	/* to RAM: the CPU copies what the device failed */
+	bool local_only;	/* to RAM: only this device's pages */
+	bool system_only;	/* to the device: only from system RAM */
 	struct cxl_accel_migrate *res;	/* counters */
 	u64 cpu_copied;		/* pages the CPU copied */
 };
@@ -169,6 +171,8 @@ unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 unsigned long cxla_pool_shrink(struct cxla_mig *mig);
 unsigned long cxla_pool_mapped(struct cxla_mig *mig);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);
+int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
+		       u16 *space);
 struct cxla_page_hold *cxla_page_hold_alloc(unsigned int max);
 void cxla_page_hold_free(struct cxla_page_hold *h);
 void cxla_req_set_hold(struct cxla_req *req, struct cxla_page_hold *h);
@@ -183,6 +187,8 @@ void cxla_mig_ctx_free(struct cxla_mig_ctx *x);
 int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		    unsigned long start, unsigned long end);
 bool cxla_vma_migratable(struct vm_area_struct *vma, bool to_dev);
+int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
+		       unsigned long start, unsigned long end);
 long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev);
 long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg);
 extern const struct attribute_group cxla_mig_group;
@@ -191,6 +197,7 @@ extern const struct attribute_group cxla_mig_group;
 void cxla_mig_track_mm(struct cxla_mig *mig, struct mm_struct *mm);
 void cxla_mig_forget_mms(struct cxla_mig *mig);
 long cxla_ioc_evict(struct cxla_file *cf, void __user *arg);
+int cxla_evict_device(struct cxla_dev *cd);
 void cxla_mig_evict_all(struct cxla_dev *cd);
 void cxla_mig_teardown(struct cxla_dev *cd);
 

@@ -70,6 +70,33 @@ int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page)
 	return where;
 }
 
+/*
+ * Where the device finds a page: this device's memory by offset (a private
+ * page of it: its backing), anything else by guest-physical address
+ * (another device's memory only with P2P; a NUMA-mode node is plain RAM).
+ */
+int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
+		       u16 *space)
+{
+	if (cxla_page_is_priv(cd, page))
+		page = cxla_priv_backing(page);
+	*addr = page_to_phys(page);
+	*space = CXLA_SPACE_GPA;
+	switch (cxla_page_owner_dev(cd, page)) {
+	case CXLA_ON_LOCAL:
+		if (cd->mig->coherent) {
+			*addr -= cd->devmem_gpa;
+			*space = CXLA_SPACE_DEVMEM;
+		}
+		break;
+	case CXLA_ON_PEER:
+		if (!(cd->features & CXLA_F_P2P))
+			return -EOPNOTSUPP;
+		break;
+	}
+	return 0;
+}
+
 /* ------------------------------------------------------- page holds */
 
 struct cxla_page_hold *cxla_page_hold_alloc(unsigned int max)

@@ -416,27 +416,13 @@ static int cxla_page_sge(struct cxla_dev *cd, struct page *page, u32 off,
 			 u32 len, struct cxla_sge *sge, unsigned int *n)
 {
 	u64 addr;
+	u16 space;
+	int ret;
 
-	/* a private page of ours: its data is in the backing page */
-	if (cxla_page_is_priv(cd, page))
-		page = cxla_priv_backing(page);
-	addr = page_to_phys(page) + off;
-
-	switch (cxla_page_owner_dev(cd, page)) {
-	case CXLA_ON_LOCAL:
-		if (cd->mig->coherent) {
-			cxla_sge_add(sge, n, addr - cd->devmem_gpa, len,
-				     CXLA_SPACE_DEVMEM);
-			return 0;
-		}
-		break;		/* NUMA node: plain guest-physical memory */
-	case CXLA_ON_PEER:
-		if (!(cd->features & CXLA_F_P2P))
-			return -EOPNOTSUPP;
-		break;
-	}
-	cxla_sge_add(sge, n, addr, len, CXLA_SPACE_GPA);
-	return 0;
+	ret = cxla_page_dev_addr(cd, page, &addr, &space);
+	if (!ret)
+		cxla_sge_add(sge, n, addr + off, len, space);
+	return ret;
 }
 
 struct cxla_svm_ctx {

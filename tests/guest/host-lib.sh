@@ -12,4 +12,4 @@ load_env
 # shellcheck disable=SC2034 # used by the scripts that source this
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 build_driver "$REPO"
-make -s -C "$HERE"
+make -s -C "$REPO/tests/guest"
