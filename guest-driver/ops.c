@@ -460,6 +460,88 @@ long cxla_ioc_checksum(struct cxla_file *cf, void __user *arg)
 	return copy_to_user(arg, &c, sizeof(c)) ? -EFAULT : 0;
 }
 
+static void cxla_atomic_payload(struct cxla_atomic *p,
+				const struct cxl_accel_atomic *a, u64 addr,
+				u16 space)
+{
+	p->op = cpu_to_le16(a->op);
+	p->width = cpu_to_le16(a->width);
+	p->space = cpu_to_le16(space);
+	p->addr = cpu_to_le64(addr);
+	p->operand = cpu_to_le64(a->operand);
+	p->compare = cpu_to_le64(a->compare);
+	p->repeat = cpu_to_le64(a->repeat ? a->repeat : 1);
+}
+
+/*
+ * ATOMIC with CXL_ACCEL_ATOMIC_EXCLUSIVE: the page becomes device-exclusive
+ * and stays locked while the device works on it, so a CPU access waits
+ * until the device is done (and then takes the page back). A command that
+ * times out lets the lock go (the CPU could race with a late device write,
+ * into a page still held); the result is unknown then.
+ */
+static long cxla_atomic_exclusive(struct cxla_file *cf,
+				  struct cxl_accel_atomic *a, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct mm_struct *mm = current->mm;
+	struct cxla_page_hold *hold;
+	struct cxla_req *req;
+	struct page *page;
+	u64 addr;
+	u16 space;
+	int ret;
+
+	if (a->target.handle || a->target.reserved || !mm)
+		return -EINVAL;		/* user memory only */
+	if (!cd->priv)
+		return -EOPNOTSUPP;	/* no CONFIG_DEVICE_PRIVATE */
+	hold = cxla_page_hold_alloc(1);
+	req = cxla_req_alloc(cd, CXLA_OP_ATOMIC, cxla_hflags(a->flags),
+			     sizeof(struct cxla_atomic), 0);
+	if (!hold || IS_ERR(req)) {
+		cxla_page_hold_free(hold);
+		return IS_ERR(req) ? PTR_ERR(req) : -ENOMEM;
+	}
+	ret = mmap_read_lock_killable(mm);
+	if (ret)
+		goto err;
+	page = cxla_make_exclusive(mm, a->target.addr & PAGE_MASK, cd->mig);
+	mmap_read_unlock(mm);
+	if (IS_ERR(page)) {
+		ret = PTR_ERR(page) == -EOPNOTSUPP ? -EOPNOTSUPP : -EFAULT;
+		goto err;
+	}
+	ret = cxla_page_dev_addr(cd, page, &addr, &space);
+	if (ret) {
+		unlock_page(page);
+		put_page(page);
+		goto err;
+	}
+	hold->pages[hold->n++] = page;	/* our reference: the request's */
+	cxla_req_set_hold(req, hold);
+	cxla_atomic_payload(cxla_req_payload(req), a,
+			    addr + offset_in_page(a->target.addr), space);
+	cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_EXCLUSIVE);
+	ret = cxla_exec(cd, &req, a->timeout_ms, true);
+	unlock_page(page);
+	if (!ret) {
+		struct cxla_resp *resp = cxla_req_resp(req);
+
+		a->result = le64_to_cpu(resp->result0);
+		a->count = le64_to_cpu(resp->result1);
+		if (copy_to_user(arg, a, sizeof(*a)))
+			ret = -EFAULT;
+	}
+	cxla_req_free(cd, req);		/* NULL if quarantined */
+	return ret;
+
+err:
+	cxla_page_hold_free(hold);
+	cxla_req_free(cd, req);
+	return ret;
+}
+
 long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_dev *cd = cf->dev;
@@ -474,11 +556,14 @@ long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
 	if (a.op > CXL_ACCEL_ATOMIC_SWAP || (a.width != 4 && a.width != 8) ||
-	    a.reserved || (a.flags & ~CXL_ACCEL_OP_FENCE) ||
+	    a.reserved ||
+	    (a.flags & ~(CXL_ACCEL_OP_FENCE | CXL_ACCEL_ATOMIC_EXCLUSIVE)) ||
 	    !IS_ALIGNED(a.target.addr, a.width) ||
 	    (a.op != CXL_ACCEL_ATOMIC_FETCH_ADD && a.repeat > 1) ||
 	    a.repeat > CXLA_MAX_ATOMIC_REPEAT)
 		return -EINVAL;
+	if (a.flags & CXL_ACCEL_ATOMIC_EXCLUSIVE)
+		return cxla_atomic_exclusive(cf, &a, arg);
 	ret = cxla_operand_get(cf, &a.target, a.width, &op);
 	if (ret)
 		return ret;
@@ -497,13 +582,7 @@ long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 	op.buf = NULL;
 
 	p = cxla_req_payload(req);
-	p->op = cpu_to_le16(a.op);
-	p->width = cpu_to_le16(a.width);
-	p->space = sge.space;
-	p->addr = sge.addr;
-	p->operand = cpu_to_le64(a.operand);
-	p->compare = cpu_to_le64(a.compare);
-	p->repeat = cpu_to_le64(a.repeat ? a.repeat : 1);
+	cxla_atomic_payload(p, &a, le64_to_cpu(sge.addr), le16_to_cpu(sge.space));
 
 	ret = cxla_exec(cd, &req, a.timeout_ms, true);
 	if (!ret) {

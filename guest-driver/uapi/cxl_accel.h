@@ -123,6 +123,16 @@ struct cxl_accel_checksum {
 #define CXL_ACCEL_ATOMIC_CMPXCHG	1
 #define CXL_ACCEL_ATOMIC_SWAP		2
 
+/*
+ * ATOMIC flag, on a user address (handle 0): the device takes the page for
+ * itself first (make_device_exclusive(): the CPU mapping becomes a
+ * device-exclusive entry, a CPU access in the meantime waits, and the next
+ * one takes the page back), as a device does whose link has no atomics
+ * towards system memory. Needs CONFIG_DEVICE_PRIVATE (HMM_INFO flag
+ * CXL_ACCEL_HMM_PRIVATE), else -EOPNOTSUPP.
+ */
+#define CXL_ACCEL_ATOMIC_EXCLUSIVE	(1U << 1)
+
 struct cxl_accel_atomic {
 	struct cxl_accel_mem target;	/* naturally aligned to width */
 	__u16 op;
@@ -183,6 +193,7 @@ struct cxl_accel_wait_event {
 #define CXL_ACCEL_DSTAT_PROTOCOL	6	/* malformed responses */
 #define CXL_ACCEL_DSTAT_EVENTS		7
 #define CXL_ACCEL_DSTAT_BUFFERS		8	/* live buffers */
+#define CXL_ACCEL_DSTAT_EXCLUSIVE	9	/* exclusive device atomics (ATOMIC_EXCLUSIVE) */
 #define CXL_ACCEL_DSTAT_COUNT		16
 
 /* Device counters (cxl_accel_stats.device[]) */

@@ -3113,6 +3113,89 @@ static int test_private_peer(struct ctx *c)
 	return PASS;
 }
 
+struct cpu_adder {
+	volatile uint64_t *word;
+	volatile int *stop;
+	uint64_t adds;
+};
+
+static void *cpu_add(void *arg)
+{
+	struct cpu_adder *a = arg;
+
+	while (!*a->stop) {
+		__atomic_fetch_add(a->word, 1, __ATOMIC_SEQ_CST);
+		a->adds++;
+	}
+	return NULL;
+}
+
+/*
+ * Device atomics on system memory through a device-exclusive entry: the
+ * CPU mapping goes while the device works (a CPU access meanwhile waits)
+ * and comes back at the next CPU access; fork copies the value.
+ */
+static int test_private_exclusive_atomic(struct ctx *c)
+{
+	struct cxl_accel_atomic a;
+	struct cpu_adder ca;
+	volatile int stop = 0;
+	uint64_t *w = map_anon(PG);
+	uint8_t f[1];
+	pthread_t t;
+	int status, k;
+	pid_t pid;
+
+	NEED_PRIVATE();
+	CHECK(w, "mmap");
+	*w = 0;
+	OK(cxla_atomic(c->fd, cxla_user(w), CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0,
+		       1000, 0, &a));
+	CHECK(a.count == 1000 && a.result == 999, "plain: count %llu result %llu",
+	      (unsigned long long)a.count, (unsigned long long)a.result);
+	memset(&a, 0, sizeof(a));
+	a.target = cxla_user(w);
+	a.op = CXL_ACCEL_ATOMIC_FETCH_ADD;
+	a.width = 8;
+	a.operand = 1;
+	a.repeat = 1000;
+	a.flags = CXL_ACCEL_ATOMIC_EXCLUSIVE;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	CHECK(a.count == 1000 && a.result == 1999, "exclusive: count %llu result %llu",
+	      (unsigned long long)a.count, (unsigned long long)a.result);
+	/* the device keeps the page until the CPU wants it */
+	OK(snapshot(c->fd, w, PG, f));
+	CHECK(!(f[0] & CXL_ACCEL_SNAP_PRESENT), "after the exclusive atomic: %#x, want not present", f[0]);
+	CHECK(*w == 2000, "CPU reads %llu", (unsigned long long)*w);
+	OK(snapshot(c->fd, w, PG, f));
+	CHECK((f[0] & CXL_ACCEL_SNAP_PRESENT) && (f[0] & CXL_ACCEL_SNAP_WRITE),
+	      "after a CPU access: %#x, want present and writable", f[0]);
+	/* CPU and device adding at once: none lost */
+	ca = (struct cpu_adder){ .word = w, .stop = &stop };
+	CHECK(!pthread_create(&t, NULL, cpu_add, &ca), "thread");
+	for (k = 0; k < 20; k++) {
+		a.result = 0;
+		OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	}
+	stop = 1;
+	pthread_join(t, NULL);
+	CHECK(*w == 2000 + 20 * 1000 + ca.adds, "word %llu, want %llu",
+	      (unsigned long long)*w,
+	      (unsigned long long)(2000 + 20 * 1000 + ca.adds));
+	/* fork while the device holds the page */
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	pid = fork();
+	if (!pid)
+		_exit(*w == 2000 + 21 * 1000 + ca.adds ? 0 : 1);
+	CHECK(pid > 0, "fork");
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "the child read another value");
+	munmap(w, PG);
+	DETAIL("device fetch-adds through a device-exclusive entry: the page left the CPU page table and came back at the CPU's access; 21000 device and %llu CPU adds at once, none lost; a forked child read the value",
+	       (unsigned long long)ca.adds);
+	return PASS;
+}
+
 /* ---------------------------------------------------------- runner */
 
 struct test {
@@ -3167,6 +3250,7 @@ static const struct test tests[] = {
 	T(private_fork),
 	T(private_exit_evict),
 	T(private_svm_write),
+	T(private_exclusive_atomic),
 	TP(private_peer),
 	TP(peer_read),
 	TP(peer_migrate),
