@@ -162,6 +162,13 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
         "$HMM" -d "/dev/$1" -P "/dev/$2" --peer-only -p "hmm." || RC=1
     fi
     "$HMMBENCH" -d "/dev/$1" --quick || RC=1
+    # coherent against private memory, same workloads, same boot (7.x)
+    MODEBENCH=$(find_file mode-bench)
+    if [ -n "$MODEBENCH" ]; then
+        "$MODEBENCH" -d "/dev/$1" --quick || RC=1
+    else
+        result mode_bench FAIL "mode-bench not found"
+    fi
 
     # unbind the last device while a process has 8 MiB on its memory
     hdev=$(device_list | tail -n 1)
