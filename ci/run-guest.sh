@@ -28,6 +28,10 @@
 #   --daemon PATH        daemon binary (default: target/release/cxl-accel)
 #   --daemon-arg ARG     extra daemon argument (repeatable)
 #   --log FILE           also save the console (then the daemon logs) to FILE
+#   --results DIR        write the verdict for CI systems into DIR: results.ktap
+#                        (KTAP), junit.xml (JUnit, suite named after DIR) and
+#                        summary; after a failure also the console, kernel,
+#                        QEMU and daemon logs
 #   --console FILE       write the guest console to FILE while the guest runs (for
 #                        host-side scripts that act on what the guest prints)
 #   --keep               keep the work directory (sockets, devmem files, logs)
@@ -65,6 +69,7 @@ INTERACTIVE=0
 APPEND=
 DAEMON=${CXL_ACCEL_DAEMON:-$REPO/target/release/cxl-accel}
 LOGFILE=
+RESULTS=
 CONSOLE=
 KEEP=0
 QUIET=0
@@ -96,6 +101,7 @@ while [ $# -gt 0 ]; do
     --daemon) need "$@"; DAEMON=$2; shift 2 ;;
     --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
+    --results) need "$@"; RESULTS=$2; shift 2 ;;
     --console) need "$@"; CONSOLE=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --quiet) QUIET=1; shift ;;
@@ -336,9 +342,11 @@ while read -r _ name status detail; do
     esac
 done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL|SKIP)( |$)' "$TEXT" || true)
 
+RUNNER_FAILS=()
 runner_fail() {
     FAILED=$((FAILED + 1))
     FAILS+=("$1")
+    RUNNER_FAILS+=("$1")
 }
 
 if [ "$TIMED_OUT" = 1 ]; then
@@ -370,6 +378,60 @@ if grep -qE "$KERNEL_BAD_RE" "$KLOG"; then
     echo "run-guest: guest kernel problems:" >&2
     grep -E -A 12 "$KERNEL_BAD_RE" "$KLOG" | head -n 60 >&2
 fi
+
+# For CI systems: KTAP and JUnit, and the logs of a failed run.
+write_results() {
+    local dir=$1 n=0 total status name detail suite
+    mkdir -p "$dir"
+    total=$(( ${#RESULT_LINES[@]} + ${#RUNNER_FAILS[@]} ))
+    suite=$(basename "$dir")
+    xml() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
+    {
+        echo "KTAP version 1"
+        echo "1..$total"
+        while read -r _ name status detail; do
+            n=$((n + 1))
+            case "$status" in
+            PASS) echo "ok $n $name${detail:+ # $detail}" ;;
+            SKIP) echo "ok $n $name # SKIP $detail" ;;
+            *) echo "not ok $n $name${detail:+ # $detail}" ;;
+            esac
+        done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL|SKIP)( |$)' "$TEXT" || true)
+        for detail in "${RUNNER_FAILS[@]}"; do
+            n=$((n + 1))
+            echo "not ok $n run-guest # $detail"
+        done
+    } >"$dir/results.ktap"
+    {
+        echo '<?xml version="1.0" encoding="UTF-8"?>'
+        printf '<testsuite name="%s" tests="%d" failures="%d" skipped="%d" time="%s">\n' \
+            "$(echo "$suite" | xml)" "$total" "$FAILED" "$SKIPPED" "$WALL"
+        while read -r _ name status detail; do
+            printf '  <testcase classname="%s" name="%s">' "$(echo "$suite" | xml)" "$(echo "$name" | xml)"
+            case "$status" in
+            PASS) ;;
+            SKIP) printf '<skipped message="%s"/>' "$(echo "$detail" | xml)" ;;
+            *) printf '<failure message="%s"/>' "$(echo "$detail" | xml)" ;;
+            esac
+            echo '</testcase>'
+        done < <(grep -E '^RESULT [^ ]+ (PASS|FAIL|SKIP)( |$)' "$TEXT" || true)
+        for detail in "${RUNNER_FAILS[@]}"; do
+            printf '  <testcase classname="%s" name="run-guest"><failure message="%s"/></testcase>\n' \
+                "$(echo "$suite" | xml)" "$(echo "$detail" | xml)"
+        done
+        echo '</testsuite>'
+    } >"$dir/junit.xml"
+    echo "$PASSED passed, $FAILED failed, $SKIPPED skipped" >"$dir/summary"
+    if [ "$FAILED" -gt 0 ]; then
+        cp "$TEXT" "$dir/console.log"
+        cp "$KLOG" "$dir/kernel.log"
+        local f
+        for f in "$WORK"/daemon*.log "$WORK/qemu.log"; do
+            [ -s "$f" ] && cp "$f" "$dir/"
+        done
+    fi
+}
+[ -z "$RESULTS" ] || write_results "$RESULTS"
 
 echo
 for l in "${RESULT_LINES[@]}"; do echo "  $l"; done
