@@ -114,6 +114,12 @@ pub struct Args {
     #[arg(long)]
     pub supervise: bool,
 
+    /// Group (name or number) whose members may connect to the socket and open the memory
+    /// file besides the daemon's user: both get mode 0660 and this group. For a QEMU that
+    /// runs as another user (as under libvirt). Without it, both are 0600.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub socket_group: Option<libc::gid_t>,
+
     /// Crash-safe device state (allocations, exports, counters, command journal).
     /// Default: the memory file's path plus ".state". Locked while a daemon runs.
     #[arg(long, value_name = "PATH")]
@@ -183,6 +189,30 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("'{s}' is not a size (examples: 268435456, 256M, 4G)"))?;
     n.checked_mul(mult)
         .ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+/// A group name or number, as a gid.
+fn parse_group(s: &str) -> Result<libc::gid_t, String> {
+    if let Ok(gid) = s.parse::<libc::gid_t>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s).map_err(|_| format!("'{s}' is not a group name"))?;
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: group is plain data; getgrnam_r writes at most buf.len() bytes into buf and
+    // sets `found` to null or to `group`.
+    let gid = unsafe {
+        let mut group: libc::group = std::mem::zeroed();
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrnam_r(
+            name.as_ptr(),
+            &mut group,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        );
+        (rc == 0 && !found.is_null()).then_some(group.gr_gid)
+    };
+    gid.ok_or_else(|| format!("no group named '{s}'"))
 }
 
 fn parse_queue_size(s: &str) -> Result<u16, String> {

@@ -13,6 +13,7 @@ pub mod device;
 pub mod devmem;
 pub mod dispatch;
 pub mod engine;
+pub mod files;
 pub mod protocol;
 pub mod sandbox;
 pub mod server;

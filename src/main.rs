@@ -5,7 +5,7 @@ use clap::Parser;
 
 use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::devmem::{Access, DeviceMemory};
 use cxl_accel::dispatch::Dispatcher;
 use cxl_accel::protocol::VIRTIO_ID;
 use cxl_accel::server;
@@ -59,9 +59,13 @@ fn run(args: Args) -> Result<(), String> {
             args.virtio_id
         );
     }
-    let devmem =
-        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
-    // A worker runs under its supervisor's lock on the state file.
+    // A worker runs under its supervisor's locks on the memory and state files.
+    let access = Access {
+        lock: !worker,
+        group: args.socket_group,
+    };
+    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
+        .map_err(|e| e.to_string())?;
     let (state, restored) =
         StateFile::open(&args.state_path(), devmem.id(), devmem.size(), !worker)?;
     log::info!("state {}: {}", args.state_path().display(), restored.note);
@@ -80,7 +84,7 @@ fn run(args: Args) -> Result<(), String> {
     let mut listener = match (args.worker_fd, args.socket_mode) {
         // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
         (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
-        (None, SocketMode::Server) => Some(server::bind(&args.socket_path)?),
+        (None, SocketMode::Server) => Some(server::bind(&args.socket_path, args.socket_group)?),
         (None, SocketMode::Client) => None,
     };
     log::info!(
@@ -121,13 +125,19 @@ fn supervise(args: Args) -> Result<(), String> {
         cleanup.push(args.socket_path.clone());
     }
     signals::exit_on_termination(cleanup)?;
-    // Same checks as a worker makes, so a bad argument fails here once, not in a loop.
-    let devmem =
-        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
+    // Same checks as a worker makes, so a bad argument fails here once, not in a loop; the
+    // locks on the memory and state files are held here for every worker.
+    let access = Access {
+        lock: true,
+        group: args.socket_group,
+    };
+    let _devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
+        .map_err(|e| e.to_string())?;
     let _lock = cxl_accel::state::lock(&args.state_path())?;
-    drop(devmem);
     let front = match args.socket_mode {
-        SocketMode::Server => supervisor::FrontEnd::Listen(server::bind_std(&args.socket_path)?),
+        SocketMode::Server => {
+            supervisor::FrontEnd::Listen(server::bind_std(&args.socket_path, args.socket_group)?)
+        }
         SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path.clone()),
     };
     log::info!(

@@ -389,19 +389,9 @@ struct Worker {
 
 /// Serves front-end connections forever (or until a crash loop).
 pub fn run(front: FrontEnd, spec: WorkerSpec) -> Result<(), String> {
-    let _ = std::fs::remove_file(&spec.worker_socket);
-    // SAFETY: umask only changes this process's file creation mask; the socket is created
-    // owner-only from the start, before anyone can connect.
-    let old = unsafe { libc::umask(0o077) };
-    let bound = UnixListener::bind(&spec.worker_socket);
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::umask(old) };
-    let workers = bound.map_err(|e| {
-        format!(
-            "cannot create the worker socket {}: {e}",
-            spec.worker_socket.display()
-        )
-    })?;
+    // Private (0600) from the start: only our own workers connect to it.
+    let workers = crate::server::bind_std(&spec.worker_socket, None)
+        .map_err(|e| format!("worker socket: {e}"))?;
     let result = serve(front, &spec, &workers);
     let _ = std::fs::remove_file(&spec.worker_socket);
     result

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+    common::daemon()
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -17,20 +17,7 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// Runs the daemon expecting a failure; returns its single stderr line.
-fn fails_with_one_line(args: &[&str]) -> String {
-    let out = bin().args(args).output().unwrap();
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = String::from_utf8(out.stderr).unwrap();
-    // Log lines and clap's "For more information" hint are not part of the error.
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty() && !l.starts_with("For more"))
-        .collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_string()
-}
+use common::fails_with_one_line;
 
 #[test]
 fn help_explains_every_flag() {

@@ -53,7 +53,7 @@ fn start() -> Daemon {
     let devmem = DeviceMemory::open(&dir.join("devmem"), 4 << 20).unwrap();
     let device = Arc::new(Device::new(DeviceConfig::default(), devmem));
     let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
-    let mut listener = server::bind(&sock).unwrap();
+    let mut listener = server::bind(&sock, None).unwrap();
     let d2 = device.clone();
     std::thread::spawn(move || {
         let _ = server::serve(&mut listener, d2, dispatcher, 256, None);

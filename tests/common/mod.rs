@@ -46,6 +46,70 @@ pub fn memfd(name: &str, size: u64) -> File {
     f
 }
 
+/// The daemon binary, ready for arguments.
+pub fn daemon() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+}
+
+/// The single error line of a daemon run that failed (log lines and clap's hint aside).
+pub fn one_line_error(out: std::process::Output) -> String {
+    assert!(!out.status.success(), "the daemon should have failed");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty() && !l.starts_with("For more"))
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    lines[0].to_string()
+}
+
+/// Runs the daemon expecting a failure; returns its single stderr line.
+pub fn fails_with_one_line(args: &[&str]) -> String {
+    one_line_error(daemon().args(args).output().unwrap())
+}
+
+/// Whether the tests run as root (they do in CI): needed to act as another user.
+pub fn is_root() -> bool {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() == 0 }
+}
+
+/// The unprivileged user (and group) the local-attacker tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// Runs `f` in a forked child as user `uid` and group `gid` (no supplementary groups) and
+/// returns its result (0-255). The test process has other threads, so `f` may only make
+/// plain system calls on data prepared before the call (no allocation).
+pub fn as_user(uid: u32, gid: u32, f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only makes async-signal-safe calls (setgroups, setgid, setuid, what
+    // `f` does by the rule above, _exit); the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = if libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0
+            {
+                f()
+            } else {
+                99
+            };
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+}
+
+/// A path as a C string, for [`as_user`] closures.
+pub fn cpath(p: &std::path::Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
 /// The first child of process `pid` (a supervisor's worker).
 pub fn child_pid(pid: u32) -> Option<u32> {
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
@@ -370,7 +434,7 @@ impl Harness {
             };
             let dev = Arc::new(Device::new(cfg, devmem));
             let dispatcher = Arc::new(Dispatcher::new(opts.dma_threads).unwrap());
-            let mut listener = server::bind(&sock).unwrap();
+            let mut listener = server::bind(&sock, None).unwrap();
             let d2 = dev.clone();
             daemon = Some(std::thread::spawn(move || {
                 let _ = server::serve(&mut listener, d2, dispatcher, QUEUE_SIZE, Some(1));
