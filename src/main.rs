@@ -106,7 +106,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     // A worker serves its supervisor's one connection, then exits.
     let sessions = worker.then_some(1);
-    server::serve_endpoint(
+    let end = server::serve_endpoint(
         endpoint,
         device,
         dispatcher,
@@ -114,7 +114,13 @@ fn run(args: Args) -> Result<(), String> {
         sessions,
         args.resume,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if worker && end == server::SessionEnd::Refused {
+        // Tells the supervisor to end the front-end's session rather than replay to a new
+        // worker the message this one refused.
+        std::process::exit(supervisor::EXIT_REFUSED);
+    }
+    Ok(())
 }
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.

@@ -157,6 +157,16 @@ pub fn serve(
         max_sessions,
         false,
     )
+    .map(|_| ())
+}
+
+/// How the last session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The front-end went away.
+    Disconnected,
+    /// The daemon refused a message and ended the session.
+    Refused,
 }
 
 pub fn serve_endpoint(
@@ -166,8 +176,9 @@ pub fn serve_endpoint(
     queue_size: u16,
     max_sessions: Option<usize>,
     resume: bool,
-) -> io::Result<()> {
+) -> io::Result<SessionEnd> {
     let mut sessions = 0;
+    let mut end = SessionEnd::Disconnected;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
@@ -189,13 +200,19 @@ pub fn serve_endpoint(
             Endpoint::Connect(path) => connect(&mut daemon, path)?,
         }
         log::info!("front-end connected");
-        match daemon.wait() {
+        end = match daemon.wait() {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(
                 VhostUserError::Disconnected | VhostUserError::PartialMessage,
-            )) => log::info!("front-end disconnected"),
-            Err(e) => log::warn!("session ended: {e}"),
-        }
+            )) => {
+                log::info!("front-end disconnected");
+                SessionEnd::Disconnected
+            }
+            Err(e) => {
+                log::warn!("session ended: {e}");
+                SessionEnd::Refused
+            }
+        };
         for handler in daemon.get_epoll_handlers() {
             handler.send_exit_event();
         }
@@ -206,7 +223,7 @@ pub fn serve_endpoint(
         }
         sessions += 1;
     }
-    Ok(())
+    Ok(end)
 }
 
 /// Connects to the front-end's socket, waiting for it to appear (QEMU restarting, or not

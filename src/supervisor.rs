@@ -23,7 +23,16 @@ use std::time::{Duration, Instant};
 const HEADER: usize = 12;
 /// Largest payload a vhost-user message carries (a full memory table is about 2 KiB).
 const MAX_PAYLOAD: usize = 64 * 1024;
+/// Most descriptors one message may carry (the vhost crate's limit).
 const MAX_FDS: usize = 32;
+/// Room for the control data of one receive: a few more descriptors than allowed, so that
+/// a message with too many is seen (and refused) rather than cut short.
+const CMSG_WORDS: usize = (2 * MAX_FDS * 4 + 64) / 8;
+
+/// A worker's exit status when it ended its session because it refused a front-end
+/// message: the supervisor ends the front-end's session too, as an unsupervised daemon
+/// would, instead of replaying the message to a new worker.
+pub const EXIT_REFUSED: i32 = 3;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
 
@@ -150,6 +159,14 @@ pub fn recv_message(sock: BorrowedFd) -> io::Result<Option<Message>> {
     if size > 0 && !recv_exact(sock, &mut payload, Some(&mut fds))? {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
+    if fds.len() > MAX_FDS {
+        // More than a vhost-user message may carry (and than a worker takes): the
+        // sender is broken or hostile.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} file descriptors in one message", fds.len()),
+        ));
+    }
     Ok(Some(Message {
         header,
         payload,
@@ -170,7 +187,7 @@ fn recv_exact(
             iov_base: buf[got..].as_mut_ptr().cast(),
             iov_len: buf.len() - got,
         };
-        let mut cmsg = [0u64; (MAX_FDS * 4 + 64) / 8];
+        let mut cmsg = [0u64; CMSG_WORDS];
         // SAFETY: msghdr is plain data; every pointer in it refers to a live local buffer
         // of the stated length.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -234,7 +251,7 @@ pub fn send_message(sock: BorrowedFd, m: &Message) -> io::Result<()> {
             iov_base: data[sent..].as_mut_ptr().cast(),
             iov_len: data.len() - sent,
         };
-        let mut cmsg = [0u64; (MAX_FDS * 4 + 64) / 8];
+        let mut cmsg = [0u64; CMSG_WORDS];
         // SAFETY: as in recv_exact; the control message is built inside `cmsg`, which is
         // large enough for MAX_FDS descriptors.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -242,13 +259,16 @@ pub fn send_message(sock: BorrowedFd, m: &Message) -> io::Result<()> {
         msg.msg_iovlen = 1;
         if sent == 0 && !raw.is_empty() {
             let bytes = std::mem::size_of_val(raw.as_slice());
-            if raw.len() > MAX_FDS {
+            // SAFETY: CMSG_SPACE/LEN only compute sizes.
+            let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+            // More than a receiver takes is still sent (tests send that many): only what
+            // does not fit the buffer is an error.
+            if space > std::mem::size_of_val(&cmsg) {
                 return Err(io::Error::other("too many file descriptors"));
             }
             msg.msg_control = cmsg.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE/LEN only compute sizes.
-            msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-            // SAFETY: the header and data fit in `cmsg` (checked size above).
+            msg.msg_controllen = space;
+            // SAFETY: the header and data fit in `cmsg` (`space` checked above).
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(&msg);
                 (*c).cmsg_level = libc::SOL_SOCKET;
@@ -387,7 +407,7 @@ struct Worker {
     started: Instant,
 }
 
-/// Serves front-end connections forever (or until a crash loop).
+/// Serves front-end connections forever.
 pub fn run(front: FrontEnd, spec: WorkerSpec) -> Result<(), String> {
     // Private (0600) from the start: only our own workers connect to it.
     let workers = crate::server::bind_std(&spec.worker_socket, None)
@@ -556,16 +576,24 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
             continue;
         }
         let lived = worker.started.elapsed();
-        let (status, killed) = reap(&mut worker.child);
-        short_lived = if lived < SHORT_LIFE && !killed {
+        // A worker whose connection failed may still be alive (it will not be used again).
+        let (status, end) = reap(&mut worker.child);
+        if end == End::Refused {
+            return Ok(
+                "the worker refused a front-end message; session ended (not replayed)".into(),
+            );
+        }
+        short_lived = if lived < SHORT_LIFE && end != End::Killed {
             short_lived + 1
         } else {
             0
         };
         if short_lived >= CRASH_LOOP {
-            return Err(format!(
+            // Whatever keeps killing workers came with this session: end it, and serve
+            // the next front-end afresh.
+            return Ok(format!(
                 "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
-                 (last: {status}); giving up"
+                 (last: {status}); session ended"
             ));
         }
         restarts += 1;
@@ -602,42 +630,61 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
     }
 }
 
-/// How the worker ended, and whether it was SIGKILLed.
-fn reap(child: &mut Child) -> (String, bool) {
+/// How a worker ended, as far as the supervisor cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// SIGKILL: an operator or the OOM killer, never a crash loop.
+    Killed,
+    /// It refused a front-end message ([`EXIT_REFUSED`]).
+    Refused,
+    /// Anything else: a crash or an unexpected exit.
+    Died,
+}
+
+/// How long a worker whose connection ended may take to exit before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Waits for a worker whose connection ended (killing it after [`EXIT_GRACE`]: its
+/// connection is of no use any more); how it ended, for the log and for what to do next.
+fn reap(child: &mut Child) -> (String, End) {
+    let deadline = Instant::now() + EXIT_GRACE;
+    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if matches!(child.try_wait(), Ok(None)) {
+        log::warn!("supervisor: worker {} did not exit; killing it", child.id());
+        let _ = child.kill();
+    }
     match child.wait() {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
-            match s.signal() {
-                Some(sig) => (
+            match (s.signal(), s.code()) {
+                (Some(sig), _) => (
                     format!("pid {} killed by signal {sig}", child.id()),
-                    sig == libc::SIGKILL,
+                    if sig == libc::SIGKILL {
+                        End::Killed
+                    } else {
+                        End::Died
+                    },
                 ),
-                None => (
-                    format!("pid {} exited with {}", child.id(), s.code().unwrap_or(-1)),
-                    false,
+                (None, code) => (
+                    format!("pid {} exited with {}", child.id(), code.unwrap_or(-1)),
+                    if code == Some(EXIT_REFUSED) {
+                        End::Refused
+                    } else {
+                        End::Died
+                    },
                 ),
             }
         }
-        Err(e) => (format!("pid {} lost ({e})", child.id()), false),
+        Err(e) => (format!("pid {} lost ({e})", child.id()), End::Died),
     }
 }
 
 /// Ends a worker whose front-end went away: it sees its connection close and exits.
 fn stop_worker(mut w: Worker) {
     let _ = w.conn.shutdown(std::net::Shutdown::Both);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = w.child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    log::warn!(
-        "supervisor: worker {} did not exit; killing it",
-        w.child.id()
-    );
-    let _ = w.child.kill();
-    let _ = w.child.wait();
+    reap(&mut w.child);
 }
 
 #[cfg(test)]
