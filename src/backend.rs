@@ -41,6 +41,7 @@ struct Session {
     device: Arc<Device>,
     dispatcher: Arc<Dispatcher>,
     mem: Mutex<Option<Mem>>,
+    /// The most requests held at once (`--queue-size`); rings may be larger.
     queue_size: u16,
     event_idx: AtomicBool,
     /// Requests taken from the command queue and not yet returned: never more than the
@@ -79,7 +80,7 @@ impl CxlBackend {
         if !resume {
             // Whatever an earlier daemon journaled belongs to rings that are gone.
             for q in 0..NUM_QUEUES {
-                device.state().clear_ring(q, queue_size);
+                device.state().clear_ring(q);
             }
         }
         CxlBackend {
@@ -265,7 +266,11 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
                 use virtio_queue::QueueT;
                 state.get_queue().next_avail()
             };
-            let size = s.queue_size;
+            // The ring's own size, which the driver chose: it may exceed the queue size.
+            let size = {
+                use virtio_queue::QueueT;
+                state.get_queue().size()
+            };
             let iter = match state.get_queue_mut().iter(&*snapshot) {
                 Ok(it) => it,
                 // Kicks may arrive before the queue is set up: nothing to do yet.
@@ -619,8 +624,12 @@ impl VhostUserBackend for CxlBackend {
         NUM_QUEUES
     }
 
+    /// Any ring size the virtio specification allows (QEMU lets a guest choose up to 1024
+    /// whatever the device's vq_size): refusing one would end the session, and with it
+    /// the guest's device. The queue size (`--queue-size`, what QEMU is told) limits
+    /// only how many requests are held at once.
     fn max_queue_size(&self) -> usize {
-        self.s.queue_size as usize
+        crate::state::MAX_QUEUE
     }
 
     fn features(&self) -> u64 {
@@ -731,7 +740,7 @@ impl VhostUserBackend for CxlBackend {
         let q = queue_index as usize;
         if q < NUM_QUEUES {
             // The front-end owns the ring position from here; a later start sets it anew.
-            self.s.journal().clear_ring(q, self.s.queue_size);
+            self.s.journal().clear_ring(q);
             if let Ok(mut rings) = self.s.rings.lock() {
                 rings[q] = None;
             }

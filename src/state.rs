@@ -557,10 +557,13 @@ impl StateFile {
     }
 
     /// The front-end stopped ring `q`: nothing in it is ours to answer any more.
-    pub fn clear_ring(&self, q: usize, size: u16) {
+    pub fn clear_ring(&self, q: usize) {
         self.store(Self::queue_word(q, Q_VALID), 0);
-        for head in 0..size.max(1) as usize {
-            self.release(head as u16);
+        // Rings may have any size up to the maximum; only entries in use are written.
+        for head in 0..MAX_QUEUE {
+            if self.load(Self::entry(head as u16, E_STATE)) != FREE {
+                self.release(head as u16);
+            }
         }
     }
 
@@ -900,7 +903,7 @@ mod tests {
         // Released entries are gone; a stopped ring forgets everything.
         s.release(1);
         assert_eq!(s.pending(8, 14).len(), 3);
-        s.clear_ring(0, 8);
+        s.clear_ring(0);
         assert!(s.pending(8, 14).is_empty());
         assert_eq!(s.ring_position(0, ring), None);
     }

@@ -871,3 +871,36 @@ fn a_corrupt_avail_index_does_not_kill_the_daemon() {
     assert_eq!(h.config().magic, MAGIC);
     assert!(h.device().stat(STAT_ERRORS) >= 1);
 }
+
+#[test]
+fn a_guest_may_choose_a_larger_ring_than_the_queue_size() {
+    // QEMU lets the guest pick any ring size up to 1024 whatever the device's vq_size, and
+    // a ring up to 32768 is legal virtio: a larger ring than --queue-size must work, with
+    // no more requests held at once than --queue-size.
+    let ring = 1024;
+    let mut h = Harness::with(Options {
+        ring_size: ring,
+        ..Default::default()
+    });
+    let nop = hdr(OP_NOP, 0, 1);
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+    // More requests than --queue-size at once (two descriptors each), from one request buffer, each with its own
+    // response slot; heads run across the whole ring.
+    let n = 2 * QUEUE_SIZE as u64 - 12;
+    h.guest.write_slice(&nop, GuestAddress(DATA)).unwrap();
+    for i in 0..n {
+        let resp = DATA + 0x1000 + i * 64;
+        h.queues[0].push(
+            &h.guest,
+            &[(DATA, nop.len() as u32, false), (resp, 64, true)],
+        );
+    }
+    h.kick(0);
+    for _ in 0..n {
+        let (_, len) = h.queues[0]
+            .wait_used(&h.guest, Duration::from_secs(20))
+            .expect("a request on the large ring never came back");
+        assert_eq!(len, 32);
+    }
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+}

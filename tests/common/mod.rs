@@ -302,6 +302,8 @@ pub struct Options {
     pub supervised: Option<Vec<String>>,
     /// With `supervised`: run the daemon as this unprivileged uid/gid (needs root).
     pub run_as: Option<u32>,
+    /// Size of the rings the driver sets up (the daemon's --queue-size stays QUEUE_SIZE).
+    pub ring_size: u16,
 }
 
 impl Default for Options {
@@ -315,6 +317,7 @@ impl Default for Options {
             extra_regions: Vec::new(),
             supervised: None,
             run_as: None,
+            ring_size: QUEUE_SIZE,
         }
     }
 }
@@ -508,8 +511,8 @@ impl Harness {
         std::thread::spawn(move || while req_handler.handle_request().is_ok() {});
 
         let mut queues = [
-            DriverQueue::new(RING_BASE[0], QUEUE_SIZE),
-            DriverQueue::new(RING_BASE[1], QUEUE_SIZE),
+            DriverQueue::new(RING_BASE[0], opts.ring_size),
+            DriverQueue::new(RING_BASE[1], opts.ring_size),
         ];
         let kicks = [EventFd::new(0).unwrap(), EventFd::new(0).unwrap()];
         let calls = [
@@ -551,7 +554,7 @@ impl Harness {
                 .write_slice(&zeros, GuestAddress(RING_BASE[i]))
                 .unwrap();
             let call = q.call_fd;
-            *q = DriverQueue::new(RING_BASE[i], QUEUE_SIZE);
+            *q = DriverQueue::new(RING_BASE[i], q.size);
             q.call_fd = call;
         }
         start_rings(fe, &self.guest, &self.queues, &self.kicks, &self.calls);
@@ -715,12 +718,12 @@ fn start_rings(
 ) {
     let va = |gpa: u64| guest.get_host_address(GuestAddress(gpa)).unwrap() as u64;
     for (i, q) in queues.iter().enumerate() {
-        fe.set_vring_num(i, QUEUE_SIZE).unwrap();
+        fe.set_vring_num(i, q.size).unwrap();
         fe.set_vring_addr(
             i,
             &VringConfigData {
-                queue_max_size: QUEUE_SIZE,
-                queue_size: QUEUE_SIZE,
+                queue_max_size: q.size,
+                queue_size: q.size,
                 flags: 0,
                 desc_table_addr: va(q.desc_addr()),
                 used_ring_addr: va(q.used_addr()),
