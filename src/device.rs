@@ -425,6 +425,20 @@ impl Device {
         bytes: &[u8],
         origin: Option<Origin>,
     ) -> Reply {
+        self.execute_cancellable(guest, bytes, origin, &crate::engine::NEVER)
+    }
+
+    /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
+    /// front-end stops the queue). Only data commands (COPY, FILL, CHECKSUM, COPY_PAGES,
+    /// repeated ATOMIC) stop part-way, which leaves their destination undefined as the
+    /// status says; state changes are not interruptible and complete or do not start.
+    pub fn execute_cancellable(
+        &self,
+        guest: &GuestMemoryMmap,
+        bytes: &[u8],
+        origin: Option<Origin>,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
         let mut reply = match decode(bytes) {
             Ok(req) => {
@@ -433,7 +447,7 @@ impl Device {
                     ..Default::default()
                 };
                 reply.resp.tag = req.tag;
-                self.run(guest, &req, &mut reply, origin);
+                self.run(guest, &req, &mut reply, origin, cancel);
                 reply
             }
             Err(e) => {
@@ -465,6 +479,7 @@ impl Device {
         req: &Request,
         reply: &mut Reply,
         origin: Option<Origin>,
+        cancel: &std::sync::atomic::AtomicBool,
     ) {
         let layout = self.layout();
         let ctx = Ctx {
@@ -472,6 +487,7 @@ impl Device {
             devmem: &self.devmem,
             peers: &layout.peers,
             devmem_gpa: layout.devmem_gpa,
+            cancel,
         };
         let r = &mut reply.resp;
         let mut fail = |status: Status, detail: u32| {

@@ -189,7 +189,7 @@ pub fn serve_endpoint(
         ));
         let mut daemon = VhostUserDaemon::new(
             "cxl-accel".to_string(),
-            backend,
+            backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| io::Error::other(format!("cannot create vhost-user daemon: {e}")))?;
@@ -218,7 +218,8 @@ pub fn serve_endpoint(
         }
         // The backend channel died with the session.
         device.set_export_sink(None, false);
-        if !dispatcher.drain(Duration::from_secs(30)) {
+        backend.stop_commands();
+        if !dispatcher.drain(Duration::from_secs(5)) {
             log::warn!("commands still running after the session ended");
         }
         sessions += 1;

@@ -904,3 +904,65 @@ fn a_guest_may_choose_a_larger_ring_than_the_queue_size() {
     }
     assert_eq!(h.call(&nop).status(), Status::Ok);
 }
+
+#[test]
+fn a_queue_stop_cuts_long_commands_short() {
+    // QEMU waits for GET_VRING_BASE under its global lock: 256 queued 1 GiB copies must
+    // not hold it for their whole run, and each must come back (done or INTERRUPTED).
+    let mut h = Harness::with(Options {
+        ring_size: 1024,
+        ..Default::default()
+    });
+    let half = DEVMEM_SIZE / 2;
+    let src: Vec<_> = (0..16).map(|_| sge(SPACE_DEVMEM, 0, half as u32)).collect();
+    let dst: Vec<_> = (0..16)
+        .map(|_| sge(SPACE_DEVMEM, half, half as u32))
+        .collect();
+    let req = copy(7, &src, &dst);
+    h.guest.write_slice(&req, GuestAddress(DATA)).unwrap();
+    let n = 256u64;
+    for i in 0..n {
+        let resp = DATA + 0x1000 + i * 64;
+        h.queues[0].push(
+            &h.guest,
+            &[(DATA, req.len() as u32, false), (resp, 64, true)],
+        );
+    }
+    h.kick(0);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let fe = h.frontend.as_mut().unwrap();
+    let base = vhost::VhostBackend::get_vring_base(fe, 0).expect("GET_VRING_BASE answered");
+    let stop = t.elapsed();
+    eprintln!("queue stop with {n} queued 1 GiB copies took {stop:?}");
+    assert!(stop < Duration::from_secs(1), "the stop took {stop:?}");
+    assert_eq!(base, n as u32);
+    // Every request was returned before the stop was answered.
+    assert_eq!(h.queues[0].used_idx(&h.guest), n as u16);
+    let (mut done, mut cut) = (0, 0);
+    for _ in 0..n {
+        let (id, _) = h.queues[0]
+            .wait_used(&h.guest, Duration::ZERO)
+            .expect("returned");
+        let resp: Resp = h
+            .guest
+            .read_obj(GuestAddress(DATA + 0x1000 + (id as u64 / 2) * 64))
+            .unwrap();
+        match Status::from_u32(resp.status) {
+            Some(Status::Ok) => done += 1,
+            Some(Status::Interrupted) => cut += 1,
+            s => panic!("{s:?}"),
+        }
+    }
+    eprintln!("{done} copies done, {cut} interrupted");
+    assert!(cut > 0);
+    // The device goes on normally once the rings start again.
+    h.restart_rings();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let s = [sge(SPACE_DEVMEM, 0, 4096)];
+    assert_eq!(
+        h.call(&copy(8, &s, &[sge(SPACE_DEVMEM, half, 4096)]))
+            .status(),
+        Status::Ok
+    );
+}
