@@ -13,10 +13,10 @@ use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::QueueOwnedT;
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{
     ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
-    GuestMemoryMmap,
+    GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -29,7 +29,9 @@ use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
     QUEUE_EVENT,
 };
+use crate::sigbus;
 use crate::state::{interrupted, Origin, Outcome, RingId, StateFile};
+use std::os::fd::AsRawFd;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -38,11 +40,43 @@ type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 /// steps of at most 1 MiB or 4096 atomic operations).
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A memory table as the session uses it: its mappings are registered for SIGBUS recovery
+/// (see `sigbus.rs`) for as long as anything, such as a running command, holds it. All
+/// guest-memory access, rings included, goes through one of these, never through the
+/// vhost crate's current table, which it replaces before we have seen (and registered) it.
+pub struct Table {
+    _guards: Vec<sigbus::Guard>,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+impl Table {
+    fn new(mem: Arc<GuestMemoryMmap>) -> io::Result<Table> {
+        let mut guards = Vec::new();
+        for region in mem.iter() {
+            let Some(fo) = region.file_offset() else {
+                continue;
+            };
+            let g = sigbus::register(
+                region.as_ptr(),
+                region.len() as usize,
+                fo.file().as_raw_fd(),
+            )
+            .map_err(io::Error::other)?;
+            guards.push(g);
+        }
+        Ok(Table {
+            _guards: guards,
+            mem,
+        })
+    }
+}
+
 /// State shared by a session's vhost-user handler and the jobs it hands to the DMA engines.
 struct Session {
     device: Arc<Device>,
     dispatcher: Arc<Dispatcher>,
-    mem: Mutex<Option<Mem>>,
+    /// The current memory table (also when refused: the vhost crate still holds it).
+    mem: Mutex<Option<Arc<Table>>>,
     /// The most requests held at once (`--queue-size`); rings may be larger.
     queue_size: u16,
     event_idx: AtomicBool,
@@ -113,7 +147,6 @@ impl CxlBackend {
 }
 
 fn ring_id(q: &virtio_queue::Queue) -> RingId {
-    use virtio_queue::QueueT;
     RingId {
         desc: q.desc_table(),
         avail: q.avail_ring(),
@@ -136,7 +169,6 @@ impl Session {
         state: &mut vhost_user_backend::VringState,
         mem: &GuestMemoryMmap,
     ) {
-        use virtio_queue::QueueT;
         let ring = ring_id(state.get_queue());
         let Ok(mut rings) = self.rings.lock() else {
             return;
@@ -193,7 +225,7 @@ impl Session {
                     write_response(mem, p.resp_gpa, p.resp_len, &interrupted(p.tag))
                 }
             };
-            publish(self, state, p.head, written);
+            publish(self, state, mem, p.head, written);
         }
         self.journal().set_ring(q, ring, next_avail);
         let _ = state.signal_used_queue();
@@ -233,20 +265,20 @@ fn write_response(mem: &GuestMemoryMmap, gpa: u64, len: u32, resp: &Resp) -> u32
 fn publish(
     s: &Session,
     state: &mut vhost_user_backend::VringState,
+    mem: &GuestMemoryMmap,
     head: u16,
     written: u32,
 ) -> bool {
-    use virtio_queue::QueueT;
     let slot = state.get_queue().next_used();
     log::trace!("returned head {head} at used {slot}");
     s.journal().completing(head, slot, written);
-    let ok = state.add_used(head, written).is_ok();
+    let ok = state.get_queue_mut().add_used(mem, head, written).is_ok();
     s.journal().release(head);
     ok
 }
 
 impl Session {
-    fn memory(&self) -> Option<Mem> {
+    fn memory(&self) -> Option<Arc<Table>> {
         if self.poisoned.load(Ordering::Acquire) {
             return None;
         }
@@ -258,32 +290,26 @@ impl Session {
 /// DMA engines. Runs on the vring thread after a kick, and on an engine after a completion
 /// when requests were left waiting.
 fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
-    let Some(mem) = s.memory() else { return };
+    let Some(table) = s.memory() else { return };
+    let snapshot: &GuestMemoryMmap = &table.mem;
     let vring = &vrings[QUEUE_CMD];
     // Passes in a row that took nothing although the ring index showed more.
     let mut idle = 0;
     loop {
-        let _ = vring.disable_notification();
-        let snapshot = mem.memory().into_inner();
         let mut taken = 0;
         {
             let mut state = vring.get_mut();
-            s.adopt_ring(QUEUE_CMD, &mut state, &snapshot);
+            let _ = state.get_queue_mut().disable_notification(snapshot);
+            s.adopt_ring(QUEUE_CMD, &mut state, snapshot);
             let room = (s.queue_size as usize).saturating_sub(s.in_flight.load(Ordering::Acquire));
             if room == 0 {
                 // A completion calls us again.
                 return;
             }
-            let start = {
-                use virtio_queue::QueueT;
-                state.get_queue().next_avail()
-            };
+            let start = state.get_queue().next_avail();
             // The ring's own size, which the driver chose: it may exceed the queue size.
-            let size = {
-                use virtio_queue::QueueT;
-                state.get_queue().size()
-            };
-            let iter = match state.get_queue_mut().iter(&*snapshot) {
+            let size = state.get_queue().size();
+            let iter = match state.get_queue_mut().iter(snapshot) {
                 Ok(it) => it,
                 // Kicks may arrive before the queue is set up: nothing to do yet.
                 Err(virtio_queue::Error::QueueNotReady) => return,
@@ -296,7 +322,7 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             // first) always sees them in flight.
             for (k, chain) in iter.take(room).enumerate() {
                 taken = k + 1;
-                let req = ChainRequest::parse(&chain, &snapshot);
+                let req = ChainRequest::parse(&chain, snapshot);
                 let origin = Origin {
                     head: req.head,
                     nonce: s.journal().next_nonce(),
@@ -317,10 +343,14 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
                     req.tag(),
                     req.writable.first().copied().unwrap_or((0, 0)),
                 );
-                submit(s, req, origin, vrings, snapshot.clone());
+                submit(s, req, origin, vrings, table.clone());
             }
         }
-        match vring.enable_notification() {
+        let enabled = vring
+            .get_mut()
+            .get_queue_mut()
+            .enable_notification(snapshot);
+        match enabled {
             Ok(true) => {
                 // A driver that published while we looked is taken on the next pass. Twice
                 // nothing means the index counts entries that cannot be read (a ring
@@ -345,7 +375,7 @@ fn submit(
     req: ChainRequest,
     origin: Origin,
     vrings: &[VringRwLock],
-    mem: Arc<GuestMemoryMmap>,
+    table: Arc<Table>,
 ) {
     let (opcode, flags) = Device::request_opcode_flags(&req.bytes);
     // FENCE itself waits for everything before it, as the flag does.
@@ -355,7 +385,7 @@ fn submit(
     let session = s.clone();
     let vrings: Vec<VringRwLock> = vrings.to_vec();
     let queued = s.dispatcher.submit(fence, move || {
-        complete(&session, &vrings, &mem, req, origin, generation);
+        complete(&session, &vrings, &table.mem, req, origin, generation);
         let before = session.in_flight.fetch_sub(1, Ordering::AcqRel);
         if before >= session.queue_size as usize {
             // We were at the limit: requests may be waiting in the ring.
@@ -469,6 +499,7 @@ fn complete(
         ));
         device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
     } else {
+        let faults = sigbus::faults();
         let mut reply = match req.error {
             None => device.execute_cancellable(mem, &req.bytes, Some(origin), &s.cancel),
             Some(status) => {
@@ -480,12 +511,27 @@ fn complete(
                 chain_error_reply(status, &req.bytes)
             }
         };
+        if sigbus::faults() != faults {
+            // Memory shrank under the command (see sigbus.rs): what it read or wrote
+            // there is lost. (Under a hostile front-end, a command running at the same
+            // time may be failed too.)
+            device.reject(format_args!(
+                "request (head {}): memory shrank under it (its file was truncated)",
+                req.head
+            ));
+            reply.payload.clear();
+            reply.resp.status = Status::BadGpa as u32;
+        }
         if room < resp_len + reply.payload.len() as u64 {
             // Only IDENTIFY and STATS carry payloads, and they change nothing.
             reply.payload.clear();
             reply.resp.status = Status::BadChain as u32;
         }
         written = write_out(mem, &req.writable, &reply.bytes());
+    }
+    if s.poisoned.load(Ordering::Acquire) {
+        // A refused table ended guest-memory access; the ring is not touched either.
+        return;
     }
     if s.generation.load(Ordering::Acquire) != generation {
         log::warn!(
@@ -498,10 +544,14 @@ fn complete(
     let vring = &vrings[QUEUE_CMD];
     {
         let mut state = vring.get_mut();
-        if !publish(s, &mut state, req.head, written) {
+        if !publish(s, &mut state, mem, req.head, written) {
             return;
         }
-        let notify = !event_idx || state.needs_notification().unwrap_or(true);
+        let notify = !event_idx
+            || state
+                .get_queue_mut()
+                .needs_notification(mem)
+                .unwrap_or(true);
         if notify {
             let _ = state.signal_used_queue();
         }
@@ -568,17 +618,27 @@ fn deliver_events(s: &Session, vrings: &[VringRwLock], mem: &GuestMemoryMmap, ev
                 "unusable event buffer ({room} bytes); event dropped"
             ));
         }
-        if state.add_used(chain.head_index(), written).is_err() {
+        if state
+            .get_queue_mut()
+            .add_used(mem, chain.head_index(), written)
+            .is_err()
+        {
             break;
         }
         used = true;
     }
-    if used && (!event_idx || state.needs_notification().unwrap_or(true)) {
+    if used
+        && (!event_idx
+            || state
+                .get_queue_mut()
+                .needs_notification(mem)
+                .unwrap_or(true))
+    {
         let _ = state.signal_used_queue();
     }
     // Ask to be kicked when the driver posts more buffers (with EVENT_IDX this publishes
     // avail_event; without it, it clears the no-notify flag).
-    let _ = state.enable_notification();
+    let _ = state.get_queue_mut().enable_notification(mem);
 }
 
 /// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
@@ -719,6 +779,11 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        // Registered first: the vhost crate may touch a table even after we refused it.
+        let table = Arc::new(Table::new(mem.memory().into_inner())?);
+        if let Ok(mut m) = self.s.mem.lock() {
+            *m = Some(table);
+        }
         // A refused table (a region past the end of its file would raise SIGBUS) ends
         // guest-memory access for this session.
         if let Err(e) = self.s.device.update_memory(&mem.memory()) {
@@ -727,9 +792,6 @@ impl VhostUserBackend for CxlBackend {
                 .device
                 .reject(format_args!("memory table refused: {e}"));
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
-        }
-        if let Ok(mut m) = self.s.mem.lock() {
-            *m = Some(mem);
         }
         Ok(())
     }
@@ -777,13 +839,18 @@ impl VhostUserBackend for CxlBackend {
         match device_event as usize {
             QUEUE_CMD => process_commands(&self.s, vrings),
             QUEUE_EVENT => {
-                if let Some(mem) = self.s.memory() {
-                    let snapshot = mem.memory().into_inner();
-                    let _ = vrings[QUEUE_EVENT].disable_notification();
+                if let Some(table) = self.s.memory() {
+                    let snapshot: &GuestMemoryMmap = &table.mem;
+                    {
+                        let _ = vrings[QUEUE_EVENT]
+                            .get_mut()
+                            .get_queue_mut()
+                            .disable_notification(snapshot);
+                    }
                     deliver_events(
                         &self.s,
                         vrings,
-                        &snapshot,
+                        snapshot,
                         self.s.event_idx.load(Ordering::Relaxed),
                     );
                 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
-use crate::files;
+use crate::{files, sigbus};
+use std::os::fd::AsRawFd;
 
 /// How a daemon holds its memory file.
 #[derive(Clone, Copy, Debug, Default)]
@@ -89,6 +90,9 @@ impl std::error::Error for DevmemError {}
 
 /// The device's own memory, mapped shared.
 pub struct DeviceMemory {
+    /// A truncated file (QEMU holds it read-write) must not kill us: see sigbus.rs.
+    /// Unregistered before the mapping goes.
+    _sigbus: sigbus::Guard,
     region: MmapRegion,
     id: FileId,
 }
@@ -137,9 +141,15 @@ impl DeviceMemory {
     pub fn from_file(file: File, size: u64) -> Result<DeviceMemory, String> {
         let id = FileId::of(&file).map_err(|e| e.to_string())?;
         let len = usize::try_from(size).map_err(|e| e.to_string())?;
+        let fd = file.as_raw_fd();
         let region =
             MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(|e| e.to_string())?;
-        Ok(DeviceMemory { region, id })
+        let guard = sigbus::register(region.as_ptr(), len, fd)?;
+        Ok(DeviceMemory {
+            _sigbus: guard,
+            region,
+            id,
+        })
     }
 
     pub fn size(&self) -> u64 {

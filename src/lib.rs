@@ -17,5 +17,6 @@ pub mod files;
 pub mod protocol;
 pub mod sandbox;
 pub mod server;
+pub mod sigbus;
 pub mod state;
 pub mod supervisor;

@@ -47,6 +47,7 @@ const ALLOWED: &[i64] = &[
     libc::SYS_statx,
     libc::SYS_newfstatat,
     libc::SYS_fstat,
+    libc::SYS_fstatfs,
     // event loop, kicks and calls
     libc::SYS_epoll_create1,
     libc::SYS_epoll_ctl,

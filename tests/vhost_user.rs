@@ -966,3 +966,79 @@ fn a_queue_stop_cuts_long_commands_short() {
         Status::Ok
     );
 }
+
+#[test]
+fn memory_that_shrinks_under_the_device_does_not_kill_it() {
+    // A front-end truncates the memfd behind guest RAM after giving it, and the device
+    // memory file (QEMU holds it read-write): touching those pages raises SIGBUS.
+    let mut h = Harness::new();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    h.ram_file().set_len(GUEST_SIZE / 2).unwrap();
+    let far = GUEST_SIZE * 3 / 4;
+    let gone = [sge(SPACE_GPA, far, 4096)];
+    let r = h.call(&copy(2, &gone, &[sge(SPACE_DEVMEM, 0, 4096)]));
+    assert_eq!(r.status(), Status::BadGpa);
+    // Another page: the first one is now an anonymous page of the daemon's own.
+    let gone2 = [sge(SPACE_GPA, far + 0x10000, 4096)];
+    assert_eq!(h.call(&fill(3, 0x55, &gone2)).status(), Status::BadGpa);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(h.dir.join("devmem"))
+        .unwrap()
+        .set_len(DEVMEM_SIZE / 2)
+        .unwrap();
+    let r = h.call(&fill(
+        4,
+        0x55,
+        &[sge(SPACE_DEVMEM, DEVMEM_SIZE * 3 / 4, 4096)],
+    ));
+    assert_eq!(r.status(), Status::BadGpa);
+    // Memory that is still there works as before.
+    let here = [sge(SPACE_GPA, DATA, 4096)];
+    assert_eq!(
+        h.call(&fill(5, 0x7777_7777_7777_7777, &here)).status(),
+        Status::Ok
+    );
+    let r = h.call(&checksum(6, 0, &here));
+    assert_eq!(r.resp.result0, crc32c(0, &[0x77; 4096]) as u64);
+}
+
+#[test]
+fn a_refused_memory_table_is_not_used_by_commands_still_running() {
+    let mut h = Harness::new();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let long = Atomic {
+        op: ATOMIC_FETCH_ADD,
+        width: 8,
+        space: SPACE_DEVMEM,
+        reserved: 0,
+        addr: 0,
+        operand: 1,
+        compare: 0,
+        repeat: 1 << 26,
+    };
+    h.post(&atomic(2, long), 1, 64);
+    std::thread::sleep(Duration::from_millis(20));
+    let used = h.queues[0].used_idx(&h.guest);
+    // A table whose RAM region runs past the end of its file (the rings lie there).
+    let small = memfd("small", 4096);
+    let region = vhost::VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: GUEST_SIZE,
+        userspace_addr: h.guest.get_host_address(GuestAddress(0)).unwrap() as u64,
+        mmap_offset: 0,
+        mmap_handle: std::os::fd::AsRawFd::as_raw_fd(&small),
+    };
+    let fe = h.frontend.as_mut().unwrap();
+    fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+    assert!(vhost::VhostBackend::set_mem_table(fe, &[region]).is_err());
+    // The atomic ends (done or cut short with the session) without touching the ring
+    // through the refused table.
+    let t = std::time::Instant::now();
+    while h.device().stat(STAT_COMMANDS) < 2 || t.elapsed() < Duration::from_millis(300) {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(h.queues[0].used_idx(&h.guest), used);
+}
