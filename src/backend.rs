@@ -23,7 +23,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Device, ExportSink, Reply};
+use crate::device::{Device, ExportSink, RateLimitedLog, Reply};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
@@ -95,6 +95,8 @@ struct Session {
     /// This session continues a connection whose previous daemon died: the rings carry on
     /// from the journal instead of from the front-end's set-up.
     resume: AtomicBool,
+    /// Announces exports to the front-end (one per device, shared by its sessions).
+    announcer: Arc<Announcer>,
     /// The rings the journal describes (None: not yet seen since the queue started).
     rings: Mutex<[Option<RingId>; NUM_QUEUES]>,
 }
@@ -109,8 +111,13 @@ impl CxlBackend {
         self.s.cancel.store(true, Ordering::Release);
     }
 
-    pub fn new(device: Arc<Device>, dispatcher: Arc<Dispatcher>, queue_size: u16) -> Self {
-        Self::with_resume(device, dispatcher, queue_size, false)
+    pub fn new(
+        device: Arc<Device>,
+        dispatcher: Arc<Dispatcher>,
+        announcer: Arc<Announcer>,
+        queue_size: u16,
+    ) -> Self {
+        Self::with_resume(device, dispatcher, announcer, queue_size, false)
     }
 
     /// `resume`: the front-end's connection outlived the previous daemon (a supervisor
@@ -119,6 +126,7 @@ impl CxlBackend {
     pub fn with_resume(
         device: Arc<Device>,
         dispatcher: Arc<Dispatcher>,
+        announcer: Arc<Announcer>,
         queue_size: u16,
         resume: bool,
     ) -> Self {
@@ -140,6 +148,7 @@ impl CxlBackend {
                 cancel: AtomicBool::new(false),
                 poisoned: AtomicBool::new(false),
                 resume: AtomicBool::new(resume),
+                announcer,
                 rings: Mutex::new([None; NUM_QUEUES]),
             }),
         }
@@ -513,8 +522,7 @@ fn complete(
         };
         if sigbus::faults() != faults {
             // Memory shrank under the command (see sigbus.rs): what it read or wrote
-            // there is lost. (Under a hostile front-end, a command running at the same
-            // time may be failed too.)
+            // there is lost.
             device.reject(format_args!(
                 "request (head {}): memory shrank under it (its file was truncated)",
                 req.head
@@ -642,49 +650,94 @@ fn deliver_events(s: &Session, vrings: &[VringRwLock], mem: &GuestMemoryMmap, ev
 }
 
 /// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
-/// A dedicated thread talks to the front-end, so a slow or silent front-end delays the
-/// announcements, never a command.
-struct SharedObjects {
-    tx: Mutex<std::sync::mpsc::Sender<(bool, [u8; 16])>>,
+///
+/// One thread per device (for the daemon's life: [`crate::server::serve_endpoint`] makes
+/// it) talks to whichever backend channel is current, so a front-end that sends
+/// SET_BACKEND_REQ_FD again and again costs no thread. Announcements
+/// ask for no reply: a front-end that never answers cannot hold the thread (only one that
+/// stops reading its channel altogether can, until it closes it, and meanwhile at most
+/// `QUEUED` announcements wait; more are dropped and counted).
+pub struct Announcer {
+    tx: Mutex<std::sync::mpsc::SyncSender<Announce>>,
+    log: RateLimitedLog,
 }
 
-impl SharedObjects {
-    fn new(backend: Backend) -> io::Result<SharedObjects> {
-        let (tx, rx) = std::sync::mpsc::channel::<(bool, [u8; 16])>();
+enum Announce {
+    /// A new backend channel (None: the session ended).
+    Channel(Option<Backend>),
+    Update {
+        add: bool,
+        uuid: [u8; 16],
+    },
+}
+
+/// Announcements waiting for the thread at most.
+const QUEUED: usize = 4096;
+
+impl Announcer {
+    /// Starts the thread; it ends when the announcer is dropped (and its current send is
+    /// done).
+    pub fn start() -> io::Result<Arc<Announcer>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Announce>(QUEUED);
         std::thread::Builder::new()
             .name("shared-objects".into())
-            .spawn(move || {
-                // Ends when the sink (and with it the sender) is dropped.
-                for (add, uuid) in rx {
-                    let mut m = VhostUserSharedMsg::default();
-                    m.as_mut_slice().copy_from_slice(&uuid);
-                    let r = if add {
-                        backend.shared_object_add(&m)
-                    } else {
-                        backend.shared_object_remove(&m)
-                    };
-                    if let Err(e) = r {
-                        log::warn!("front-end refused shared object update: {e}");
-                    }
-                }
-            })?;
-        Ok(SharedObjects { tx: Mutex::new(tx) })
+            .spawn(move || announce(rx))?;
+        Ok(Arc::new(Announcer {
+            tx: Mutex::new(tx),
+            log: RateLimitedLog::new(10),
+        }))
     }
 
-    fn send(&self, add: bool, uuid: [u8; 16]) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send((add, uuid));
+    fn send(&self, a: Announce) {
+        let Ok(tx) = self.tx.lock() else { return };
+        if tx.try_send(a).is_err() {
+            self.log.warn(format_args!(
+                "shared-object announcement dropped: the front-end does not read its channel"
+            ));
         }
     }
 }
 
+fn announce(rx: std::sync::mpsc::Receiver<Announce>) {
+    let log = RateLimitedLog::new(10);
+    let mut channel: Option<Backend> = None;
+    for a in rx {
+        match a {
+            Announce::Channel(b) => channel = b,
+            Announce::Update { add, uuid } => {
+                let Some(backend) = &channel else { continue };
+                let mut m = VhostUserSharedMsg::default();
+                m.as_mut_slice().copy_from_slice(&uuid);
+                let r = if add {
+                    backend.shared_object_add(&m)
+                } else {
+                    backend.shared_object_remove(&m)
+                };
+                if let Err(e) = r {
+                    log.warn(format_args!("cannot update a shared object: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// The session's view of the announcer, as the device's export sink.
+struct SharedObjects(Arc<Announcer>);
+
 impl ExportSink for SharedObjects {
     fn added(&self, uuid: [u8; 16]) {
-        self.send(true, uuid);
+        self.0.send(Announce::Update { add: true, uuid });
     }
 
     fn removed(&self, uuid: [u8; 16]) {
-        self.send(false, uuid);
+        self.0.send(Announce::Update { add: false, uuid });
+    }
+}
+
+impl Drop for SharedObjects {
+    fn drop(&mut self) {
+        // The channel belonged to the session that gave it.
+        self.0.send(Announce::Channel(None));
     }
 }
 
@@ -722,10 +775,15 @@ impl VhostUserBackend for CxlBackend {
     fn set_backend_req_fd(&self, backend: Backend) {
         // A resumed session's front-end already knows every exported object.
         let announce = !self.s.resume.load(Ordering::Acquire);
-        match SharedObjects::new(backend) {
-            Ok(s) => self.s.device.set_export_sink(Some(Arc::new(s)), announce),
-            Err(e) => log::error!("cannot start the shared-object thread: {e}"),
-        }
+        let announcer = &self.s.announcer;
+        // Never wait for the front-end's answer (see Announcer).
+        backend.set_reply_ack_flag(false);
+        // The old sink goes (and with it the old channel) before the new one comes.
+        self.s.device.set_export_sink(None, false);
+        announcer.send(Announce::Channel(Some(backend)));
+        self.s
+            .device
+            .set_export_sink(Some(Arc::new(SharedObjects(announcer.clone()))), announce);
     }
 
     fn get_shared_object(&self, msg: VhostUserSharedMsg) -> io::Result<std::fs::File> {
@@ -745,13 +803,11 @@ impl VhostUserBackend for CxlBackend {
         };
         // An fd covering exactly the buffer needs a host udmabuf over a sealed memfd; the
         // device memory is a named file QEMU opens by path, so there is none to give.
-        log::warn!(
+        self.s.device.reject(format_args!(
             "GET_SHARED_OBJECT for buffer {} ({} bytes at {:#x}): not supported, device \
              memory is a named file and cannot be sliced into a host dma-buf",
-            buf.id,
-            buf.size,
-            buf.offset
-        );
+            buf.id, buf.size, buf.offset
+        ));
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "device memory cannot be exported as a host dma-buf",

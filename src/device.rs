@@ -97,6 +97,11 @@ impl RateLimitedLog {
     }
 
     pub fn warn(&self, msg: std::fmt::Arguments) {
+        self.log(log::Level::Warn, msg);
+    }
+
+    /// Logs `msg` at `level`, within the same limit.
+    pub fn log(&self, level: log::Level, msg: std::fmt::Arguments) {
         let Ok(mut s) = self.state.lock() else { return };
         if s.0.elapsed() >= Duration::from_secs(1) {
             if s.2 > 0 {
@@ -106,7 +111,7 @@ impl RateLimitedLog {
         }
         if s.1 < self.burst {
             s.1 += 1;
-            log::warn!("{msg}");
+            log::log!(level, "{msg}");
         } else {
             s.2 += 1;
         }
@@ -132,6 +137,8 @@ pub struct Device {
     events: Mutex<VecDeque<Event>>,
     event_seq: AtomicU64,
     errlog: RateLimitedLog,
+    /// What a guest can make the device say again and again (resets).
+    notes: RateLimitedLog,
     export_sink: RwLock<Option<std::sync::Arc<dyn ExportSink>>>,
 }
 
@@ -167,6 +174,7 @@ impl Device {
             events: Mutex::new(VecDeque::new()),
             event_seq: AtomicU64::new(0),
             errlog: RateLimitedLog::new(10),
+            notes: RateLimitedLog::new(10),
             export_sink: RwLock::new(None),
         }
     }
@@ -545,7 +553,10 @@ impl Device {
                 if let Ok(mut q) = self.events.lock() {
                     q.clear();
                 }
-                log::info!("device reset by the driver: {} buffers released", r.result0);
+                self.notes.log(
+                    log::Level::Info,
+                    format_args!("device reset by the driver: {} buffers released", r.result0),
+                );
             }
             Command::SetDevmemBase { gpa } => match layout.devmem_gpa {
                 None => fail(Status::NotReady, 0),

@@ -179,11 +179,13 @@ pub fn serve_endpoint(
 ) -> io::Result<SessionEnd> {
     let mut sessions = 0;
     let mut end = SessionEnd::Disconnected;
+    let announcer = crate::backend::Announcer::start()?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
             device.clone(),
             dispatcher.clone(),
+            announcer.clone(),
             queue_size,
             resume && sessions == 0,
         ));

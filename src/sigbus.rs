@@ -9,12 +9,13 @@
 //! and a SIGBUS handler recovers from a fault inside one: it maps a private anonymous zero
 //! page (a huge page for hugetlbfs) over the faulting page and returns, so the access is
 //! retried and completes on memory of our own (writes are lost, reads see zeros), and it
-//! counts the fault. The command that saw a fault is answered with an error
-//! ([`faults`] is compared before and after). No unwinding or jumping out of Rust code is
+//! counts the fault for its thread. The command that saw a fault is answered with an
+//! error ([`faults`] is compared before and after). No unwinding or jumping out of Rust code is
 //! involved: the interrupted instruction simply runs again. A SIGBUS anywhere else (or of
 //! another kind, such as a hardware memory error) takes its default action.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 
 /// Mappings registered at once: guest memory regions (at most 32 per table, kept while a
@@ -38,12 +39,17 @@ const EMPTY: Slot = Slot {
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// Serialises registration (the handler only reads).
 static WRITERS: Mutex<()> = Mutex::new(());
-static FAULTS: AtomicU64 = AtomicU64::new(0);
 static INSTALL: Once = Once::new();
 
-/// Faults recovered so far (process-wide).
+thread_local! {
+    /// Faults recovered on this thread. Constant-initialised and without a destructor, so
+    /// the handler's access is a plain thread-local load and store.
+    static FAULTS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Faults recovered so far on the calling thread (a command runs on one thread).
 pub fn faults() -> u64 {
-    FAULTS.load(Ordering::Acquire)
+    FAULTS.with(|f| f.get())
 }
 
 /// A registered mapping; unregistered when dropped, which must happen before it is
@@ -123,7 +129,7 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
                 )
             };
             if p != libc::MAP_FAILED {
-                FAULTS.fetch_add(1, Ordering::AcqRel);
+                FAULTS.with(|f| f.set(f.get() + 1));
                 return;
             }
             break;

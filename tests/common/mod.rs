@@ -304,6 +304,8 @@ pub struct Options {
     pub run_as: Option<u32>,
     /// Size of the rings the driver sets up (the daemon's --queue-size stays QUEUE_SIZE).
     pub ring_size: u16,
+    /// With `supervised`: the daemon's log (at info) goes to this file.
+    pub log: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -318,6 +320,7 @@ impl Default for Options {
             supervised: None,
             run_as: None,
             ring_size: QUEUE_SIZE,
+            log: None,
         }
     }
 }
@@ -400,7 +403,11 @@ impl Harness {
                 None => std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel")),
             };
             // Quiet unless asked: every kill makes the daemon log a restart.
-            let level = std::env::var("CXL_ACCEL_TEST_LOG").unwrap_or_else(|_| "error".into());
+            let mut level = std::env::var("CXL_ACCEL_TEST_LOG").unwrap_or_else(|_| "error".into());
+            if let Some(log) = &opts.log {
+                cmd.stderr(File::create(log).unwrap());
+                level = "info".into();
+            }
             let child = cmd
                 .env("RUST_LOG", level)
                 .arg("--supervise")
@@ -575,6 +582,11 @@ impl Harness {
     /// Forgets earlier signals on queue `q`.
     pub fn drain_call(&self, q: usize) {
         while self.wait_call(q, Duration::ZERO) {}
+    }
+
+    /// Whether the in-process daemon has ended (it serves one session).
+    pub fn daemon_finished(&self) -> bool {
+        self.daemon.as_ref().is_none_or(|d| d.is_finished())
     }
 
     /// The in-process device model.
