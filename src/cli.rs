@@ -101,10 +101,12 @@ pub struct Args {
     #[arg(long, value_name = "bar|numa", default_value = "bar", value_parser = parse_attach)]
     pub attach: Attach,
 
-    /// seccomp sandbox once serving: "off", "log" (unlisted system calls are logged by the
-    /// kernel's audit) or "enforce" (they kill the daemon). Opening files, exec, ptrace
-    /// and the like are never on the list.
-    #[arg(long, value_name = "off|log|enforce", default_value = "off", value_parser = parse_seccomp)]
+    /// seccomp sandbox once serving: "enforce" (default: an unlisted system call kills the
+    /// daemon with a message naming it), "log" (unlisted calls are logged by the kernel's
+    /// audit) or "off". Opening files, exec, ptrace, other sockets than unix ones and
+    /// executable memory are never allowed; under --supervise the thread that relays the
+    /// front-end's messages has a shorter list of its own.
+    #[arg(long, value_name = "off|log|enforce", default_value = "enforce", value_parser = parse_seccomp)]
     pub seccomp: crate::sandbox::Mode,
 
     /// Run the device in a worker process and restart it if it dies (crash, SIGKILL, OOM):

@@ -20,3 +20,4 @@ pub mod server;
 pub mod sigbus;
 pub mod state;
 pub mod supervisor;
+pub mod workers;

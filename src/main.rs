@@ -50,8 +50,9 @@ fn run(args: Args) -> Result<(), String> {
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
     let worker = args.worker_fd.is_some();
-    let own_socket =
-        (args.socket_mode == SocketMode::Server && !worker).then(|| args.socket_path.clone());
+    let own_socket = (args.socket_mode == SocketMode::Server && !worker)
+        .then(|| cxl_accel::sandbox::removable(&args.socket_path))
+        .flatten();
     signals::exit_on_termination(own_socket.into_iter().collect())?;
     if args.virtio_id != VIRTIO_ID {
         log::warn!(
@@ -96,7 +97,11 @@ fn run(args: Args) -> Result<(), String> {
         args.dma_threads
     );
     // Everything that opens files or creates the socket is done: drop into the sandbox.
-    cxl_accel::sandbox::apply(args.seccomp)?;
+    let profile = cxl_accel::sandbox::Profile {
+        connects: args.socket_mode == SocketMode::Client && !worker,
+        relay: false,
+    };
+    cxl_accel::sandbox::apply(args.seccomp, profile)?;
     if args.seccomp != cxl_accel::sandbox::Mode::Off {
         log::info!("seccomp filter installed ({:?})", args.seccomp);
     }
@@ -125,11 +130,16 @@ fn run(args: Args) -> Result<(), String> {
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
 fn supervise(args: Args) -> Result<(), String> {
+    cxl_accel::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
     if args.socket_mode == SocketMode::Server {
         cleanup.push(args.socket_path.clone());
     }
+    let cleanup = cleanup
+        .iter()
+        .filter_map(|p| cxl_accel::sandbox::removable(p))
+        .collect();
     signals::exit_on_termination(cleanup)?;
     // Same checks as a worker makes, so a bad argument fails here once, not in a loop; the
     // locks on the memory and state files are held here for every worker.
@@ -162,11 +172,12 @@ fn supervise(args: Args) -> Result<(), String> {
             args: worker_args,
             worker_socket,
         },
+        args.seccomp,
     )
 }
 
 mod signals {
-    use std::path::PathBuf;
+    use std::ffi::CStr;
 
     static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -177,7 +188,7 @@ mod signals {
 
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
-    pub fn exit_on_termination(remove: Vec<PathBuf>) -> Result<(), String> {
+    pub fn exit_on_termination(remove: Vec<&'static CStr>) -> Result<(), String> {
         // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
         // runs before the worker threads that inherit the mask are created.
         let set = unsafe {
@@ -207,8 +218,8 @@ mod signals {
                     // SAFETY: sends a signal; no memory is involved.
                     unsafe { libc::kill(worker, libc::SIGTERM) };
                 }
-                for s in &remove {
-                    let _ = std::fs::remove_file(s);
+                for s in remove {
+                    cxl_accel::sandbox::remove(s);
                 }
                 std::process::exit(0);
             })

@@ -15,9 +15,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// vhost-user header: request, flags, payload size.
 const HEADER: usize = 12;
@@ -29,10 +27,9 @@ const MAX_FDS: usize = 32;
 /// a message with too many is seen (and refused) rather than cut short.
 const CMSG_WORDS: usize = (2 * MAX_FDS * 4 + 64) / 8;
 
-/// A worker's exit status when it ended its session because it refused a front-end
-/// message: the supervisor ends the front-end's session too, as an unsupervised daemon
-/// would, instead of replaying the message to a new worker.
-pub const EXIT_REFUSED: i32 = 3;
+use crate::sandbox;
+use crate::workers::{End, Launcher};
+pub use crate::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
 
@@ -67,9 +64,6 @@ const ANSWERED: [u32; 10] = [1, 6, 11, 15, 17, 24, 31, 36, 40, 41];
 const SHORT_LIFE: Duration = Duration::from_secs(1);
 /// Consecutive short-lived workers before the supervisor gives up.
 const CRASH_LOOP: u32 = 5;
-
-/// Pid of the current worker, for the signal thread.
-pub static WORKER_PID: AtomicI32 = AtomicI32::new(0);
 
 /// One vhost-user message with the descriptors that came with it.
 pub struct Message {
@@ -394,30 +388,36 @@ pub enum FrontEnd {
     Connect(PathBuf),
 }
 
-/// Everything needed to start a worker.
-pub struct WorkerSpec {
-    /// Our own arguments, minus `--supervise`.
-    pub args: Vec<String>,
-    pub worker_socket: PathBuf,
-}
-
-struct Worker {
-    child: Child,
-    conn: UnixStream,
-    started: Instant,
-}
-
-/// Serves front-end connections forever.
-pub fn run(front: FrontEnd, spec: WorkerSpec) -> Result<(), String> {
+/// Serves front-end connections forever: a relay thread, under the seccomp filter
+/// `seccomp` (the relay's own list), relays the front-end's messages; this thread starts
+/// the workers, outside the filter.
+pub fn run(front: FrontEnd, spec: WorkerSpec, seccomp: sandbox::Mode) -> Result<(), String> {
     // Private (0600) from the start: only our own workers connect to it.
     let workers = crate::server::bind_std(&spec.worker_socket, None)
         .map_err(|e| format!("worker socket: {e}"))?;
-    let result = serve(front, &spec, &workers);
+    let (launcher, requests) = crate::workers::launcher();
+    let relay = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let profile = sandbox::Profile {
+                connects: matches!(front, FrontEnd::Connect(_)),
+                relay: true,
+            };
+            sandbox::apply_to_this_thread(seccomp, profile)?;
+            if seccomp != sandbox::Mode::Off {
+                log::info!("supervisor: seccomp filter installed on the relay ({seccomp:?})");
+            }
+            serve(front, &launcher)
+        })
+        .map_err(|e| format!("cannot start the relay thread: {e}"))?;
+    requests.serve(&spec, &workers);
     let _ = std::fs::remove_file(&spec.worker_socket);
-    result
+    relay
+        .join()
+        .unwrap_or_else(|_| Err("the relay thread panicked".into()))
 }
 
-fn serve(front: FrontEnd, spec: &WorkerSpec, workers: &UnixListener) -> Result<(), String> {
+fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), String> {
     loop {
         let qemu = match &front {
             FrontEnd::Listen(l) => l
@@ -427,7 +427,7 @@ fn serve(front: FrontEnd, spec: &WorkerSpec, workers: &UnixListener) -> Result<(
             FrontEnd::Connect(path) => connect_retrying(path),
         };
         log::info!("supervisor: front-end connected");
-        let end = session(&qemu, spec, workers)?;
+        let end = session(&qemu, launcher)?;
         log::info!("supervisor: {end}");
     }
 }
@@ -448,49 +448,10 @@ fn connect_retrying(path: &Path) -> UnixStream {
     }
 }
 
-fn start_worker(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, String> {
-    // Queued in the listener's backlog; the worker accepts it as its front-end.
-    let conn = UnixStream::connect(&spec.worker_socket)
-        .map_err(|e| format!("cannot connect to the worker socket: {e}"))?;
-    let fd = workers.as_raw_fd();
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find our executable: {e}"))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
-    if resume {
-        cmd.arg("--resume");
-    }
-    // SAFETY: the closure runs in the child between fork and exec and only calls fcntl,
-    // which is async-signal-safe.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            // The listener is the worker's; everything else stays close-on-exec.
-            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start a worker: {e}"))?;
-    WORKER_PID.store(child.id() as i32, Ordering::Release);
-    log::info!(
-        "supervisor: worker pid {} started{}",
-        child.id(),
-        if resume { " (resuming)" } else { "" }
-    );
-    Ok(Worker {
-        child,
-        conn,
-        started: Instant::now(),
-    })
-}
-
 /// Relays one front-end connection; returns why it ended.
-fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Result<String, String> {
+fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
     let mut rec = Recording::default();
-    let mut worker = start_worker(spec, workers, false)?;
+    let mut worker = launcher.start_worker(false)?;
     // A request the worker has not answered yet: resent to a replacement.
     let mut pending: Option<Message> = None;
     let mut restarts = 0u32;
@@ -534,7 +495,7 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
                         }
                     }
                     if let Err(e) = send_message(qemu.as_fd(), &reply) {
-                        stop_worker(worker);
+                        worker.stop();
                         return Ok(format!("front-end gone ({e})"));
                     }
                 }
@@ -563,11 +524,11 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
                     }
                 }
                 Ok(None) => {
-                    stop_worker(worker);
+                    worker.stop();
                     return Ok("front-end disconnected".into());
                 }
                 Err(e) => {
-                    stop_worker(worker);
+                    worker.stop();
                     return Ok(format!("front-end connection failed: {e}"));
                 }
             }
@@ -577,7 +538,7 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         }
         let lived = worker.started.elapsed();
         // A worker whose connection failed may still be alive (it will not be used again).
-        let (status, end) = reap(&mut worker.child);
+        let (status, end) = worker.reap();
         if end == End::Refused {
             return Ok(
                 "the worker refused a front-end message; session ended (not replayed)".into(),
@@ -606,7 +567,7 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         if short_lived > 1 {
             std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
         }
-        worker = start_worker(spec, workers, true)?;
+        worker = launcher.start_worker(true)?;
         // The request the dead worker owed an answer: replay the rest, then ask again.
         if let Some(p) = &pending {
             rec.kept
@@ -628,63 +589,6 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
             continue;
         }
     }
-}
-
-/// How a worker ended, as far as the supervisor cares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
-    /// SIGKILL: an operator or the OOM killer, never a crash loop.
-    Killed,
-    /// It refused a front-end message ([`EXIT_REFUSED`]).
-    Refused,
-    /// Anything else: a crash or an unexpected exit.
-    Died,
-}
-
-/// How long a worker whose connection ended may take to exit before it is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(5);
-
-/// Waits for a worker whose connection ended (killing it after [`EXIT_GRACE`]: its
-/// connection is of no use any more); how it ended, for the log and for what to do next.
-fn reap(child: &mut Child) -> (String, End) {
-    let deadline = Instant::now() + EXIT_GRACE;
-    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if matches!(child.try_wait(), Ok(None)) {
-        log::warn!("supervisor: worker {} did not exit; killing it", child.id());
-        let _ = child.kill();
-    }
-    match child.wait() {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            match (s.signal(), s.code()) {
-                (Some(sig), _) => (
-                    format!("pid {} killed by signal {sig}", child.id()),
-                    if sig == libc::SIGKILL {
-                        End::Killed
-                    } else {
-                        End::Died
-                    },
-                ),
-                (None, code) => (
-                    format!("pid {} exited with {}", child.id(), code.unwrap_or(-1)),
-                    if code == Some(EXIT_REFUSED) {
-                        End::Refused
-                    } else {
-                        End::Died
-                    },
-                ),
-            }
-        }
-        Err(e) => (format!("pid {} lost ({e})", child.id()), End::Died),
-    }
-}
-
-/// Ends a worker whose front-end went away: it sees its connection close and exits.
-fn stop_worker(mut w: Worker) {
-    let _ = w.conn.shutdown(std::net::Shutdown::Both);
-    reap(&mut w.child);
 }
 
 #[cfg(test)]

@@ -217,21 +217,17 @@ fn qemu_configs_match_print_qemu_args() {
     assert_eq!(two, expect, "regenerate qemu-configs/two-devices.args");
 }
 
-/// Under the seccomp filter the daemon still serves a front-end and exits on SIGTERM.
+/// Under the seccomp filter (the default) the daemon still serves a front-end and exits on
+/// SIGTERM.
 #[test]
 fn sandboxed_daemon_serves_and_exits_cleanly() {
     use vhost::vhost_user::Frontend;
     use vhost::VhostBackend;
     let d = temp_dir("seccomp");
     let sock = d.join("s.sock");
+    // No --seccomp: enforce is the default.
     let daemon = bin()
-        .args([
-            "--seccomp",
-            "enforce",
-            "--memory-size",
-            "4M",
-            "--socket-path",
-        ])
+        .args(["--memory-size", "4M", "--socket-path"])
         .arg(&sock)
         .arg("--memory-path")
         .arg(d.join("mem"))
@@ -258,7 +254,7 @@ fn sandboxed_daemon_serves_and_exits_cleanly() {
     let out = daemon.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("seccomp filter installed"), "{err}");
+    assert!(err.contains("seccomp filter installed (Enforce)"), "{err}");
     assert!(!err.contains("refused system call"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
@@ -336,4 +332,49 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     assert!(out.status.success(), "{:?}: {log}", out.status);
     assert!(log.contains("supervising on"), "{log}");
     let _ = std::fs::remove_dir_all(d);
+}
+
+/// In client socket mode the sandboxed daemon connects to the front-end's socket, and
+/// again when the connection drops.
+#[test]
+fn sandboxed_client_mode_daemon_connects_and_reconnects() {
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend;
+    for supervise in [false, true] {
+        let d = temp_dir(if supervise { "client-sup" } else { "client" });
+        let sock = d.join("qemu.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let mut cmd = bin();
+        if supervise {
+            cmd.arg("--supervise");
+        }
+        let mut daemon = cmd
+            .args([
+                "--memory-size",
+                "4M",
+                "--socket-mode",
+                "client",
+                "--socket-path",
+            ])
+            .arg(&sock)
+            .arg("--memory-path")
+            .arg(d.join("mem"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        for _ in 0..2 {
+            let (stream, _) = listener.accept().unwrap();
+            let fe = Frontend::from_stream(stream, 2);
+            fe.set_owner().unwrap();
+            assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+        }
+        assert!(daemon.try_wait().unwrap().is_none());
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+        let out = daemon.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(!err.contains("refused system call"), "{err}");
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
