@@ -52,9 +52,15 @@ printed by --print-qemu-args. Logging: RUST_LOG=info (default) or debug."
 )]
 pub struct Args {
     /// Unix socket QEMU connects to (its vhost-user chardev path). A stale socket left by a
-    /// crashed daemon is replaced; a socket a live daemon is serving is an error.
-    #[arg(long, value_name = "PATH")]
-    pub socket_path: PathBuf,
+    /// crashed daemon is replaced; a socket a live daemon is serving, or anything that is
+    /// not a socket, is an error. Not needed with --fd.
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["fd", "print_capabilities"])]
+    pub socket_path: Option<PathBuf>,
+
+    /// A listening unix socket handed over by the caller (as libvirt does), used instead of
+    /// --socket-path (vhost-user backend program conventions).
+    #[arg(long, value_name = "FDNUM")]
+    pub fd: Option<i32>,
 
     /// "server": the daemon listens on --socket-path and QEMU connects. "client": QEMU
     /// listens (its chardev has server=on) and the daemon connects, reconnecting whenever the
@@ -139,6 +145,11 @@ pub struct Args {
     #[arg(long)]
     pub print_qemu_args: bool,
 
+    /// Print the backend's capabilities as JSON (vhost-user backend program conventions)
+    /// and exit; every other argument is ignored.
+    #[arg(long)]
+    pub print_capabilities: bool,
+
     /// With --print-qemu-args: size of the shared guest RAM backend to print (vhost-user needs
     /// shared guest RAM), or "none" when another device's arguments already carry it.
     #[arg(long, value_name = "SIZE|none", default_value = "1G")]
@@ -159,9 +170,28 @@ impl Args {
             .unwrap_or_else(|| with_suffix(&self.memory_path, ".state"))
     }
 
-    /// Where a supervisor meets its workers: the socket path plus ".worker".
+    /// Where a supervisor meets its workers: the socket path plus ".worker" (with --fd,
+    /// the memory path plus ".worker").
     pub fn worker_socket(&self) -> PathBuf {
-        with_suffix(&self.socket_path, ".worker")
+        match &self.socket_path {
+            Some(p) => with_suffix(p, ".worker"),
+            None => with_suffix(&self.memory_path, ".worker"),
+        }
+    }
+
+    /// `--socket-path` (empty with --fd).
+    pub fn socket_path(&self) -> &std::path::Path {
+        self.socket_path
+            .as_deref()
+            .unwrap_or(std::path::Path::new(""))
+    }
+
+    /// Where the front-end reaches us, for the log.
+    pub fn endpoint(&self) -> String {
+        match self.fd {
+            Some(fd) => format!("listening socket fd {fd}"),
+            None => self.socket_path().display().to_string(),
+        }
     }
 }
 
@@ -227,6 +257,45 @@ fn parse_queue_size(s: &str) -> Result<u16, String> {
     Ok(n as u16)
 }
 
+/// What `--print-capabilities` prints. No type of QEMU's vhost-user.json fits this device
+/// (QEMU attaches it as vhost-user-test-device), so it names itself.
+pub const CAPABILITIES: &str = "{\"type\": \"cxl-accel\", \"features\": []}";
+
+/// Whether the command line asks for the capabilities (before anything else is parsed:
+/// the other arguments are to be ignored).
+pub fn wants_capabilities(args: impl Iterator<Item = String>) -> bool {
+    args.skip(1).any(|a| a == "--print-capabilities")
+}
+
+/// Checks that `fd` is a listening unix stream socket (`--fd`) and keeps it from workers.
+pub fn listening_socket(fd: i32) -> Result<std::os::unix::net::UnixListener, String> {
+    let opt = |name: libc::c_int| -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes one int into `v`; a bad fd only makes it fail.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(v)
+    };
+    let ok = opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && opt(libc::SO_ACCEPTCONN) == Some(1);
+    if !ok {
+        return Err(format!("--fd {fd} is not a listening unix stream socket"));
+    }
+    // SAFETY: fcntl on a descriptor we were given; no memory is involved.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: the caller handed this listening socket over for our use.
+    Ok(unsafe { <std::os::unix::net::UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
 fn qemu_size(bytes: u64) -> String {
     for (suffix, shift) in [("G", 30), ("M", 20), ("K", 10)] {
         if bytes.is_multiple_of(1 << shift) {
@@ -254,6 +323,9 @@ fn shell_quote(s: &str) -> String {
 
 /// The QEMU arguments that attach this device, as (option, value) pairs.
 pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
+    let Some(socket_path) = &args.socket_path else {
+        return Err("--print-qemu-args needs --socket-path (QEMU's chardev path)".into());
+    };
     let n = args.index;
     let slot = 0x10 + n;
     let mut v = Vec::new();
@@ -290,7 +362,7 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
         "-chardev".into(),
         format!(
             "socket,id=cxlacc{n}-sock,path={}{reconnect}",
-            qemu_escape(&args.socket_path)
+            qemu_escape(socket_path)
         ),
     ));
     v.push((

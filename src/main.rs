@@ -15,6 +15,10 @@ use std::os::fd::FromRawFd;
 use vhost::vhost_user::Listener;
 
 fn main() -> ExitCode {
+    if cxl_accel::cli::wants_capabilities(std::env::args()) {
+        println!("{}", cxl_accel::cli::CAPABILITIES);
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     if args.print_qemu_args {
         return match qemu_args(&args) {
@@ -24,6 +28,9 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&e),
         };
+    }
+    if args.fd.is_some() && args.socket_mode == SocketMode::Client {
+        return fail("--fd is a listening socket: it does not go with --socket-mode client");
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let result = if args.supervise && args.worker_fd.is_none() {
@@ -50,8 +57,9 @@ fn run(args: Args) -> Result<(), String> {
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
     let worker = args.worker_fd.is_some();
-    let own_socket = (args.socket_mode == SocketMode::Server && !worker)
-        .then(|| cxl_accel::sandbox::removable(&args.socket_path))
+    // A socket handed over with --fd is the caller's to remove.
+    let own_socket = (args.socket_mode == SocketMode::Server && !worker && args.fd.is_none())
+        .then(|| cxl_accel::sandbox::removable(args.socket_path()))
         .flatten();
     signals::exit_on_termination(own_socket.into_iter().collect())?;
     if args.virtio_id != VIRTIO_ID {
@@ -85,13 +93,16 @@ fn run(args: Args) -> Result<(), String> {
     let mut listener = match (args.worker_fd, args.socket_mode) {
         // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
         (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
-        (None, SocketMode::Server) => Some(server::bind(&args.socket_path, args.socket_group)?),
+        (None, SocketMode::Server) => Some(match args.fd {
+            Some(fd) => Listener::from(cxl_accel::cli::listening_socket(fd)?),
+            None => server::bind(args.socket_path(), args.socket_group)?,
+        }),
         (None, SocketMode::Client) => None,
     };
     log::info!(
         "cxl-accel {} on {} ({} bytes of device memory in {}, {} DMA engines)",
         env!("CARGO_PKG_VERSION"),
-        args.socket_path.display(),
+        args.endpoint(),
         args.memory_size,
         args.memory_path.display(),
         args.dma_threads
@@ -107,7 +118,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     let endpoint = match listener.as_mut() {
         Some(l) => server::Endpoint::Listen(l),
-        None => server::Endpoint::Connect(args.socket_path.clone()),
+        None => server::Endpoint::Connect(args.socket_path().to_path_buf()),
     };
     // A worker serves its supervisor's one connection, then exits.
     let sessions = worker.then_some(1);
@@ -133,8 +144,8 @@ fn supervise(args: Args) -> Result<(), String> {
     cxl_accel::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
-    if args.socket_mode == SocketMode::Server {
-        cleanup.push(args.socket_path.clone());
+    if args.socket_mode == SocketMode::Server && args.fd.is_none() {
+        cleanup.push(args.socket_path().to_path_buf());
     }
     let cleanup = cleanup
         .iter()
@@ -151,15 +162,16 @@ fn supervise(args: Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let _lock = cxl_accel::state::lock(&args.state_path())?;
     let front = match args.socket_mode {
-        SocketMode::Server => {
-            supervisor::FrontEnd::Listen(server::bind_std(&args.socket_path, args.socket_group)?)
-        }
-        SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path.clone()),
+        SocketMode::Server => supervisor::FrontEnd::Listen(match args.fd {
+            Some(fd) => cxl_accel::cli::listening_socket(fd)?,
+            None => server::bind_std(args.socket_path(), args.socket_group)?,
+        }),
+        SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path().to_path_buf()),
     };
     log::info!(
         "cxl-accel {} supervising on {} (state in {})",
         env!("CARGO_PKG_VERSION"),
-        args.socket_path.display(),
+        args.endpoint(),
         args.state_path().display()
     );
     let worker_args: Vec<String> = std::env::args()

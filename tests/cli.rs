@@ -31,6 +31,9 @@ fn help_explains_every_flag() {
         "--queue-size",
         "--dma-threads",
         "--print-qemu-args",
+        "--print-capabilities",
+        "--fd",
+        "--socket-group",
         "RUST_LOG",
     ] {
         assert!(text.contains(flag), "--help does not mention {flag}");
@@ -377,4 +380,89 @@ fn sandboxed_client_mode_daemon_connects_and_reconnects() {
         assert!(!err.contains("refused system call"), "{err}");
         let _ = std::fs::remove_dir_all(d);
     }
+}
+
+/// vhost-user backend program conventions: --print-capabilities prints JSON and ignores
+/// everything else.
+#[test]
+fn print_capabilities_prints_json_and_ignores_the_rest() {
+    for args in [
+        vec!["--print-capabilities"],
+        vec![
+            "--memory-size",
+            "12Q",
+            "--print-capabilities",
+            "--no-such-flag",
+        ],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text.trim(), r#"{"type": "cxl-accel", "features": []}"#);
+    }
+}
+
+/// vhost-user backend program conventions: --fd serves a listening socket handed over by
+/// the caller (as libvirt does), with or without the supervisor, and refuses anything else.
+#[test]
+fn a_listening_socket_handed_over_with_fd_is_served() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend;
+    for supervise in [false, true] {
+        let d = temp_dir(if supervise { "fd-sup" } else { "fd" });
+        let sock = d.join("given.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let fd = listener.as_raw_fd();
+        let mut cmd = bin();
+        if supervise {
+            cmd.arg("--supervise");
+        }
+        cmd.args([
+            "--memory-size",
+            "4M",
+            "--fd",
+            &fd.to_string(),
+            "--memory-path",
+        ])
+        .arg(d.join("mem"))
+        .stderr(Stdio::piped());
+        // SAFETY: fcntl between fork and exec, on a descriptor the child inherits.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+                Ok(())
+            });
+        }
+        let daemon = cmd.spawn().unwrap();
+        drop(listener);
+        for _ in 0..2 {
+            let fe = Frontend::connect(&sock, 2).unwrap();
+            fe.set_owner().unwrap();
+            assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+        }
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+        let out = daemon.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The socket is the caller's: the daemon leaves it.
+        assert!(sock.exists());
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let d = temp_dir("fd-bad");
+    let e = fails_with_one_line(&[
+        "--fd",
+        "0",
+        "--memory-size",
+        "4M",
+        "--memory-path",
+        d.join("mem").to_str().unwrap(),
+    ]);
+    assert!(e.contains("is not a listening unix stream socket"), "{e}");
+    let _ = std::fs::remove_dir_all(d);
 }
