@@ -112,7 +112,7 @@ fn run(args: Args) -> Result<(), String> {
         connects: args.socket_mode == SocketMode::Client && !worker,
         relay: false,
     };
-    cxl_accel::sandbox::apply(args.seccomp, profile)?;
+    cxl_accel::sandbox::apply(args.seccomp, profile, cxl_accel::sandbox::Scope::Process)?;
     if args.seccomp != cxl_accel::sandbox::Mode::Off {
         log::info!("seccomp filter installed ({:?})", args.seccomp);
     }

@@ -49,28 +49,50 @@ pub struct Profile {
     pub relay: bool,
 }
 
-/// System calls the daemon makes once it serves: collected with strace over the whole
-/// guest suite (BAR and NUMA modes, server and client sockets, stalls), plus exit and
-/// signal paths. Calls narrowed by their arguments are in `narrowed`.
-const ALLOWED: &[i64] = &[
-    // sessions: accepting, vhost-user messages with fds
+/// System calls the daemon and the supervisor's relay both make once they serve:
+/// vhost-user messages with fds, memory, time, logging, signals and exit. Collected with
+/// strace over the whole guest suite (BAR and NUMA modes, server and client sockets,
+/// stalls, restarts), plus exit and signal paths. Calls narrowed by their arguments are in
+/// `narrowed`.
+const COMMON: &[i64] = &[
     libc::SYS_accept4,
     libc::SYS_recvmsg,
     libc::SYS_sendmsg,
-    libc::SYS_getsockopt,
     libc::SYS_shutdown,
     libc::SYS_close,
     libc::SYS_fcntl,
     libc::SYS_read,
     libc::SYS_write,
     libc::SYS_writev,
-    libc::SYS_pread64,
-    libc::SYS_lseek,
-    // memory tables: map and unmap the front-end's regions, check their files
+    libc::SYS_poll,
+    libc::SYS_ppoll,
     libc::SYS_munmap,
     libc::SYS_mremap,
     libc::SYS_madvise,
     libc::SYS_brk,
+    libc::SYS_futex,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_sched_yield,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_gettime,
+    libc::SYS_getrandom,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_restart_syscall,
+    libc::SYS_tgkill,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
+/// The daemon (or worker) besides [`COMMON`].
+const ALLOWED: &[i64] = &[
+    // the backend channel's check, memory tables: the front-end's regions and their files
+    libc::SYS_getsockopt,
+    libc::SYS_pread64,
+    libc::SYS_lseek,
     libc::SYS_statx,
     libc::SYS_newfstatat,
     libc::SYS_fstat,
@@ -81,69 +103,20 @@ const ALLOWED: &[i64] = &[
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
     libc::SYS_eventfd2,
-    libc::SYS_poll,
-    libc::SYS_ppoll,
-    // threads (one set per session) and their synchronisation
+    // threads (one set per session)
     libc::SYS_clone3,
-    libc::SYS_futex,
     libc::SYS_set_robust_list,
     libc::SYS_rseq,
     libc::SYS_sigaltstack,
     libc::SYS_prctl,
-    libc::SYS_gettid,
-    libc::SYS_getpid,
     libc::SYS_sched_getaffinity,
-    libc::SYS_sched_yield,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_nanosleep,
-    libc::SYS_clock_gettime,
-    libc::SYS_getrandom,
-    // signals and exit: SIGTERM handling, panics (abort)
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_rt_sigaction,
+    // SIGTERM handling
     libc::SYS_rt_sigtimedwait,
-    libc::SYS_rt_sigreturn,
-    libc::SYS_restart_syscall,
-    libc::SYS_tgkill,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
 ];
 
-/// The supervisor's relay thread: vhost-user messages between two sockets it has, the
-/// worker's exit through its pidfd, logging, memory, sleeping.
-const RELAY: &[i64] = &[
-    libc::SYS_accept4,
-    libc::SYS_recvmsg,
-    libc::SYS_sendmsg,
-    libc::SYS_shutdown,
-    libc::SYS_close,
-    libc::SYS_fcntl,
-    libc::SYS_read,
-    libc::SYS_write,
-    libc::SYS_writev,
-    libc::SYS_poll,
-    libc::SYS_ppoll,
-    libc::SYS_munmap,
-    libc::SYS_mremap,
-    libc::SYS_madvise,
-    libc::SYS_brk,
-    libc::SYS_futex,
-    libc::SYS_pidfd_send_signal,
-    libc::SYS_gettid,
-    libc::SYS_getpid,
-    libc::SYS_sched_yield,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_nanosleep,
-    libc::SYS_clock_gettime,
-    libc::SYS_getrandom,
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_rt_sigaction,
-    libc::SYS_rt_sigreturn,
-    libc::SYS_restart_syscall,
-    libc::SYS_tgkill,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
-];
+/// The supervisor's relay thread besides [`COMMON`]: it ends its worker through its
+/// pidfd (and waits for it, in `narrowed`).
+const RELAY: &[i64] = &[libc::SYS_pidfd_send_signal];
 
 /// Paths the daemon may remove under the filter, by address (see the module comment).
 static REMOVABLE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -243,9 +216,12 @@ fn compile(
 /// The filters for `profile`: the allow list, and one that answers `clone3` with ENOSYS
 /// (a filter takes the strictest answer of all that are installed).
 fn programs(mode: Mode, profile: Profile) -> Result<Vec<BpfProgram>, String> {
-    let list = if profile.relay { RELAY } else { ALLOWED };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        list.iter().map(|&nr| (nr, Vec::new())).collect();
+    let own = if profile.relay { RELAY } else { ALLOWED };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = COMMON
+        .iter()
+        .chain(own)
+        .map(|&nr| (nr, Vec::new()))
+        .collect();
     rules.extend(narrowed(profile)?);
     let mismatch = match mode {
         Mode::Log => SeccompAction::Log,
@@ -274,30 +250,29 @@ pub fn prepare(mode: Mode) {
     }
 }
 
-/// Installs the filters on every thread of the process (and, by inheritance, on threads
-/// started later).
-pub fn apply(mode: Mode, profile: Profile) -> Result<(), String> {
-    if mode == Mode::Off {
-        return Ok(());
-    }
-    let progs = programs(mode, profile)?;
-    install_sigsys_reporter()?;
-    for p in &progs {
-        seccompiler::apply_filter_all_threads(p).map_err(|e| format!("seccomp: {e}"))?;
-    }
-    Ok(())
+/// Which threads a filter binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every thread of the process (and, by inheritance, threads started later).
+    Process,
+    /// The calling thread only (the supervisor's relay: the threads that exec workers and
+    /// handle signals stay outside).
+    ThisThread,
 }
 
-/// Installs the filters on the calling thread only (the supervisor's relay: the threads
-/// that exec workers and handle signals were started before and stay outside).
-pub fn apply_to_this_thread(mode: Mode, profile: Profile) -> Result<(), String> {
+/// Installs the filters for `profile` on the threads of `scope`.
+pub fn apply(mode: Mode, profile: Profile, scope: Scope) -> Result<(), String> {
     if mode == Mode::Off {
         return Ok(());
     }
     let progs = programs(mode, profile)?;
     install_sigsys_reporter()?;
     for p in &progs {
-        seccompiler::apply_filter(p).map_err(|e| format!("seccomp: {e}"))?;
+        match scope {
+            Scope::Process => seccompiler::apply_filter_all_threads(p),
+            Scope::ThisThread => seccompiler::apply_filter(p),
+        }
+        .map_err(|e| format!("seccomp: {e}"))?;
     }
     Ok(())
 }
@@ -328,18 +303,27 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 }
 
 fn install_sigsys_reporter() -> Result<(), String> {
-    // SAFETY: a zeroed sigaction is valid; the handler has the SA_SIGINFO signature and
-    // only calls async-signal-safe functions.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigsys as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
-            return Err("seccomp: cannot install the SIGSYS handler".into());
-        }
+    if !install_handler(libc::SIGSYS, on_sigsys) {
+        return Err("seccomp: cannot install the SIGSYS handler".into());
     }
     Ok(())
+}
+
+/// A signal handler with its siginfo.
+pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Installs `handler` for `sig` (SA_SIGINFO); false when the kernel refused. The handler
+/// must only make async-signal-safe calls.
+pub fn install_handler(sig: libc::c_int, handler: Handler) -> bool {
+    // SAFETY: a zeroed sigaction is valid; the handler has the SA_SIGINFO signature and,
+    // by this function's contract, only makes async-signal-safe calls.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
+    }
 }
 
 #[cfg(test)]
@@ -415,6 +399,13 @@ mod tests {
 
     const REFUSED: i32 = 31;
 
+    /// A new anonymous page with protection `prot`.
+    fn map(prot: i32) -> *mut libc::c_void {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a new anonymous mapping; no existing memory is involved.
+        unsafe { libc::mmap(std::ptr::null_mut(), 4096, prot, flags, -1, 0) }
+    }
+
     #[test]
     fn arguments_narrow_what_the_daemon_may_do() {
         let daemon = Profile::default();
@@ -432,38 +423,16 @@ mod tests {
         assert_eq!(verdict(client, inet), REFUSED);
         assert_eq!(verdict(client, unix), 0);
         assert_eq!(verdict(daemon, unix), REFUSED);
-        let exec = || unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
+        let exec = || (map(libc::PROT_READ | libc::PROT_EXEC) == libc::MAP_FAILED) as i32;
+        let data = || (map(libc::PROT_READ | libc::PROT_WRITE) == libc::MAP_FAILED) as i32;
+        let to_exec = || unsafe {
+            libc::mprotect(
+                map(libc::PROT_READ),
                 4096,
                 libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            (p == libc::MAP_FAILED) as i32
-        };
-        let data = || unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            (p == libc::MAP_FAILED) as i32
-        };
-        let to_exec = || unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC).min(0) + 1
+            )
+            .min(0)
+                + 1
         };
         assert_eq!(verdict(daemon, exec), REFUSED);
         assert_eq!(verdict(daemon, to_exec), REFUSED);

@@ -145,16 +145,9 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 }
 
 fn install() {
-    // SAFETY: a zeroed sigaction is valid; the handler has the SA_SIGINFO signature and
-    // only makes async-signal-safe calls (atomics, mmap, sigaction).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
-            log::error!("cannot install the SIGBUS handler: shrunk memory will kill the daemon");
-        }
+    // The handler only makes async-signal-safe calls (atomics, mmap, sigaction).
+    if !crate::sandbox::install_handler(libc::SIGBUS, on_sigbus) {
+        log::error!("cannot install the SIGBUS handler: shrunk memory will kill the daemon");
     }
 }
 

@@ -336,13 +336,14 @@ impl Recording {
         self.kept.is_empty()
     }
 
-    /// Sends the recorded set-up to a new worker, asking for no replies.
-    pub fn replay(&self, sock: BorrowedFd) -> io::Result<()> {
+    /// Sends the recorded set-up to a new worker (whose pidfd is `alive`), asking for no
+    /// replies.
+    pub fn replay(&self, sock: BorrowedFd, alive: BorrowedFd) -> io::Result<()> {
         // The backend learns that acks are on (REPLY_ACK) only from a GET_FEATURES it
         // answered; without one, a later NEED_REPLY from the front-end would go
         // unanswered and the front-end would wait for ever.
-        query(sock, GET_FEATURES)?;
-        query(sock, GET_PROTOCOL_FEATURES)?;
+        query(sock, alive, GET_FEATURES)?;
+        query(sock, alive, GET_PROTOCOL_FEATURES)?;
         // Rings are enabled last, once fully set up: an enabled ring may be served at once
         // (a kick is waiting), and a completion signalled before its call fd is known is
         // lost; with EVENT_IDX the driver would then wait for ever.
@@ -358,7 +359,7 @@ impl Recording {
         // The worker handles messages in order: once this is answered, its rings are set
         // up and enabled, so a kick sent now is not dropped by a ring not yet ready (with
         // EVENT_IDX the driver would not kick again until the device has looked).
-        query(sock, GET_FEATURES)
+        query(sock, alive, GET_FEATURES)
     }
 
     /// Wakes every recorded ring, so a new worker looks at what arrived meanwhile.
@@ -373,9 +374,44 @@ impl Recording {
     }
 }
 
-/// Sends a request that is always answered and waits for (and drops) the answer.
-fn query(sock: BorrowedFd, request: u32) -> io::Result<()> {
+/// How long a new worker may take to answer the replay's queries.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends a request that is always answered and waits for (and drops) the answer; fails
+/// when `alive` (the worker's pidfd) says the worker died, or after [`REPLAY_TIMEOUT`].
+fn query(sock: BorrowedFd, alive: BorrowedFd, request: u32) -> io::Result<()> {
     send_message(sock, &Message::new(request, 0x1, 0, Vec::new(), Vec::new()))?;
+    let mut fds = [
+        libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: alive.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let deadline = std::time::Instant::now() + REPLAY_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: polls two descriptors we hold, described by a live array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis() as i32) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the worker did not answer in time",
+            ));
+        }
+        if fds[0].revents != 0 {
+            break;
+        }
+        return Err(io::Error::other("the worker died before it answered"));
+    }
     match recv_message(sock)? {
         Some(r) if r.request() == request && r.flags() & FLAG_REPLY != 0 => Ok(()),
         _ => Err(io::Error::other("the worker did not answer a query")),
@@ -403,7 +439,7 @@ pub fn run(front: FrontEnd, spec: WorkerSpec, seccomp: sandbox::Mode) -> Result<
                 connects: matches!(front, FrontEnd::Connect(_)),
                 relay: true,
             };
-            sandbox::apply_to_this_thread(seccomp, profile)?;
+            sandbox::apply(seccomp, profile, sandbox::Scope::ThisThread)?;
             if seccomp != sandbox::Mode::Off {
                 log::info!("supervisor: seccomp filter installed on the relay ({seccomp:?})");
             }
@@ -536,57 +572,71 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
         if !worker_died {
             continue;
         }
-        let lived = worker.started.elapsed();
         // A worker whose connection failed may still be alive (it will not be used again).
-        let (status, end) = worker.reap();
-        if end == End::Refused {
-            return Ok(
-                "the worker refused a front-end message; session ended (not replayed)".into(),
-            );
-        }
-        short_lived = if lived < SHORT_LIFE && end != End::Killed {
-            short_lived + 1
-        } else {
-            0
-        };
-        if short_lived >= CRASH_LOOP {
-            // Whatever keeps killing workers came with this session: end it, and serve
-            // the next front-end afresh.
-            return Ok(format!(
-                "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
-                 (last: {status}); session ended"
-            ));
-        }
-        restarts += 1;
-        log::warn!(
-            "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
-             set-up messages",
-            lived.as_secs_f64(),
-            rec.len()
-        );
-        if short_lived > 1 {
-            std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
-        }
-        worker = launcher.start_worker(true)?;
-        // The request the dead worker owed an answer: replay the rest, then ask again.
-        if let Some(p) = &pending {
-            rec.kept
-                .retain(|k| !(k.header == p.header && k.payload == p.payload));
-        }
-        let replayed = rec.replay(worker.conn.as_fd()).and_then(|_| {
-            rec.kick_all();
-            match &pending {
-                Some(p) => {
-                    rec.note(p)?;
-                    send_message(worker.conn.as_fd(), p)
-                }
-                None => Ok(()),
+        let mut ended_by_us = false;
+        loop {
+            let lived = worker.started.elapsed();
+            let (status, mut end) = worker.reap();
+            if ended_by_us {
+                // Killed for failing its replay: a failure of its own, not an operator's.
+                end = End::Died;
             }
-        });
-        if let Err(e) = replayed {
-            log::warn!("supervisor: replay to the new worker failed: {e}");
-            // Handled as another death on the next turn (its socket reports the hang-up).
-            continue;
+            if end == End::Refused {
+                return Ok(
+                    "the worker refused a front-end message; session ended (not replayed)".into(),
+                );
+            }
+            short_lived = if lived < SHORT_LIFE && end != End::Killed {
+                short_lived + 1
+            } else {
+                0
+            };
+            if short_lived >= CRASH_LOOP {
+                // Whatever keeps killing workers came with this session: end it, and serve
+                // the next front-end afresh.
+                return Ok(format!(
+                    "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
+                     (last: {status}); session ended"
+                ));
+            }
+            restarts += 1;
+            log::warn!(
+                "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
+                 set-up messages",
+                lived.as_secs_f64(),
+                rec.len()
+            );
+            if short_lived > 1 {
+                std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
+            }
+            worker = launcher.start_worker(true)?;
+            // The request the dead worker owed an answer: replay the rest, then ask again.
+            if let Some(p) = &pending {
+                rec.kept
+                    .retain(|k| !(k.header == p.header && k.payload == p.payload));
+            }
+            let replayed = rec
+                .replay(worker.conn.as_fd(), worker.pidfd())
+                .and_then(|_| {
+                    rec.kick_all();
+                    match &pending {
+                        Some(p) => {
+                            rec.note(p)?;
+                            send_message(worker.conn.as_fd(), p)
+                        }
+                        None => Ok(()),
+                    }
+                });
+            match replayed {
+                Ok(()) => break,
+                Err(e) => {
+                    // A worker that died or hangs before it took the set-up is replaced at
+                    // once: its connection may never report anything.
+                    log::warn!("supervisor: replay to the new worker failed: {e}");
+                    worker.kill();
+                    ended_by_us = true;
+                }
+            }
         }
     }
 }

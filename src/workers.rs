@@ -166,7 +166,14 @@ impl Worker {
         }
     }
 
-    fn kill(&self) {
+    /// Its pidfd: readable once it has exited.
+    pub fn pidfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.pidfd.as_fd()
+    }
+
+    /// SIGKILL, through its pidfd.
+    pub fn kill(&self) {
         // SAFETY: pidfd_send_signal on our worker's pidfd; no memory is involved.
         unsafe {
             libc::syscall(

@@ -229,14 +229,7 @@ fn sandboxed_daemon_serves_and_exits_cleanly() {
     let d = temp_dir("seccomp");
     let sock = d.join("s.sock");
     // No --seccomp: enforce is the default.
-    let daemon = bin()
-        .args(["--memory-size", "4M", "--socket-path"])
-        .arg(&sock)
-        .arg("--memory-path")
-        .arg(d.join("mem"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let daemon = spawn_on(&mut bin(), &sock, &d);
     let t = Instant::now();
     let fe = loop {
         if let Ok(f) = Frontend::connect(&sock, 2) {
@@ -337,47 +330,70 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     let _ = std::fs::remove_dir_all(d);
 }
 
+/// The daemon command, under `--supervise` or not.
+fn daemon_cmd(supervise: bool) -> Command {
+    let mut cmd = bin();
+    if supervise {
+        cmd.arg("--supervise");
+    }
+    cmd
+}
+
+/// A front-end's first exchange: the daemon answers with VERSION_1 offered.
+fn greet(fe: vhost::vhost_user::Frontend) {
+    use vhost::VhostBackend;
+    fe.set_owner().unwrap();
+    assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+}
+
+/// SIGTERM; the daemon must exit successfully and never have met its seccomp filter.
+fn stop_cleanly(daemon: std::process::Child) {
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let out = daemon.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("refused system call"), "{err}");
+}
+
+/// Starts the daemon with 4 MiB of device memory in `dir` on socket `sock`, its log piped.
+fn spawn_on(
+    cmd: &mut Command,
+    sock: &std::path::Path,
+    dir: &std::path::Path,
+) -> std::process::Child {
+    cmd.args(["--memory-size", "4M", "--socket-path"])
+        .arg(sock)
+        .arg("--memory-path")
+        .arg(dir.join("mem"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A test directory and a socket listening in it (the front-end's, or one to hand over).
+fn listening(name: &str) -> (PathBuf, PathBuf, std::os::unix::net::UnixListener) {
+    let d = temp_dir(name);
+    let sock = d.join("given.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    (d, sock, listener)
+}
+
 /// In client socket mode the sandboxed daemon connects to the front-end's socket, and
 /// again when the connection drops.
 #[test]
 fn sandboxed_client_mode_daemon_connects_and_reconnects() {
-    use vhost::vhost_user::Frontend;
-    use vhost::VhostBackend;
     for supervise in [false, true] {
-        let d = temp_dir(if supervise { "client-sup" } else { "client" });
-        let sock = d.join("qemu.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let mut cmd = bin();
-        if supervise {
-            cmd.arg("--supervise");
-        }
-        let mut daemon = cmd
-            .args([
-                "--memory-size",
-                "4M",
-                "--socket-mode",
-                "client",
-                "--socket-path",
-            ])
-            .arg(&sock)
-            .arg("--memory-path")
-            .arg(d.join("mem"))
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let (d, sock, listener) = listening(if supervise { "client-sup" } else { "client" });
+        let mut cmd = daemon_cmd(supervise);
+        cmd.args(["--socket-mode", "client"]);
+        let mut daemon = spawn_on(&mut cmd, &sock, &d);
         for _ in 0..2 {
             let (stream, _) = listener.accept().unwrap();
-            let fe = Frontend::from_stream(stream, 2);
-            fe.set_owner().unwrap();
-            assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+            greet(vhost::vhost_user::Frontend::from_stream(stream, 2));
         }
         assert!(daemon.try_wait().unwrap().is_none());
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-        let out = daemon.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{err}");
-        assert!(!err.contains("refused system call"), "{err}");
+        stop_cleanly(daemon);
         let _ = std::fs::remove_dir_all(d);
     }
 }
@@ -408,17 +424,10 @@ fn print_capabilities_prints_json_and_ignores_the_rest() {
 fn a_listening_socket_handed_over_with_fd_is_served() {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    use vhost::vhost_user::Frontend;
-    use vhost::VhostBackend;
     for supervise in [false, true] {
-        let d = temp_dir(if supervise { "fd-sup" } else { "fd" });
-        let sock = d.join("given.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let (d, sock, listener) = listening(if supervise { "fd-sup" } else { "fd" });
         let fd = listener.as_raw_fd();
-        let mut cmd = bin();
-        if supervise {
-            cmd.arg("--supervise");
-        }
+        let mut cmd = daemon_cmd(supervise);
         cmd.args([
             "--memory-size",
             "4M",
@@ -438,18 +447,9 @@ fn a_listening_socket_handed_over_with_fd_is_served() {
         let daemon = cmd.spawn().unwrap();
         drop(listener);
         for _ in 0..2 {
-            let fe = Frontend::connect(&sock, 2).unwrap();
-            fe.set_owner().unwrap();
-            assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+            greet(vhost::vhost_user::Frontend::connect(&sock, 2).unwrap());
         }
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-        let out = daemon.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        stop_cleanly(daemon);
         // The socket is the caller's: the daemon leaves it.
         assert!(sock.exists());
         let _ = std::fs::remove_dir_all(d);

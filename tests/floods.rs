@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -22,15 +21,7 @@ fn threads(pid: u32) -> usize {
 
 /// Allocates a buffer and exports it under `uuid`.
 fn export(h: &mut Harness, uuid: [u8; 16]) -> u64 {
-    let r = h.call(&with(
-        hdr(OP_ALLOC, 0, 1),
-        &Alloc {
-            size: 1 << 20,
-            align: 0,
-        },
-    ));
-    assert_eq!(r.status(), Status::Ok);
-    let id = r.resp.result0;
+    let (id, _) = h.alloc(1 << 20);
     let r = h.call(&with(hdr(OP_EXPORT, 0, 2), &Export { id, uuid }));
     assert_eq!(r.status(), Status::Ok);
     id
@@ -46,20 +37,12 @@ fn backend_channels_nobody_answers_cost_no_threads() {
     let worker = h.worker_pid().unwrap();
     let before = threads(worker);
     // Each channel gets the export announced (acks were negotiated) and never answers.
-    let mut held = Vec::new();
-    for _ in 0..100 {
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        h.frontend
-            .as_mut()
-            .unwrap()
-            .set_backend_request_fd(&theirs)
-            .unwrap();
-        held.push(ours);
-    }
+    let held: Vec<_> = (0..100).map(|_| h.new_backend_channel()).collect();
     // Answered in order: all 100 channels were taken.
     vhost::VhostBackend::get_features(h.frontend.as_mut().unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let after = threads(worker);
+    drop(held);
     assert!(
         after <= before + 1,
         "{before} threads before, {after} after"
@@ -90,13 +73,7 @@ fn repeated_resets_and_refusals_log_a_bounded_number_of_lines() {
         assert!(h.frontend.as_mut().unwrap().get_shared_object(&m).is_err());
     }
     // A backend channel whose other end is gone: 300 announcements fail.
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    h.frontend
-        .as_mut()
-        .unwrap()
-        .set_backend_request_fd(&theirs)
-        .unwrap();
-    drop(ours);
+    drop(h.new_backend_channel());
     for i in 0..150 {
         let r = h.call(&with(hdr(OP_UNEXPORT, 0, i), &Unexport { uuid }));
         assert_eq!(r.status(), Status::Ok);

@@ -14,11 +14,32 @@ use common::*;
 
 const SIZE: &str = "4M";
 
-fn dir(name: &str) -> PathBuf {
+/// A test directory, removed when dropped.
+struct Dir(PathBuf);
+
+impl std::ops::Deref for Dir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> Dir {
     let d = std::env::temp_dir().join(format!("cxl-accel-host-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Dir(d)
+}
+
+/// A test directory for a test that acts as another user: None unless we are root.
+fn root_dir(name: &str) -> Option<Dir> {
+    is_root().then(|| dir(name))
 }
 
 fn args(sock: &Path, mem: &Path) -> Vec<String> {
@@ -141,7 +162,6 @@ fn a_file_at_the_socket_path_is_never_deleted() {
     let e = refused(&args(&link, &d.join("mem")));
     assert!(e.contains("is not a socket"), "{e}");
     assert!(std::fs::symlink_metadata(&link).is_ok());
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
@@ -167,16 +187,14 @@ fn device_memory_and_state_are_private_to_the_daemon_user() {
         assert!(!connects(NOBODY, NOBODY, &sock));
     }
     drop(child);
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn another_users_file_or_link_at_a_device_path_is_refused() {
-    if !is_root() {
+    let Some(d) = root_dir("attacker") else {
         return;
-    }
-    let d = dir("attacker");
-    std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+    };
+    std::os::unix::fs::chown(&*d, Some(NOBODY), Some(NOBODY)).unwrap();
     let victim = d.join("victim");
     std::fs::write(&victim, "the daemon user's data").unwrap();
     // The attacker's memory file: readable by them, full of what the guest will write.
@@ -211,7 +229,6 @@ fn another_users_file_or_link_at_a_device_path_is_refused() {
             "the daemon wrote through a link"
         );
     }
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
@@ -232,7 +249,6 @@ fn two_daemons_with_their_own_state_files_cannot_share_device_memory() {
     let e = refused(&two);
     assert!(e.contains("locked by another running cxl-accel"), "{e}");
     drop(first);
-    let _ = std::fs::remove_dir_all(d);
 }
 
 /// A small tmpfs, unmounted when dropped.
@@ -248,10 +264,9 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_tmpfs_is_an_error_at_start_not_a_sigbus_later() {
-    if !is_root() {
+    let Some(d) = root_dir("tmpfs") else {
         return;
-    }
-    let d = dir("tmpfs");
+    };
     let mnt = d.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let (src, target) = (cpath(Path::new("tmpfs")), cpath(&mnt));
@@ -277,8 +292,6 @@ fn a_full_tmpfs_is_an_error_at_start_not_a_sigbus_later() {
     // 4 MiB of device memory and about 2.5 MiB of state do not fit in 5 MiB.
     let e = refused(&args(&d.join("s.sock"), &mnt.join("mem")));
     assert!(e.contains("No space left on device"), "{e}");
-    drop(_mounted);
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
@@ -334,15 +347,13 @@ fn the_socket_never_appears_with_a_wider_mode() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn a_socket_group_may_connect_and_nobody_else() {
-    if !is_root() {
+    let Some(d) = root_dir("group") else {
         return;
-    }
-    let d = dir("group");
+    };
     let (sock, mem) = (d.join("s.sock"), d.join("mem"));
     let mut a = args(&sock, &mem);
     a.extend(["--socket-group".into(), NOBODY.to_string()]);
@@ -368,5 +379,4 @@ fn a_socket_group_may_connect_and_nobody_else() {
     assert!(!connects(qemu, qemu, &sock), "another group connected");
     assert!(!opens(qemu, qemu, &mem));
     drop(child);
-    let _ = std::fs::remove_dir_all(d);
 }

@@ -279,15 +279,8 @@ fn runs_as_an_unprivileged_user() {
         run_as: Some(nobody),
         ..Default::default()
     });
-    let r = h.call(&with(
-        hdr(OP_ALLOC, 0, 1),
-        &Alloc {
-            size: 1 << 20,
-            align: 0,
-        },
-    ));
-    assert_eq!(r.status(), Status::Ok);
-    let dst = [sge(SPACE_DEVMEM, r.resp.result1, 4096)];
+    let (_, offset) = h.alloc(1 << 20);
+    let dst = [sge(SPACE_DEVMEM, offset, 4096)];
     assert_eq!(
         h.call(&fill(2, 0x7777_7777_7777_7777, &dst)).status(),
         Status::Ok

@@ -639,6 +639,28 @@ impl Harness {
         }
     }
 
+    /// Allocates `size` bytes of device memory: (buffer id, device-memory offset).
+    pub fn alloc(&mut self, size: u64) -> (u64, u64) {
+        let req = cxl_accel::command::encode::with(
+            cxl_accel::command::encode::hdr(OP_ALLOC, 0, 1),
+            &Alloc { size, align: 0 },
+        );
+        let r = self.call(&req);
+        assert_eq!(r.status(), Status::Ok);
+        (r.resp.result0, r.resp.result1)
+    }
+
+    /// Hands the daemon a new backend channel; returns our end of it.
+    pub fn new_backend_channel(&mut self) -> std::os::unix::net::UnixStream {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        self.frontend
+            .as_mut()
+            .unwrap()
+            .set_backend_request_fd(&theirs)
+            .unwrap();
+        ours
+    }
+
     /// Sends one request and waits for its reply.
     pub fn call(&mut self, req: &[u8]) -> Reply {
         self.call_with_room(req, 0x400)
