@@ -13,34 +13,71 @@ use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::QueueOwnedT;
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{
     ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
-    GuestMemoryMmap,
+    GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Device, ExportSink, Reply};
+use crate::device::{Device, ExportSink, RateLimitedLog, Reply};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
     QUEUE_EVENT,
 };
+use crate::sigbus;
 use crate::state::{interrupted, Origin, Outcome, RingId, StateFile};
+use std::os::fd::AsRawFd;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
-/// How long GET_VRING_BASE waits for commands in flight before giving up on them.
-const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long GET_VRING_BASE waits for commands in flight, once told to stop, before giving
+/// up on them (they stop within microseconds: the engines look at the flag between
+/// steps of at most 1 MiB or 4096 atomic operations).
+const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A memory table as the session uses it: its mappings are registered for SIGBUS recovery
+/// (see `sigbus.rs`) for as long as anything, such as a running command, holds it. All
+/// guest-memory access, rings included, goes through one of these, never through the
+/// vhost crate's current table, which it replaces before we have seen (and registered) it.
+pub struct Table {
+    _guards: Vec<sigbus::Guard>,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+impl Table {
+    fn new(mem: Arc<GuestMemoryMmap>) -> io::Result<Table> {
+        let mut guards = Vec::new();
+        for region in mem.iter() {
+            let Some(fo) = region.file_offset() else {
+                continue;
+            };
+            let g = sigbus::register(
+                region.as_ptr(),
+                region.len() as usize,
+                fo.file().as_raw_fd(),
+            )
+            .map_err(io::Error::other)?;
+            guards.push(g);
+        }
+        Ok(Table {
+            _guards: guards,
+            mem,
+        })
+    }
+}
 
 /// State shared by a session's vhost-user handler and the jobs it hands to the DMA engines.
 struct Session {
     device: Arc<Device>,
     dispatcher: Arc<Dispatcher>,
-    mem: Mutex<Option<Mem>>,
+    /// The current memory table (also when refused: the vhost crate still holds it).
+    mem: Mutex<Option<Arc<Table>>>,
+    /// The most requests held at once (`--queue-size`); rings may be larger.
     queue_size: u16,
     event_idx: AtomicBool,
     /// Requests taken from the command queue and not yet returned: never more than the
@@ -49,11 +86,17 @@ struct Session {
     /// Bumped when the front-end stops the command queue: completions of requests taken
     /// before that are not written to a ring that may have been reset or moved.
     generation: AtomicU64,
+    /// Set while the front-end stops the command queue (and once the session ended):
+    /// commands running or queued end early with INTERRUPTED, so a stop that QEMU waits
+    /// for under its global lock takes milliseconds, not as long as 256 1-GiB copies.
+    cancel: AtomicBool,
     /// The memory table was refused: guest memory is not touched again in this session.
     poisoned: AtomicBool,
     /// This session continues a connection whose previous daemon died: the rings carry on
     /// from the journal instead of from the front-end's set-up.
     resume: AtomicBool,
+    /// Announces exports to the front-end (one per device, shared by its sessions).
+    announcer: Arc<Announcer>,
     /// The rings the journal describes (None: not yet seen since the queue started).
     rings: Mutex<[Option<RingId>; NUM_QUEUES]>,
 }
@@ -63,8 +106,18 @@ pub struct CxlBackend {
 }
 
 impl CxlBackend {
-    pub fn new(device: Arc<Device>, dispatcher: Arc<Dispatcher>, queue_size: u16) -> Self {
-        Self::with_resume(device, dispatcher, queue_size, false)
+    /// The session is over: commands still running or queued end early (INTERRUPTED).
+    pub fn stop_commands(&self) {
+        self.s.cancel.store(true, Ordering::Release);
+    }
+
+    pub fn new(
+        device: Arc<Device>,
+        dispatcher: Arc<Dispatcher>,
+        announcer: Arc<Announcer>,
+        queue_size: u16,
+    ) -> Self {
+        Self::with_resume(device, dispatcher, announcer, queue_size, false)
     }
 
     /// `resume`: the front-end's connection outlived the previous daemon (a supervisor
@@ -73,13 +126,14 @@ impl CxlBackend {
     pub fn with_resume(
         device: Arc<Device>,
         dispatcher: Arc<Dispatcher>,
+        announcer: Arc<Announcer>,
         queue_size: u16,
         resume: bool,
     ) -> Self {
         if !resume {
             // Whatever an earlier daemon journaled belongs to rings that are gone.
             for q in 0..NUM_QUEUES {
-                device.state().clear_ring(q, queue_size);
+                device.state().clear_ring(q);
             }
         }
         CxlBackend {
@@ -91,8 +145,10 @@ impl CxlBackend {
                 event_idx: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 generation: AtomicU64::new(0),
+                cancel: AtomicBool::new(false),
                 poisoned: AtomicBool::new(false),
                 resume: AtomicBool::new(resume),
+                announcer,
                 rings: Mutex::new([None; NUM_QUEUES]),
             }),
         }
@@ -100,7 +156,6 @@ impl CxlBackend {
 }
 
 fn ring_id(q: &virtio_queue::Queue) -> RingId {
-    use virtio_queue::QueueT;
     RingId {
         desc: q.desc_table(),
         avail: q.avail_ring(),
@@ -123,7 +178,6 @@ impl Session {
         state: &mut vhost_user_backend::VringState,
         mem: &GuestMemoryMmap,
     ) {
-        use virtio_queue::QueueT;
         let ring = ring_id(state.get_queue());
         let Ok(mut rings) = self.rings.lock() else {
             return;
@@ -180,7 +234,7 @@ impl Session {
                     write_response(mem, p.resp_gpa, p.resp_len, &interrupted(p.tag))
                 }
             };
-            publish(self, state, p.head, written);
+            publish(self, state, mem, p.head, written);
         }
         self.journal().set_ring(q, ring, next_avail);
         let _ = state.signal_used_queue();
@@ -220,20 +274,20 @@ fn write_response(mem: &GuestMemoryMmap, gpa: u64, len: u32, resp: &Resp) -> u32
 fn publish(
     s: &Session,
     state: &mut vhost_user_backend::VringState,
+    mem: &GuestMemoryMmap,
     head: u16,
     written: u32,
 ) -> bool {
-    use virtio_queue::QueueT;
     let slot = state.get_queue().next_used();
     log::trace!("returned head {head} at used {slot}");
     s.journal().completing(head, slot, written);
-    let ok = state.add_used(head, written).is_ok();
+    let ok = state.get_queue_mut().add_used(mem, head, written).is_ok();
     s.journal().release(head);
     ok
 }
 
 impl Session {
-    fn memory(&self) -> Option<Mem> {
+    fn memory(&self) -> Option<Arc<Table>> {
         if self.poisoned.load(Ordering::Acquire) {
             return None;
         }
@@ -245,28 +299,26 @@ impl Session {
 /// DMA engines. Runs on the vring thread after a kick, and on an engine after a completion
 /// when requests were left waiting.
 fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
-    let Some(mem) = s.memory() else { return };
+    let Some(table) = s.memory() else { return };
+    let snapshot: &GuestMemoryMmap = &table.mem;
     let vring = &vrings[QUEUE_CMD];
     // Passes in a row that took nothing although the ring index showed more.
     let mut idle = 0;
     loop {
-        let _ = vring.disable_notification();
-        let snapshot = mem.memory().into_inner();
         let mut taken = 0;
         {
             let mut state = vring.get_mut();
-            s.adopt_ring(QUEUE_CMD, &mut state, &snapshot);
+            let _ = state.get_queue_mut().disable_notification(snapshot);
+            s.adopt_ring(QUEUE_CMD, &mut state, snapshot);
             let room = (s.queue_size as usize).saturating_sub(s.in_flight.load(Ordering::Acquire));
             if room == 0 {
                 // A completion calls us again.
                 return;
             }
-            let start = {
-                use virtio_queue::QueueT;
-                state.get_queue().next_avail()
-            };
-            let size = s.queue_size;
-            let iter = match state.get_queue_mut().iter(&*snapshot) {
+            let start = state.get_queue().next_avail();
+            // The ring's own size, which the driver chose: it may exceed the queue size.
+            let size = state.get_queue().size();
+            let iter = match state.get_queue_mut().iter(snapshot) {
                 Ok(it) => it,
                 // Kicks may arrive before the queue is set up: nothing to do yet.
                 Err(virtio_queue::Error::QueueNotReady) => return,
@@ -279,7 +331,7 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             // first) always sees them in flight.
             for (k, chain) in iter.take(room).enumerate() {
                 taken = k + 1;
-                let req = ChainRequest::parse(&chain, &snapshot);
+                let req = ChainRequest::parse(&chain, snapshot);
                 let origin = Origin {
                     head: req.head,
                     nonce: s.journal().next_nonce(),
@@ -300,10 +352,14 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
                     req.tag(),
                     req.writable.first().copied().unwrap_or((0, 0)),
                 );
-                submit(s, req, origin, vrings, snapshot.clone());
+                submit(s, req, origin, vrings, table.clone());
             }
         }
-        match vring.enable_notification() {
+        let enabled = vring
+            .get_mut()
+            .get_queue_mut()
+            .enable_notification(snapshot);
+        match enabled {
             Ok(true) => {
                 // A driver that published while we looked is taken on the next pass. Twice
                 // nothing means the index counts entries that cannot be read (a ring
@@ -328,7 +384,7 @@ fn submit(
     req: ChainRequest,
     origin: Origin,
     vrings: &[VringRwLock],
-    mem: Arc<GuestMemoryMmap>,
+    table: Arc<Table>,
 ) {
     let (opcode, flags) = Device::request_opcode_flags(&req.bytes);
     // FENCE itself waits for everything before it, as the flag does.
@@ -338,7 +394,7 @@ fn submit(
     let session = s.clone();
     let vrings: Vec<VringRwLock> = vrings.to_vec();
     let queued = s.dispatcher.submit(fence, move || {
-        complete(&session, &vrings, &mem, req, origin, generation);
+        complete(&session, &vrings, &table.mem, req, origin, generation);
         let before = session.in_flight.fetch_sub(1, Ordering::AcqRel);
         if before >= session.queue_size as usize {
             // We were at the limit: requests may be waiting in the ring.
@@ -452,8 +508,9 @@ fn complete(
         ));
         device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
     } else {
+        let faults = sigbus::faults();
         let mut reply = match req.error {
-            None => device.execute_from(mem, &req.bytes, Some(origin)),
+            None => device.execute_cancellable(mem, &req.bytes, Some(origin), &s.cancel),
             Some(status) => {
                 device.reject(format_args!(
                     "malformed descriptor chain (head {}): {}",
@@ -463,12 +520,26 @@ fn complete(
                 chain_error_reply(status, &req.bytes)
             }
         };
+        if sigbus::faults() != faults {
+            // Memory shrank under the command (see sigbus.rs): what it read or wrote
+            // there is lost.
+            device.reject(format_args!(
+                "request (head {}): memory shrank under it (its file was truncated)",
+                req.head
+            ));
+            reply.payload.clear();
+            reply.resp.status = Status::BadGpa as u32;
+        }
         if room < resp_len + reply.payload.len() as u64 {
             // Only IDENTIFY and STATS carry payloads, and they change nothing.
             reply.payload.clear();
             reply.resp.status = Status::BadChain as u32;
         }
         written = write_out(mem, &req.writable, &reply.bytes());
+    }
+    if s.poisoned.load(Ordering::Acquire) {
+        // A refused table ended guest-memory access; the ring is not touched either.
+        return;
     }
     if s.generation.load(Ordering::Acquire) != generation {
         log::warn!(
@@ -481,10 +552,14 @@ fn complete(
     let vring = &vrings[QUEUE_CMD];
     {
         let mut state = vring.get_mut();
-        if !publish(s, &mut state, req.head, written) {
+        if !publish(s, &mut state, mem, req.head, written) {
             return;
         }
-        let notify = !event_idx || state.needs_notification().unwrap_or(true);
+        let notify = !event_idx
+            || state
+                .get_queue_mut()
+                .needs_notification(mem)
+                .unwrap_or(true);
         if notify {
             let _ = state.signal_used_queue();
         }
@@ -551,63 +626,118 @@ fn deliver_events(s: &Session, vrings: &[VringRwLock], mem: &GuestMemoryMmap, ev
                 "unusable event buffer ({room} bytes); event dropped"
             ));
         }
-        if state.add_used(chain.head_index(), written).is_err() {
+        if state
+            .get_queue_mut()
+            .add_used(mem, chain.head_index(), written)
+            .is_err()
+        {
             break;
         }
         used = true;
     }
-    if used && (!event_idx || state.needs_notification().unwrap_or(true)) {
+    if used
+        && (!event_idx
+            || state
+                .get_queue_mut()
+                .needs_notification(mem)
+                .unwrap_or(true))
+    {
         let _ = state.signal_used_queue();
     }
     // Ask to be kicked when the driver posts more buffers (with EVENT_IDX this publishes
     // avail_event; without it, it clears the no-notify flag).
-    let _ = state.enable_notification();
+    let _ = state.get_queue_mut().enable_notification(mem);
 }
 
 /// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
-/// A dedicated thread talks to the front-end, so a slow or silent front-end delays the
-/// announcements, never a command.
-struct SharedObjects {
-    tx: Mutex<std::sync::mpsc::Sender<(bool, [u8; 16])>>,
+///
+/// One thread per device (for the daemon's life: [`crate::server::serve_endpoint`] makes
+/// it) talks to whichever backend channel is current, so a front-end that sends
+/// SET_BACKEND_REQ_FD again and again costs no thread. Announcements
+/// ask for no reply: a front-end that never answers cannot hold the thread (only one that
+/// stops reading its channel altogether can, until it closes it, and meanwhile at most
+/// `QUEUED` announcements wait; more are dropped and counted).
+pub struct Announcer {
+    tx: Mutex<std::sync::mpsc::SyncSender<Announce>>,
+    log: RateLimitedLog,
 }
 
-impl SharedObjects {
-    fn new(backend: Backend) -> io::Result<SharedObjects> {
-        let (tx, rx) = std::sync::mpsc::channel::<(bool, [u8; 16])>();
+enum Announce {
+    /// A new backend channel (None: the session ended).
+    Channel(Option<Backend>),
+    Update {
+        add: bool,
+        uuid: [u8; 16],
+    },
+}
+
+/// Announcements waiting for the thread at most.
+const QUEUED: usize = 4096;
+
+impl Announcer {
+    /// Starts the thread; it ends when the announcer is dropped (and its current send is
+    /// done).
+    pub fn start() -> io::Result<Arc<Announcer>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Announce>(QUEUED);
         std::thread::Builder::new()
             .name("shared-objects".into())
-            .spawn(move || {
-                // Ends when the sink (and with it the sender) is dropped.
-                for (add, uuid) in rx {
-                    let mut m = VhostUserSharedMsg::default();
-                    m.as_mut_slice().copy_from_slice(&uuid);
-                    let r = if add {
-                        backend.shared_object_add(&m)
-                    } else {
-                        backend.shared_object_remove(&m)
-                    };
-                    if let Err(e) = r {
-                        log::warn!("front-end refused shared object update: {e}");
-                    }
-                }
-            })?;
-        Ok(SharedObjects { tx: Mutex::new(tx) })
+            .spawn(move || announce(rx))?;
+        Ok(Arc::new(Announcer {
+            tx: Mutex::new(tx),
+            log: RateLimitedLog::new(10),
+        }))
     }
 
-    fn send(&self, add: bool, uuid: [u8; 16]) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send((add, uuid));
+    fn send(&self, a: Announce) {
+        let Ok(tx) = self.tx.lock() else { return };
+        if tx.try_send(a).is_err() {
+            self.log.warn(format_args!(
+                "shared-object announcement dropped: the front-end does not read its channel"
+            ));
         }
     }
 }
 
+fn announce(rx: std::sync::mpsc::Receiver<Announce>) {
+    let log = RateLimitedLog::new(10);
+    let mut channel: Option<Backend> = None;
+    for a in rx {
+        match a {
+            Announce::Channel(b) => channel = b,
+            Announce::Update { add, uuid } => {
+                let Some(backend) = &channel else { continue };
+                let mut m = VhostUserSharedMsg::default();
+                m.as_mut_slice().copy_from_slice(&uuid);
+                let r = if add {
+                    backend.shared_object_add(&m)
+                } else {
+                    backend.shared_object_remove(&m)
+                };
+                if let Err(e) = r {
+                    log.warn(format_args!("cannot update a shared object: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// The session's view of the announcer, as the device's export sink.
+struct SharedObjects(Arc<Announcer>);
+
 impl ExportSink for SharedObjects {
     fn added(&self, uuid: [u8; 16]) {
-        self.send(true, uuid);
+        self.0.send(Announce::Update { add: true, uuid });
     }
 
     fn removed(&self, uuid: [u8; 16]) {
-        self.send(false, uuid);
+        self.0.send(Announce::Update { add: false, uuid });
+    }
+}
+
+impl Drop for SharedObjects {
+    fn drop(&mut self) {
+        // The channel belonged to the session that gave it.
+        self.0.send(Announce::Channel(None));
     }
 }
 
@@ -619,8 +749,12 @@ impl VhostUserBackend for CxlBackend {
         NUM_QUEUES
     }
 
+    /// Any ring size the virtio specification allows (QEMU lets a guest choose up to 1024
+    /// whatever the device's vq_size): refusing one would end the session, and with it
+    /// the guest's device. The queue size (`--queue-size`, what QEMU is told) limits
+    /// only how many requests are held at once.
     fn max_queue_size(&self) -> usize {
-        self.s.queue_size as usize
+        crate::state::MAX_QUEUE
     }
 
     fn features(&self) -> u64 {
@@ -641,10 +775,15 @@ impl VhostUserBackend for CxlBackend {
     fn set_backend_req_fd(&self, backend: Backend) {
         // A resumed session's front-end already knows every exported object.
         let announce = !self.s.resume.load(Ordering::Acquire);
-        match SharedObjects::new(backend) {
-            Ok(s) => self.s.device.set_export_sink(Some(Arc::new(s)), announce),
-            Err(e) => log::error!("cannot start the shared-object thread: {e}"),
-        }
+        let announcer = &self.s.announcer;
+        // Never wait for the front-end's answer (see Announcer).
+        backend.set_reply_ack_flag(false);
+        // The old sink goes (and with it the old channel) before the new one comes.
+        self.s.device.set_export_sink(None, false);
+        announcer.send(Announce::Channel(Some(backend)));
+        self.s
+            .device
+            .set_export_sink(Some(Arc::new(SharedObjects(announcer.clone()))), announce);
     }
 
     fn get_shared_object(&self, msg: VhostUserSharedMsg) -> io::Result<std::fs::File> {
@@ -664,13 +803,11 @@ impl VhostUserBackend for CxlBackend {
         };
         // An fd covering exactly the buffer needs a host udmabuf over a sealed memfd; the
         // device memory is a named file QEMU opens by path, so there is none to give.
-        log::warn!(
+        self.s.device.reject(format_args!(
             "GET_SHARED_OBJECT for buffer {} ({} bytes at {:#x}): not supported, device \
              memory is a named file and cannot be sliced into a host dma-buf",
-            buf.id,
-            buf.size,
-            buf.offset
-        );
+            buf.id, buf.size, buf.offset
+        ));
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "device memory cannot be exported as a host dma-buf",
@@ -698,6 +835,11 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        // Registered first: the vhost crate may touch a table even after we refused it.
+        let table = Arc::new(Table::new(mem.memory().into_inner())?);
+        if let Ok(mut m) = self.s.mem.lock() {
+            *m = Some(table);
+        }
         // A refused table (a region past the end of its file would raise SIGBUS) ends
         // guest-memory access for this session.
         if let Err(e) = self.s.device.update_memory(&mem.memory()) {
@@ -706,9 +848,6 @@ impl VhostUserBackend for CxlBackend {
                 .device
                 .reject(format_args!("memory table refused: {e}"));
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
-        }
-        if let Ok(mut m) = self.s.mem.lock() {
-            *m = Some(mem);
         }
         Ok(())
     }
@@ -719,6 +858,8 @@ impl VhostUserBackend for CxlBackend {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         if queue_index as usize == QUEUE_CMD {
+            // What runs is cut short and returned INTERRUPTED before the stop is answered.
+            self.s.cancel.store(true, Ordering::Release);
             if !self.s.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
                 log::warn!(
                     "{} commands still running when the front-end stopped the queue",
@@ -727,11 +868,12 @@ impl VhostUserBackend for CxlBackend {
             }
             // Whatever still finishes must not write to the stopped (maybe reused) ring.
             self.s.generation.fetch_add(1, Ordering::AcqRel);
+            self.s.cancel.store(false, Ordering::Release);
         }
         let q = queue_index as usize;
         if q < NUM_QUEUES {
             // The front-end owns the ring position from here; a later start sets it anew.
-            self.s.journal().clear_ring(q, self.s.queue_size);
+            self.s.journal().clear_ring(q);
             if let Ok(mut rings) = self.s.rings.lock() {
                 rings[q] = None;
             }
@@ -753,13 +895,18 @@ impl VhostUserBackend for CxlBackend {
         match device_event as usize {
             QUEUE_CMD => process_commands(&self.s, vrings),
             QUEUE_EVENT => {
-                if let Some(mem) = self.s.memory() {
-                    let snapshot = mem.memory().into_inner();
-                    let _ = vrings[QUEUE_EVENT].disable_notification();
+                if let Some(table) = self.s.memory() {
+                    let snapshot: &GuestMemoryMmap = &table.mem;
+                    {
+                        let _ = vrings[QUEUE_EVENT]
+                            .get_mut()
+                            .get_queue_mut()
+                            .disable_notification(snapshot);
+                    }
                     deliver_events(
                         &self.s,
                         vrings,
-                        &snapshot,
+                        snapshot,
                         self.s.event_idx.load(Ordering::Relaxed),
                     );
                 }

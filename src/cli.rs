@@ -52,9 +52,15 @@ printed by --print-qemu-args. Logging: RUST_LOG=info (default) or debug."
 )]
 pub struct Args {
     /// Unix socket QEMU connects to (its vhost-user chardev path). A stale socket left by a
-    /// crashed daemon is replaced; a socket a live daemon is serving is an error.
-    #[arg(long, value_name = "PATH")]
-    pub socket_path: PathBuf,
+    /// crashed daemon is replaced; a socket a live daemon is serving, or anything that is
+    /// not a socket, is an error. Not needed with --fd.
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["fd", "print_capabilities"])]
+    pub socket_path: Option<PathBuf>,
+
+    /// A listening unix socket handed over by the caller (as libvirt does), used instead of
+    /// --socket-path (vhost-user backend program conventions).
+    #[arg(long, value_name = "FDNUM")]
+    pub fd: Option<i32>,
 
     /// "server": the daemon listens on --socket-path and QEMU connects. "client": QEMU
     /// listens (its chardev has server=on) and the daemon connects, reconnecting whenever the
@@ -101,10 +107,12 @@ pub struct Args {
     #[arg(long, value_name = "bar|numa", default_value = "bar", value_parser = parse_attach)]
     pub attach: Attach,
 
-    /// seccomp sandbox once serving: "off", "log" (unlisted system calls are logged by the
-    /// kernel's audit) or "enforce" (they kill the daemon). Opening files, exec, ptrace
-    /// and the like are never on the list.
-    #[arg(long, value_name = "off|log|enforce", default_value = "off", value_parser = parse_seccomp)]
+    /// seccomp sandbox once serving: "enforce" (default: an unlisted system call kills the
+    /// daemon with a message naming it), "log" (unlisted calls are logged by the kernel's
+    /// audit) or "off". Opening files, exec, ptrace, other sockets than unix ones and
+    /// executable memory are never allowed; under --supervise the thread that relays the
+    /// front-end's messages has a shorter list of its own.
+    #[arg(long, value_name = "off|log|enforce", default_value = "enforce", value_parser = parse_seccomp)]
     pub seccomp: crate::sandbox::Mode,
 
     /// Run the device in a worker process and restart it if it dies (crash, SIGKILL, OOM):
@@ -113,6 +121,12 @@ pub struct Args {
     /// INTERRUPTED (-EIO in the guest). SIGTERM stops both.
     #[arg(long)]
     pub supervise: bool,
+
+    /// Group (name or number) whose members may connect to the socket and open the memory
+    /// file besides the daemon's user: both get mode 0660 and this group. For a QEMU that
+    /// runs as another user (as under libvirt). Without it, both are 0600.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub socket_group: Option<libc::gid_t>,
 
     /// Crash-safe device state (allocations, exports, counters, command journal).
     /// Default: the memory file's path plus ".state". Locked while a daemon runs.
@@ -130,6 +144,11 @@ pub struct Args {
     /// Print the QEMU arguments that attach this device, then exit.
     #[arg(long)]
     pub print_qemu_args: bool,
+
+    /// Print the backend's capabilities as JSON (vhost-user backend program conventions)
+    /// and exit; every other argument is ignored.
+    #[arg(long)]
+    pub print_capabilities: bool,
 
     /// With --print-qemu-args: size of the shared guest RAM backend to print (vhost-user needs
     /// shared guest RAM), or "none" when another device's arguments already carry it.
@@ -151,9 +170,28 @@ impl Args {
             .unwrap_or_else(|| with_suffix(&self.memory_path, ".state"))
     }
 
-    /// Where a supervisor meets its workers: the socket path plus ".worker".
+    /// Where a supervisor meets its workers: the socket path plus ".worker" (with --fd,
+    /// the memory path plus ".worker").
     pub fn worker_socket(&self) -> PathBuf {
-        with_suffix(&self.socket_path, ".worker")
+        match &self.socket_path {
+            Some(p) => with_suffix(p, ".worker"),
+            None => with_suffix(&self.memory_path, ".worker"),
+        }
+    }
+
+    /// `--socket-path` (empty with --fd).
+    pub fn socket_path(&self) -> &std::path::Path {
+        self.socket_path
+            .as_deref()
+            .unwrap_or(std::path::Path::new(""))
+    }
+
+    /// Where the front-end reaches us, for the log.
+    pub fn endpoint(&self) -> String {
+        match self.fd {
+            Some(fd) => format!("listening socket fd {fd}"),
+            None => self.socket_path().display().to_string(),
+        }
     }
 }
 
@@ -185,6 +223,30 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
+/// A group name or number, as a gid.
+fn parse_group(s: &str) -> Result<libc::gid_t, String> {
+    if let Ok(gid) = s.parse::<libc::gid_t>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s).map_err(|_| format!("'{s}' is not a group name"))?;
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: group is plain data; getgrnam_r writes at most buf.len() bytes into buf and
+    // sets `found` to null or to `group`.
+    let gid = unsafe {
+        let mut group: libc::group = std::mem::zeroed();
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrnam_r(
+            name.as_ptr(),
+            &mut group,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        );
+        (rc == 0 && !found.is_null()).then_some(group.gr_gid)
+    };
+    gid.ok_or_else(|| format!("no group named '{s}'"))
+}
+
 fn parse_queue_size(s: &str) -> Result<u16, String> {
     let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
     if n == 0 || n > 32768 || !n.is_power_of_two() {
@@ -193,6 +255,45 @@ fn parse_queue_size(s: &str) -> Result<u16, String> {
         ));
     }
     Ok(n as u16)
+}
+
+/// What `--print-capabilities` prints. No type of QEMU's vhost-user.json fits this device
+/// (QEMU attaches it as vhost-user-test-device), so it names itself.
+pub const CAPABILITIES: &str = "{\"type\": \"cxl-accel\", \"features\": []}";
+
+/// Whether the command line asks for the capabilities (before anything else is parsed:
+/// the other arguments are to be ignored).
+pub fn wants_capabilities(args: impl Iterator<Item = String>) -> bool {
+    args.skip(1).any(|a| a == "--print-capabilities")
+}
+
+/// Checks that `fd` is a listening unix stream socket (`--fd`) and keeps it from workers.
+pub fn listening_socket(fd: i32) -> Result<std::os::unix::net::UnixListener, String> {
+    let opt = |name: libc::c_int| -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes one int into `v`; a bad fd only makes it fail.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(v)
+    };
+    let ok = opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && opt(libc::SO_ACCEPTCONN) == Some(1);
+    if !ok {
+        return Err(format!("--fd {fd} is not a listening unix stream socket"));
+    }
+    // SAFETY: fcntl on a descriptor we were given; no memory is involved.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: the caller handed this listening socket over for our use.
+    Ok(unsafe { <std::os::unix::net::UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 fn qemu_size(bytes: u64) -> String {
@@ -222,6 +323,9 @@ fn shell_quote(s: &str) -> String {
 
 /// The QEMU arguments that attach this device, as (option, value) pairs.
 pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
+    let Some(socket_path) = &args.socket_path else {
+        return Err("--print-qemu-args needs --socket-path (QEMU's chardev path)".into());
+    };
     let n = args.index;
     let slot = 0x10 + n;
     let mut v = Vec::new();
@@ -258,7 +362,7 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
         "-chardev".into(),
         format!(
             "socket,id=cxlacc{n}-sock,path={}{reconnect}",
-            qemu_escape(&args.socket_path)
+            qemu_escape(socket_path)
         ),
     ));
     v.push((

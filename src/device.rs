@@ -97,6 +97,11 @@ impl RateLimitedLog {
     }
 
     pub fn warn(&self, msg: std::fmt::Arguments) {
+        self.log(log::Level::Warn, msg);
+    }
+
+    /// Logs `msg` at `level`, within the same limit.
+    pub fn log(&self, level: log::Level, msg: std::fmt::Arguments) {
         let Ok(mut s) = self.state.lock() else { return };
         if s.0.elapsed() >= Duration::from_secs(1) {
             if s.2 > 0 {
@@ -106,7 +111,7 @@ impl RateLimitedLog {
         }
         if s.1 < self.burst {
             s.1 += 1;
-            log::warn!("{msg}");
+            log::log!(level, "{msg}");
         } else {
             s.2 += 1;
         }
@@ -132,6 +137,8 @@ pub struct Device {
     events: Mutex<VecDeque<Event>>,
     event_seq: AtomicU64,
     errlog: RateLimitedLog,
+    /// What a guest can make the device say again and again (resets).
+    notes: RateLimitedLog,
     export_sink: RwLock<Option<std::sync::Arc<dyn ExportSink>>>,
 }
 
@@ -167,6 +174,7 @@ impl Device {
             events: Mutex::new(VecDeque::new()),
             event_seq: AtomicU64::new(0),
             errlog: RateLimitedLog::new(10),
+            notes: RateLimitedLog::new(10),
             export_sink: RwLock::new(None),
         }
     }
@@ -425,6 +433,20 @@ impl Device {
         bytes: &[u8],
         origin: Option<Origin>,
     ) -> Reply {
+        self.execute_cancellable(guest, bytes, origin, &crate::engine::NEVER)
+    }
+
+    /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
+    /// front-end stops the queue). Only data commands (COPY, FILL, CHECKSUM, COPY_PAGES,
+    /// repeated ATOMIC) stop part-way, which leaves their destination undefined as the
+    /// status says; state changes are not interruptible and complete or do not start.
+    pub fn execute_cancellable(
+        &self,
+        guest: &GuestMemoryMmap,
+        bytes: &[u8],
+        origin: Option<Origin>,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
         let mut reply = match decode(bytes) {
             Ok(req) => {
@@ -433,7 +455,7 @@ impl Device {
                     ..Default::default()
                 };
                 reply.resp.tag = req.tag;
-                self.run(guest, &req, &mut reply, origin);
+                self.run(guest, &req, &mut reply, origin, cancel);
                 reply
             }
             Err(e) => {
@@ -465,6 +487,7 @@ impl Device {
         req: &Request,
         reply: &mut Reply,
         origin: Option<Origin>,
+        cancel: &std::sync::atomic::AtomicBool,
     ) {
         let layout = self.layout();
         let ctx = Ctx {
@@ -472,6 +495,7 @@ impl Device {
             devmem: &self.devmem,
             peers: &layout.peers,
             devmem_gpa: layout.devmem_gpa,
+            cancel,
         };
         let r = &mut reply.resp;
         let mut fail = |status: Status, detail: u32| {
@@ -529,7 +553,10 @@ impl Device {
                 if let Ok(mut q) = self.events.lock() {
                     q.clear();
                 }
-                log::info!("device reset by the driver: {} buffers released", r.result0);
+                self.notes.log(
+                    log::Level::Info,
+                    format_args!("device reset by the driver: {} buffers released", r.result0),
+                );
             }
             Command::SetDevmemBase { gpa } => match layout.devmem_gpa {
                 None => fail(Status::NotReady, 0),

@@ -1,11 +1,24 @@
 //! Device memory: a file shared with QEMU, mapped here and exposed to the guest as a BAR.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
+
+use crate::{files, sigbus};
+use std::os::fd::AsRawFd;
+
+/// How a daemon holds its memory file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Access {
+    /// Take the lock that says "a daemon owns this device" (a supervisor takes it for its
+    /// workers, which pass false).
+    pub lock: bool,
+    /// The group that may open the file too (`--socket-group`): QEMU opens it by path.
+    pub group: files::Group,
+}
 
 /// Identity of a file, used to recognise it in the vhost-user memory table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +55,8 @@ pub enum DevmemError {
     Resize(PathBuf, io::Error),
     Map(PathBuf, String),
     BadSize(u64),
+    /// Not ours to use (a link, another user's file, locked, no space), with the message.
+    Refused(String),
 }
 
 impl std::fmt::Display for DevmemError {
@@ -62,6 +77,7 @@ impl std::fmt::Display for DevmemError {
                 write!(f, "cannot size memory file {}: {e}", p.display())
             }
             DevmemError::Map(p, e) => write!(f, "cannot map memory file {}: {e}", p.display()),
+            DevmemError::Refused(e) => write!(f, "{e}"),
             DevmemError::BadSize(s) => write!(
                 f,
                 "memory size {s} must be a non-zero multiple of 2 MiB (the guest maps it in 2 MiB sections)"
@@ -74,6 +90,9 @@ impl std::error::Error for DevmemError {}
 
 /// The device's own memory, mapped shared.
 pub struct DeviceMemory {
+    /// A truncated file (QEMU holds it read-write) must not kill us: see sigbus.rs.
+    /// Unregistered before the mapping goes.
+    _sigbus: sigbus::Guard,
     region: MmapRegion,
     id: FileId,
 }
@@ -83,17 +102,23 @@ pub const DEVMEM_ALIGN: u64 = 2 << 20;
 impl DeviceMemory {
     /// Opens `path`, creating and sizing it when missing or empty. An existing file of another
     /// size is an error: it may hold data of a device with a different configuration.
+    /// The file is private to the daemon's user (see [`files::open_private`]), allocated in
+    /// full, and not locked (see [`DeviceMemory::open_with`]).
     pub fn open(path: &Path, size: u64) -> Result<DeviceMemory, DevmemError> {
+        Self::open_with(path, size, Access::default())
+    }
+
+    /// [`DeviceMemory::open`], with the lock that makes the device this daemon's own and
+    /// the group that may open the file besides the daemon's user.
+    pub fn open_with(path: &Path, size: u64, access: Access) -> Result<DeviceMemory, DevmemError> {
         if size == 0 || !size.is_multiple_of(DEVMEM_ALIGN) {
             return Err(DevmemError::BadSize(size));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| DevmemError::Open(path.to_owned(), e))?;
+        let file =
+            files::open_private(path, "memory file", access.group).map_err(DevmemError::Refused)?;
+        if access.lock {
+            files::lock_exclusive(&file, path, "memory file").map_err(DevmemError::Refused)?;
+        }
         let actual = file
             .metadata()
             .map_err(|e| DevmemError::Open(path.to_owned(), e))?
@@ -108,6 +133,7 @@ impl DeviceMemory {
                 wanted: size,
             });
         }
+        files::allocate(&file, size, path, "memory file").map_err(DevmemError::Refused)?;
         Self::from_file(file, size).map_err(|e| DevmemError::Map(path.to_owned(), e))
     }
 
@@ -115,9 +141,15 @@ impl DeviceMemory {
     pub fn from_file(file: File, size: u64) -> Result<DeviceMemory, String> {
         let id = FileId::of(&file).map_err(|e| e.to_string())?;
         let len = usize::try_from(size).map_err(|e| e.to_string())?;
+        let fd = file.as_raw_fd();
         let region =
             MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(|e| e.to_string())?;
-        Ok(DeviceMemory { region, id })
+        let guard = sigbus::register(region.as_ptr(), len, fd)?;
+        Ok(DeviceMemory {
+            _sigbus: guard,
+            region,
+            id,
+        })
     }
 
     pub fn size(&self) -> u64 {

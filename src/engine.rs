@@ -1,7 +1,7 @@
 //! The DMA/compute engine: resolves address ranges against guest and device memory and
 //! executes data commands. A range is checked in full before a single byte moves.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory, VolatileSlice,
@@ -22,7 +22,12 @@ pub struct Ctx<'a> {
     /// Where the guest maps our own device memory: such ranges are served from our own
     /// mapping, so the same bytes named by offset and by address are recognised as one.
     pub devmem_gpa: Option<u64>,
+    /// Set when the front-end stops the queue: long operations end early, INTERRUPTED.
+    pub cancel: &'a AtomicBool,
 }
+
+/// A cancel flag that is never set, for commands nobody can stop.
+pub static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// A piece of a resolved range that is contiguous in our address space.
 pub struct Chunk<'a> {
@@ -40,8 +45,18 @@ pub struct Moved {
 }
 
 const BOUNCE: usize = 64 * 1024;
+/// Most bytes a copy moves between two looks at the cancel flag.
+const COPY_STEP: usize = 1 << 20;
+/// Atomic operations between two looks at the cancel flag.
+const ATOMIC_STEP: u64 = 4096;
+
+const CANCELLED: ListError = (Status::Interrupted, 0);
 
 impl<'a> Ctx<'a> {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
     fn is_peer(&self, gpa: u64) -> bool {
         self.peers
             .iter()
@@ -99,7 +114,7 @@ impl<'a> Ctx<'a> {
         let d = self
             .resolve_list(dst)
             .map_err(|(e, i)| (e, i + src.len() as u32))?;
-        Ok(copy_chunks(&s, &d))
+        copy_chunks(&s, &d, self.cancel).ok_or(CANCELLED)
     }
 
     pub fn fill(&self, pattern: u64, dst: &[Sge]) -> Result<Moved, ListError> {
@@ -112,6 +127,9 @@ impl<'a> Ctx<'a> {
         for c in &d {
             let mut off = 0;
             while off < c.slice.len() {
+                if self.cancelled() {
+                    return Err(CANCELLED);
+                }
                 let n = (c.slice.len() - off).min(BOUNCE);
                 let phase = (stream % 8) as usize;
                 // Cannot fail: off + n is within the slice.
@@ -135,6 +153,9 @@ impl<'a> Ctx<'a> {
         for c in &s {
             let mut off = 0;
             while off < c.slice.len() {
+                if self.cancelled() {
+                    return Err(CANCELLED);
+                }
                 let n = (c.slice.len() - off).min(BOUNCE);
                 let _ = c.slice.read_slice(&mut buf[..n], off);
                 crc.update(&buf[..n]);
@@ -165,15 +186,14 @@ impl<'a> Ctx<'a> {
                     .slice
                     .get_atomic_ref::<AtomicU64>(0)
                     .map_err(|_| Status::Unaligned)?;
-                Ok(apply(w, a.op, a.operand, a.compare, repeat))
+                apply(w, a, repeat, self.cancel)
             }
             4 => {
                 let w = c
                     .slice
                     .get_atomic_ref::<AtomicU32>(0)
                     .map_err(|_| Status::Unaligned)?;
-                let w = Atomic32(w);
-                Ok(apply(&w, a.op, a.operand, a.compare, repeat))
+                apply(&Atomic32(w), a, repeat, self.cancel)
             }
             _ => Err(Status::Invalid),
         }
@@ -202,7 +222,7 @@ impl<'a> Ctx<'a> {
         }
         let mut moved = Moved::default();
         for (sc, dc) in &pairs {
-            let m = copy_chunks(sc, dc);
+            let m = copy_chunks(sc, dc, self.cancel).ok_or(CANCELLED)?;
             moved.bytes += m.bytes;
             moved.peer_bytes += m.peer_bytes;
         }
@@ -210,14 +230,17 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Copies between two chunk lists of equal total length.
-fn copy_chunks(src: &[Chunk], dst: &[Chunk]) -> Moved {
+/// Copies between two chunk lists of equal total length; None when cancelled part-way.
+fn copy_chunks(src: &[Chunk], dst: &[Chunk], cancel: &AtomicBool) -> Option<Moved> {
     let mut moved = Moved::default();
     let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
     while i < src.len() && j < dst.len() {
+        if cancel.load(Ordering::Relaxed) {
+            return None;
+        }
         let s = &src[i];
         let d = &dst[j];
-        let n = (s.slice.len() - si).min(d.slice.len() - dj);
+        let n = (s.slice.len() - si).min(d.slice.len() - dj).min(COPY_STEP);
         if n > 0 {
             // Offsets and lengths stay within both slices by construction.
             // vm-memory copies with ptr::copy (memmove), so overlapping pieces of the same
@@ -241,7 +264,7 @@ fn copy_chunks(src: &[Chunk], dst: &[Chunk]) -> Moved {
             dj = 0;
         }
     }
-    moved
+    Some(moved)
 }
 
 trait AtomicWord {
@@ -284,20 +307,29 @@ impl AtomicWord for Atomic32<'_> {
     }
 }
 
-fn apply<W: AtomicWord>(w: &W, op: u16, operand: u64, compare: u64, repeat: u64) -> (u64, u64) {
-    match op {
+/// Runs `a` (`repeat` times for FETCH_ADD): (old value of the last operation, operations).
+fn apply<W: AtomicWord>(
+    w: &W,
+    a: &Atomic,
+    repeat: u64,
+    cancel: &AtomicBool,
+) -> Result<(u64, u64), Status> {
+    Ok(match a.op {
         ATOMIC_FETCH_ADD => {
             let mut old = 0;
-            for _ in 0..repeat {
-                old = w.fetch_add(operand);
+            for i in 0..repeat {
+                if i % ATOMIC_STEP == 0 && cancel.load(Ordering::Relaxed) {
+                    return Err(Status::Interrupted);
+                }
+                old = w.fetch_add(a.operand);
             }
             (old, repeat)
         }
-        ATOMIC_CMPXCHG => match w.cmpxchg(compare, operand) {
+        ATOMIC_CMPXCHG => match w.cmpxchg(a.compare, a.operand) {
             Ok(old) => (old, 1),
             Err(cur) => (cur, 0),
         },
-        ATOMIC_SWAP => (w.swap(operand), 1),
+        ATOMIC_SWAP => (w.swap(a.operand), 1),
         _ => (0, 0),
-    }
+    })
 }

@@ -5,7 +5,7 @@ use clap::Parser;
 
 use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::devmem::{Access, DeviceMemory};
 use cxl_accel::dispatch::Dispatcher;
 use cxl_accel::protocol::VIRTIO_ID;
 use cxl_accel::server;
@@ -15,6 +15,10 @@ use std::os::fd::FromRawFd;
 use vhost::vhost_user::Listener;
 
 fn main() -> ExitCode {
+    if cxl_accel::cli::wants_capabilities(std::env::args()) {
+        println!("{}", cxl_accel::cli::CAPABILITIES);
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     if args.print_qemu_args {
         return match qemu_args(&args) {
@@ -24,6 +28,9 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&e),
         };
+    }
+    if args.fd.is_some() && args.socket_mode == SocketMode::Client {
+        return fail("--fd is a listening socket: it does not go with --socket-mode client");
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let result = if args.supervise && args.worker_fd.is_none() {
@@ -50,8 +57,10 @@ fn run(args: Args) -> Result<(), String> {
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
     let worker = args.worker_fd.is_some();
-    let own_socket =
-        (args.socket_mode == SocketMode::Server && !worker).then(|| args.socket_path.clone());
+    // A socket handed over with --fd is the caller's to remove.
+    let own_socket = (args.socket_mode == SocketMode::Server && !worker && args.fd.is_none())
+        .then(|| cxl_accel::sandbox::removable(args.socket_path()))
+        .flatten();
     signals::exit_on_termination(own_socket.into_iter().collect())?;
     if args.virtio_id != VIRTIO_ID {
         log::warn!(
@@ -59,9 +68,13 @@ fn run(args: Args) -> Result<(), String> {
             args.virtio_id
         );
     }
-    let devmem =
-        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
-    // A worker runs under its supervisor's lock on the state file.
+    // A worker runs under its supervisor's locks on the memory and state files.
+    let access = Access {
+        lock: !worker,
+        group: args.socket_group,
+    };
+    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
+        .map_err(|e| e.to_string())?;
     let (state, restored) =
         StateFile::open(&args.state_path(), devmem.id(), devmem.size(), !worker)?;
     log::info!("state {}: {}", args.state_path().display(), restored.note);
@@ -80,29 +93,36 @@ fn run(args: Args) -> Result<(), String> {
     let mut listener = match (args.worker_fd, args.socket_mode) {
         // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
         (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
-        (None, SocketMode::Server) => Some(server::bind(&args.socket_path)?),
+        (None, SocketMode::Server) => Some(match args.fd {
+            Some(fd) => Listener::from(cxl_accel::cli::listening_socket(fd)?),
+            None => server::bind(args.socket_path(), args.socket_group)?,
+        }),
         (None, SocketMode::Client) => None,
     };
     log::info!(
         "cxl-accel {} on {} ({} bytes of device memory in {}, {} DMA engines)",
         env!("CARGO_PKG_VERSION"),
-        args.socket_path.display(),
+        args.endpoint(),
         args.memory_size,
         args.memory_path.display(),
         args.dma_threads
     );
     // Everything that opens files or creates the socket is done: drop into the sandbox.
-    cxl_accel::sandbox::apply(args.seccomp)?;
+    let profile = cxl_accel::sandbox::Profile {
+        connects: args.socket_mode == SocketMode::Client && !worker,
+        relay: false,
+    };
+    cxl_accel::sandbox::apply(args.seccomp, profile, cxl_accel::sandbox::Scope::Process)?;
     if args.seccomp != cxl_accel::sandbox::Mode::Off {
         log::info!("seccomp filter installed ({:?})", args.seccomp);
     }
     let endpoint = match listener.as_mut() {
         Some(l) => server::Endpoint::Listen(l),
-        None => server::Endpoint::Connect(args.socket_path.clone()),
+        None => server::Endpoint::Connect(args.socket_path().to_path_buf()),
     };
     // A worker serves its supervisor's one connection, then exits.
     let sessions = worker.then_some(1);
-    server::serve_endpoint(
+    let end = server::serve_endpoint(
         endpoint,
         device,
         dispatcher,
@@ -110,30 +130,48 @@ fn run(args: Args) -> Result<(), String> {
         sessions,
         args.resume,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if worker && end == server::SessionEnd::Refused {
+        // Tells the supervisor to end the front-end's session rather than replay to a new
+        // worker the message this one refused.
+        std::process::exit(supervisor::EXIT_REFUSED);
+    }
+    Ok(())
 }
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
 fn supervise(args: Args) -> Result<(), String> {
+    cxl_accel::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
-    if args.socket_mode == SocketMode::Server {
-        cleanup.push(args.socket_path.clone());
+    if args.socket_mode == SocketMode::Server && args.fd.is_none() {
+        cleanup.push(args.socket_path().to_path_buf());
     }
+    let cleanup = cleanup
+        .iter()
+        .filter_map(|p| cxl_accel::sandbox::removable(p))
+        .collect();
     signals::exit_on_termination(cleanup)?;
-    // Same checks as a worker makes, so a bad argument fails here once, not in a loop.
-    let devmem =
-        DeviceMemory::open(&args.memory_path, args.memory_size).map_err(|e| e.to_string())?;
+    // Same checks as a worker makes, so a bad argument fails here once, not in a loop; the
+    // locks on the memory and state files are held here for every worker.
+    let access = Access {
+        lock: true,
+        group: args.socket_group,
+    };
+    let _devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
+        .map_err(|e| e.to_string())?;
     let _lock = cxl_accel::state::lock(&args.state_path())?;
-    drop(devmem);
     let front = match args.socket_mode {
-        SocketMode::Server => supervisor::FrontEnd::Listen(server::bind_std(&args.socket_path)?),
-        SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path.clone()),
+        SocketMode::Server => supervisor::FrontEnd::Listen(match args.fd {
+            Some(fd) => cxl_accel::cli::listening_socket(fd)?,
+            None => server::bind_std(args.socket_path(), args.socket_group)?,
+        }),
+        SocketMode::Client => supervisor::FrontEnd::Connect(args.socket_path().to_path_buf()),
     };
     log::info!(
         "cxl-accel {} supervising on {} (state in {})",
         env!("CARGO_PKG_VERSION"),
-        args.socket_path.display(),
+        args.endpoint(),
         args.state_path().display()
     );
     let worker_args: Vec<String> = std::env::args()
@@ -146,11 +184,12 @@ fn supervise(args: Args) -> Result<(), String> {
             args: worker_args,
             worker_socket,
         },
+        args.seccomp,
     )
 }
 
 mod signals {
-    use std::path::PathBuf;
+    use std::ffi::CStr;
 
     static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -161,7 +200,7 @@ mod signals {
 
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
-    pub fn exit_on_termination(remove: Vec<PathBuf>) -> Result<(), String> {
+    pub fn exit_on_termination(remove: Vec<&'static CStr>) -> Result<(), String> {
         // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
         // runs before the worker threads that inherit the mask are created.
         let set = unsafe {
@@ -191,8 +230,8 @@ mod signals {
                     // SAFETY: sends a signal; no memory is involved.
                     unsafe { libc::kill(worker, libc::SIGTERM) };
                 }
-                for s in &remove {
-                    let _ = std::fs::remove_file(s);
+                for s in remove {
+                    cxl_accel::sandbox::remove(s);
                 }
                 std::process::exit(0);
             })

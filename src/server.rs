@@ -2,9 +2,10 @@
 //! front-end connection (so QEMU can reconnect), device state shared across sessions.
 
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,30 +16,121 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use crate::backend::CxlBackend;
 use crate::device::Device;
 use crate::dispatch::Dispatcher;
+use crate::files::Group;
 
-/// Binds the socket, refusing to steal one that a live daemon serves.
-pub fn bind(path: &Path) -> Result<Listener, String> {
-    bind_std(path).map(Listener::from)
+/// Binds the socket, refusing to steal one that a live daemon serves; private to the
+/// daemon's user (0600), or to it and `group` (0660).
+pub fn bind(path: &Path, group: Group) -> Result<Listener, String> {
+    bind_std(path, group).map(Listener::from)
 }
 
 /// [`bind`], as a plain listener.
-pub fn bind_std(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(format!(
-                "socket {} is in use by a running process; stop it or choose another --socket-path",
-                path.display()
-            ));
-        }
-        log::info!("removing stale socket {}", path.display());
+pub fn bind_std(path: &Path, group: Group) -> Result<UnixListener, String> {
+    remove_stale(path)?;
+    // Made and given its mode in a directory only we can enter, then moved into place:
+    // nobody can connect before the mode is right.
+    let dir = private_dir(path)?;
+    let made = dir.join("s");
+    let result = bind_in(&made, path, group).and_then(|listener| {
+        rename_no_replace(&made, path)?;
+        Ok(listener)
+    });
+    let _ = std::fs::remove_file(&made);
+    let _ = std::fs::remove_dir(&dir);
+    result
+}
+
+/// Removes a socket left by a crashed daemon. Anything else at `path` (a file, a link, a
+/// socket a process serves) is an error: a mistyped path must not destroy a user's file.
+fn remove_stale(path: &Path) -> Result<(), String> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot check {}: {e}", path.display())),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(format!(
+            "{} exists and is not a socket; refusing to replace it (choose another socket path)",
+            path.display()
+        ));
     }
-    let _ = std::fs::remove_file(path);
-    let listener = std::os::unix::net::UnixListener::bind(path)
+    match UnixStream::connect(path) {
+        Ok(_) => Err(format!(
+            "socket {} is in use by a running process; stop it or choose another --socket-path",
+            path.display()
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            log::info!("removing stale socket {}", path.display());
+            std::fs::remove_file(path)
+                .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))
+        }
+        Err(e) => Err(format!(
+            "cannot tell whether socket {} is in use ({e}); refusing to replace it",
+            path.display()
+        )),
+    }
+}
+
+/// A new directory next to `path` that only the daemon's user can enter.
+fn private_dir(path: &Path) -> Result<PathBuf, String> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut last = None;
+    for n in 0..100u32 {
+        let dir = parent.join(format!(".cxl{}-{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(format!("cannot listen on {}: {e}", path.display()));
+            }
+        }
+    }
+    Err(format!(
+        "cannot listen on {}: {}",
+        path.display(),
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
+}
+
+fn bind_in(made: &Path, path: &Path, group: Group) -> Result<UnixListener, String> {
+    let listener = UnixListener::bind(made)
         .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    // Only the owner (QEMU runs as the same user) may connect.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot set permissions of {}: {e}", path.display()))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(made, None, Some(gid))
+            .map_err(|e| format!("cannot give the socket to group {gid}: {e}"))?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(made, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot set the socket's mode: {e}"))?;
     Ok(listener)
+}
+
+fn rename_no_replace(from: &Path, to: &Path) -> Result<(), String> {
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
+    let (Some(f), Some(t)) = (c(from), c(to)) else {
+        return Err(format!("cannot listen on {}: NUL in path", to.display()));
+    };
+    // SAFETY: renameat2 with two valid C strings; no memory is kept.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot listen on {}: {}",
+            to.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 /// Where sessions come from: our listening socket, or QEMU's (QEMU as the server, so a
@@ -65,6 +157,16 @@ pub fn serve(
         max_sessions,
         false,
     )
+    .map(|_| ())
+}
+
+/// How the last session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The front-end went away.
+    Disconnected,
+    /// The daemon refused a message and ended the session.
+    Refused,
 }
 
 pub fn serve_endpoint(
@@ -74,19 +176,22 @@ pub fn serve_endpoint(
     queue_size: u16,
     max_sessions: Option<usize>,
     resume: bool,
-) -> io::Result<()> {
+) -> io::Result<SessionEnd> {
     let mut sessions = 0;
+    let mut end = SessionEnd::Disconnected;
+    let announcer = crate::backend::Announcer::start()?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
             device.clone(),
             dispatcher.clone(),
+            announcer.clone(),
             queue_size,
             resume && sessions == 0,
         ));
         let mut daemon = VhostUserDaemon::new(
             "cxl-accel".to_string(),
-            backend,
+            backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| io::Error::other(format!("cannot create vhost-user daemon: {e}")))?;
@@ -97,24 +202,31 @@ pub fn serve_endpoint(
             Endpoint::Connect(path) => connect(&mut daemon, path)?,
         }
         log::info!("front-end connected");
-        match daemon.wait() {
+        end = match daemon.wait() {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(
                 VhostUserError::Disconnected | VhostUserError::PartialMessage,
-            )) => log::info!("front-end disconnected"),
-            Err(e) => log::warn!("session ended: {e}"),
-        }
+            )) => {
+                log::info!("front-end disconnected");
+                SessionEnd::Disconnected
+            }
+            Err(e) => {
+                log::warn!("session ended: {e}");
+                SessionEnd::Refused
+            }
+        };
         for handler in daemon.get_epoll_handlers() {
             handler.send_exit_event();
         }
         // The backend channel died with the session.
         device.set_export_sink(None, false);
-        if !dispatcher.drain(Duration::from_secs(30)) {
+        backend.stop_commands();
+        if !dispatcher.drain(Duration::from_secs(5)) {
             log::warn!("commands still running after the session ended");
         }
         sessions += 1;
     }
-    Ok(())
+    Ok(end)
 }
 
 /// Connects to the front-end's socket, waiting for it to appear (QEMU restarting, or not

@@ -9,8 +9,7 @@
 //! out of scope (nothing is fsynced on the command path).
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::io::AsRawFd;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -20,6 +19,7 @@ use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
 use crate::allocator::{Allocator, Buffer, GRANULE};
 use crate::crc32c::crc32c;
 use crate::devmem::FileId;
+use crate::files;
 use crate::protocol::{Resp, Status, STAT_COUNT};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"CXLASTA1");
@@ -189,6 +189,7 @@ impl StateFile {
                 .and_then(|_| file.set_len(len))
                 .map_err(|e| format!("cannot size state file {}: {e}", path.display()))?;
         }
+        files::allocate(&file, len, path, "state file")?;
         let fo = FileOffset::new(
             file.try_clone()
                 .map_err(|e| format!("cannot duplicate {}: {e}", path.display()))?,
@@ -556,10 +557,13 @@ impl StateFile {
     }
 
     /// The front-end stopped ring `q`: nothing in it is ours to answer any more.
-    pub fn clear_ring(&self, q: usize, size: u16) {
+    pub fn clear_ring(&self, q: usize) {
         self.store(Self::queue_word(q, Q_VALID), 0);
-        for head in 0..size.max(1) as usize {
-            self.release(head as u16);
+        // Rings may have any size up to the maximum; only entries in use are written.
+        for head in 0..MAX_QUEUE {
+            if self.load(Self::entry(head as u16, E_STATE)) != FREE {
+                self.release(head as u16);
+            }
         }
     }
 
@@ -625,38 +629,17 @@ pub fn interrupted(tag: u64) -> Resp {
 }
 
 /// Takes the "a daemon owns this device" lock on the state file (a supervisor holds it
-/// for its workers). The lock lasts as long as the returned file is open.
+/// for its workers), so two daemons cannot share one state either. The lock lasts as long
+/// as the returned file is open.
 pub fn lock(path: &Path) -> Result<File, String> {
     let file = open_file(path)?;
-    lock_exclusive(&file, path)?;
+    files::lock_exclusive(&file, path, "state file")?;
     Ok(file)
 }
 
+/// The state file is the daemon's alone: mode 0600, never through a link.
 fn open_file(path: &Path) -> Result<File, String> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| format!("cannot open state file {}: {e}", path.display()))
-}
-
-fn lock_exclusive(file: &File, path: &Path) -> Result<(), String> {
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Err(format!(
-            "device state {} is locked by another running cxl-accel: two daemons must not \
-             share one memory file",
-            path.display()
-        ));
-    }
-    Err(format!("cannot lock {}: {err}", path.display()))
+    files::open_private(path, "state file", None)
 }
 
 fn snapshot_crc(words: &[u64]) -> u32 {
@@ -920,7 +903,7 @@ mod tests {
         // Released entries are gone; a stopped ring forgets everything.
         s.release(1);
         assert_eq!(s.pending(8, 14).len(), 3);
-        s.clear_ring(0, 8);
+        s.clear_ring(0);
         assert!(s.pending(8, 14).is_empty());
         assert_eq!(s.ring_position(0, ring), None);
     }

@@ -15,15 +15,21 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// vhost-user header: request, flags, payload size.
 const HEADER: usize = 12;
 /// Largest payload a vhost-user message carries (a full memory table is about 2 KiB).
 const MAX_PAYLOAD: usize = 64 * 1024;
+/// Most descriptors one message may carry (the vhost crate's limit).
 const MAX_FDS: usize = 32;
+/// Room for the control data of one receive: a few more descriptors than allowed, so that
+/// a message with too many is seen (and refused) rather than cut short.
+const CMSG_WORDS: usize = (2 * MAX_FDS * 4 + 64) / 8;
+
+use crate::sandbox;
+use crate::workers::{End, Launcher};
+pub use crate::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
 
@@ -58,9 +64,6 @@ const ANSWERED: [u32; 10] = [1, 6, 11, 15, 17, 24, 31, 36, 40, 41];
 const SHORT_LIFE: Duration = Duration::from_secs(1);
 /// Consecutive short-lived workers before the supervisor gives up.
 const CRASH_LOOP: u32 = 5;
-
-/// Pid of the current worker, for the signal thread.
-pub static WORKER_PID: AtomicI32 = AtomicI32::new(0);
 
 /// One vhost-user message with the descriptors that came with it.
 pub struct Message {
@@ -150,6 +153,14 @@ pub fn recv_message(sock: BorrowedFd) -> io::Result<Option<Message>> {
     if size > 0 && !recv_exact(sock, &mut payload, Some(&mut fds))? {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
+    if fds.len() > MAX_FDS {
+        // More than a vhost-user message may carry (and than a worker takes): the
+        // sender is broken or hostile.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} file descriptors in one message", fds.len()),
+        ));
+    }
     Ok(Some(Message {
         header,
         payload,
@@ -170,7 +181,7 @@ fn recv_exact(
             iov_base: buf[got..].as_mut_ptr().cast(),
             iov_len: buf.len() - got,
         };
-        let mut cmsg = [0u64; (MAX_FDS * 4 + 64) / 8];
+        let mut cmsg = [0u64; CMSG_WORDS];
         // SAFETY: msghdr is plain data; every pointer in it refers to a live local buffer
         // of the stated length.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -234,7 +245,7 @@ pub fn send_message(sock: BorrowedFd, m: &Message) -> io::Result<()> {
             iov_base: data[sent..].as_mut_ptr().cast(),
             iov_len: data.len() - sent,
         };
-        let mut cmsg = [0u64; (MAX_FDS * 4 + 64) / 8];
+        let mut cmsg = [0u64; CMSG_WORDS];
         // SAFETY: as in recv_exact; the control message is built inside `cmsg`, which is
         // large enough for MAX_FDS descriptors.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -242,13 +253,16 @@ pub fn send_message(sock: BorrowedFd, m: &Message) -> io::Result<()> {
         msg.msg_iovlen = 1;
         if sent == 0 && !raw.is_empty() {
             let bytes = std::mem::size_of_val(raw.as_slice());
-            if raw.len() > MAX_FDS {
+            // SAFETY: CMSG_SPACE/LEN only compute sizes.
+            let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+            // More than a receiver takes is still sent (tests send that many): only what
+            // does not fit the buffer is an error.
+            if space > std::mem::size_of_val(&cmsg) {
                 return Err(io::Error::other("too many file descriptors"));
             }
             msg.msg_control = cmsg.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE/LEN only compute sizes.
-            msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-            // SAFETY: the header and data fit in `cmsg` (checked size above).
+            msg.msg_controllen = space;
+            // SAFETY: the header and data fit in `cmsg` (`space` checked above).
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(&msg);
                 (*c).cmsg_level = libc::SOL_SOCKET;
@@ -322,13 +336,14 @@ impl Recording {
         self.kept.is_empty()
     }
 
-    /// Sends the recorded set-up to a new worker, asking for no replies.
-    pub fn replay(&self, sock: BorrowedFd) -> io::Result<()> {
+    /// Sends the recorded set-up to a new worker (whose pidfd is `alive`), asking for no
+    /// replies.
+    pub fn replay(&self, sock: BorrowedFd, alive: BorrowedFd) -> io::Result<()> {
         // The backend learns that acks are on (REPLY_ACK) only from a GET_FEATURES it
         // answered; without one, a later NEED_REPLY from the front-end would go
         // unanswered and the front-end would wait for ever.
-        query(sock, GET_FEATURES)?;
-        query(sock, GET_PROTOCOL_FEATURES)?;
+        query(sock, alive, GET_FEATURES)?;
+        query(sock, alive, GET_PROTOCOL_FEATURES)?;
         // Rings are enabled last, once fully set up: an enabled ring may be served at once
         // (a kick is waiting), and a completion signalled before its call fd is known is
         // lost; with EVENT_IDX the driver would then wait for ever.
@@ -344,7 +359,7 @@ impl Recording {
         // The worker handles messages in order: once this is answered, its rings are set
         // up and enabled, so a kick sent now is not dropped by a ring not yet ready (with
         // EVENT_IDX the driver would not kick again until the device has looked).
-        query(sock, GET_FEATURES)
+        query(sock, alive, GET_FEATURES)
     }
 
     /// Wakes every recorded ring, so a new worker looks at what arrived meanwhile.
@@ -359,9 +374,44 @@ impl Recording {
     }
 }
 
-/// Sends a request that is always answered and waits for (and drops) the answer.
-fn query(sock: BorrowedFd, request: u32) -> io::Result<()> {
+/// How long a new worker may take to answer the replay's queries.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends a request that is always answered and waits for (and drops) the answer; fails
+/// when `alive` (the worker's pidfd) says the worker died, or after [`REPLAY_TIMEOUT`].
+fn query(sock: BorrowedFd, alive: BorrowedFd, request: u32) -> io::Result<()> {
     send_message(sock, &Message::new(request, 0x1, 0, Vec::new(), Vec::new()))?;
+    let mut fds = [
+        libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: alive.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let deadline = std::time::Instant::now() + REPLAY_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: polls two descriptors we hold, described by a live array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis() as i32) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the worker did not answer in time",
+            ));
+        }
+        if fds[0].revents != 0 {
+            break;
+        }
+        return Err(io::Error::other("the worker died before it answered"));
+    }
     match recv_message(sock)? {
         Some(r) if r.request() == request && r.flags() & FLAG_REPLY != 0 => Ok(()),
         _ => Err(io::Error::other("the worker did not answer a query")),
@@ -374,40 +424,36 @@ pub enum FrontEnd {
     Connect(PathBuf),
 }
 
-/// Everything needed to start a worker.
-pub struct WorkerSpec {
-    /// Our own arguments, minus `--supervise`.
-    pub args: Vec<String>,
-    pub worker_socket: PathBuf,
-}
-
-struct Worker {
-    child: Child,
-    conn: UnixStream,
-    started: Instant,
-}
-
-/// Serves front-end connections forever (or until a crash loop).
-pub fn run(front: FrontEnd, spec: WorkerSpec) -> Result<(), String> {
+/// Serves front-end connections forever: a relay thread, under the seccomp filter
+/// `seccomp` (the relay's own list), relays the front-end's messages; this thread starts
+/// the workers, outside the filter.
+pub fn run(front: FrontEnd, spec: WorkerSpec, seccomp: sandbox::Mode) -> Result<(), String> {
+    // Private (0600) from the start: only our own workers connect to it.
+    let workers = crate::server::bind_std(&spec.worker_socket, None)
+        .map_err(|e| format!("worker socket: {e}"))?;
+    let (launcher, requests) = crate::workers::launcher();
+    let relay = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let profile = sandbox::Profile {
+                connects: matches!(front, FrontEnd::Connect(_)),
+                relay: true,
+            };
+            sandbox::apply(seccomp, profile, sandbox::Scope::ThisThread)?;
+            if seccomp != sandbox::Mode::Off {
+                log::info!("supervisor: seccomp filter installed on the relay ({seccomp:?})");
+            }
+            serve(front, &launcher)
+        })
+        .map_err(|e| format!("cannot start the relay thread: {e}"))?;
+    requests.serve(&spec, &workers);
     let _ = std::fs::remove_file(&spec.worker_socket);
-    // SAFETY: umask only changes this process's file creation mask; the socket is created
-    // owner-only from the start, before anyone can connect.
-    let old = unsafe { libc::umask(0o077) };
-    let bound = UnixListener::bind(&spec.worker_socket);
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::umask(old) };
-    let workers = bound.map_err(|e| {
-        format!(
-            "cannot create the worker socket {}: {e}",
-            spec.worker_socket.display()
-        )
-    })?;
-    let result = serve(front, &spec, &workers);
-    let _ = std::fs::remove_file(&spec.worker_socket);
-    result
+    relay
+        .join()
+        .unwrap_or_else(|_| Err("the relay thread panicked".into()))
 }
 
-fn serve(front: FrontEnd, spec: &WorkerSpec, workers: &UnixListener) -> Result<(), String> {
+fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), String> {
     loop {
         let qemu = match &front {
             FrontEnd::Listen(l) => l
@@ -417,7 +463,7 @@ fn serve(front: FrontEnd, spec: &WorkerSpec, workers: &UnixListener) -> Result<(
             FrontEnd::Connect(path) => connect_retrying(path),
         };
         log::info!("supervisor: front-end connected");
-        let end = session(&qemu, spec, workers)?;
+        let end = session(&qemu, launcher)?;
         log::info!("supervisor: {end}");
     }
 }
@@ -438,49 +484,10 @@ fn connect_retrying(path: &Path) -> UnixStream {
     }
 }
 
-fn start_worker(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, String> {
-    // Queued in the listener's backlog; the worker accepts it as its front-end.
-    let conn = UnixStream::connect(&spec.worker_socket)
-        .map_err(|e| format!("cannot connect to the worker socket: {e}"))?;
-    let fd = workers.as_raw_fd();
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find our executable: {e}"))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
-    if resume {
-        cmd.arg("--resume");
-    }
-    // SAFETY: the closure runs in the child between fork and exec and only calls fcntl,
-    // which is async-signal-safe.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            // The listener is the worker's; everything else stays close-on-exec.
-            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start a worker: {e}"))?;
-    WORKER_PID.store(child.id() as i32, Ordering::Release);
-    log::info!(
-        "supervisor: worker pid {} started{}",
-        child.id(),
-        if resume { " (resuming)" } else { "" }
-    );
-    Ok(Worker {
-        child,
-        conn,
-        started: Instant::now(),
-    })
-}
-
 /// Relays one front-end connection; returns why it ended.
-fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Result<String, String> {
+fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
     let mut rec = Recording::default();
-    let mut worker = start_worker(spec, workers, false)?;
+    let mut worker = launcher.start_worker(false)?;
     // A request the worker has not answered yet: resent to a replacement.
     let mut pending: Option<Message> = None;
     let mut restarts = 0u32;
@@ -524,7 +531,7 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
                         }
                     }
                     if let Err(e) = send_message(qemu.as_fd(), &reply) {
-                        stop_worker(worker);
+                        worker.stop();
                         return Ok(format!("front-end gone ({e})"));
                     }
                 }
@@ -553,11 +560,11 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
                     }
                 }
                 Ok(None) => {
-                    stop_worker(worker);
+                    worker.stop();
                     return Ok("front-end disconnected".into());
                 }
                 Err(e) => {
-                    stop_worker(worker);
+                    worker.stop();
                     return Ok(format!("front-end connection failed: {e}"));
                 }
             }
@@ -565,89 +572,73 @@ fn session(qemu: &UnixStream, spec: &WorkerSpec, workers: &UnixListener) -> Resu
         if !worker_died {
             continue;
         }
-        let lived = worker.started.elapsed();
-        let (status, killed) = reap(&mut worker.child);
-        short_lived = if lived < SHORT_LIFE && !killed {
-            short_lived + 1
-        } else {
-            0
-        };
-        if short_lived >= CRASH_LOOP {
-            return Err(format!(
-                "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
-                 (last: {status}); giving up"
-            ));
-        }
-        restarts += 1;
-        log::warn!(
-            "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
-             set-up messages",
-            lived.as_secs_f64(),
-            rec.len()
-        );
-        if short_lived > 1 {
-            std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
-        }
-        worker = start_worker(spec, workers, true)?;
-        // The request the dead worker owed an answer: replay the rest, then ask again.
-        if let Some(p) = &pending {
-            rec.kept
-                .retain(|k| !(k.header == p.header && k.payload == p.payload));
-        }
-        let replayed = rec.replay(worker.conn.as_fd()).and_then(|_| {
-            rec.kick_all();
-            match &pending {
-                Some(p) => {
-                    rec.note(p)?;
-                    send_message(worker.conn.as_fd(), p)
+        // A worker whose connection failed may still be alive (it will not be used again).
+        let mut ended_by_us = false;
+        loop {
+            let lived = worker.started.elapsed();
+            let (status, mut end) = worker.reap();
+            if ended_by_us {
+                // Killed for failing its replay: a failure of its own, not an operator's.
+                end = End::Died;
+            }
+            if end == End::Refused {
+                return Ok(
+                    "the worker refused a front-end message; session ended (not replayed)".into(),
+                );
+            }
+            short_lived = if lived < SHORT_LIFE && end != End::Killed {
+                short_lived + 1
+            } else {
+                0
+            };
+            if short_lived >= CRASH_LOOP {
+                // Whatever keeps killing workers came with this session: end it, and serve
+                // the next front-end afresh.
+                return Ok(format!(
+                    "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
+                     (last: {status}); session ended"
+                ));
+            }
+            restarts += 1;
+            log::warn!(
+                "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
+                 set-up messages",
+                lived.as_secs_f64(),
+                rec.len()
+            );
+            if short_lived > 1 {
+                std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
+            }
+            worker = launcher.start_worker(true)?;
+            // The request the dead worker owed an answer: replay the rest, then ask again.
+            if let Some(p) = &pending {
+                rec.kept
+                    .retain(|k| !(k.header == p.header && k.payload == p.payload));
+            }
+            let replayed = rec
+                .replay(worker.conn.as_fd(), worker.pidfd())
+                .and_then(|_| {
+                    rec.kick_all();
+                    match &pending {
+                        Some(p) => {
+                            rec.note(p)?;
+                            send_message(worker.conn.as_fd(), p)
+                        }
+                        None => Ok(()),
+                    }
+                });
+            match replayed {
+                Ok(()) => break,
+                Err(e) => {
+                    // A worker that died or hangs before it took the set-up is replaced at
+                    // once: its connection may never report anything.
+                    log::warn!("supervisor: replay to the new worker failed: {e}");
+                    worker.kill();
+                    ended_by_us = true;
                 }
-                None => Ok(()),
-            }
-        });
-        if let Err(e) = replayed {
-            log::warn!("supervisor: replay to the new worker failed: {e}");
-            // Handled as another death on the next turn (its socket reports the hang-up).
-            continue;
-        }
-    }
-}
-
-/// How the worker ended, and whether it was SIGKILLed.
-fn reap(child: &mut Child) -> (String, bool) {
-    match child.wait() {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            match s.signal() {
-                Some(sig) => (
-                    format!("pid {} killed by signal {sig}", child.id()),
-                    sig == libc::SIGKILL,
-                ),
-                None => (
-                    format!("pid {} exited with {}", child.id(), s.code().unwrap_or(-1)),
-                    false,
-                ),
             }
         }
-        Err(e) => (format!("pid {} lost ({e})", child.id()), false),
     }
-}
-
-/// Ends a worker whose front-end went away: it sees its connection close and exits.
-fn stop_worker(mut w: Worker) {
-    let _ = w.conn.shutdown(std::net::Shutdown::Both);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = w.child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    log::warn!(
-        "supervisor: worker {} did not exit; killing it",
-        w.child.id()
-    );
-    let _ = w.child.kill();
-    let _ = w.child.wait();
 }
 
 #[cfg(test)]

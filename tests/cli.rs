@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+    common::daemon()
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -17,20 +17,7 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// Runs the daemon expecting a failure; returns its single stderr line.
-fn fails_with_one_line(args: &[&str]) -> String {
-    let out = bin().args(args).output().unwrap();
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = String::from_utf8(out.stderr).unwrap();
-    // Log lines and clap's "For more information" hint are not part of the error.
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty() && !l.starts_with("For more"))
-        .collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_string()
-}
+use common::fails_with_one_line;
 
 #[test]
 fn help_explains_every_flag() {
@@ -44,6 +31,9 @@ fn help_explains_every_flag() {
         "--queue-size",
         "--dma-threads",
         "--print-qemu-args",
+        "--print-capabilities",
+        "--fd",
+        "--socket-group",
         "RUST_LOG",
     ] {
         assert!(text.contains(flag), "--help does not mention {flag}");
@@ -230,27 +220,16 @@ fn qemu_configs_match_print_qemu_args() {
     assert_eq!(two, expect, "regenerate qemu-configs/two-devices.args");
 }
 
-/// Under the seccomp filter the daemon still serves a front-end and exits on SIGTERM.
+/// Under the seccomp filter (the default) the daemon still serves a front-end and exits on
+/// SIGTERM.
 #[test]
 fn sandboxed_daemon_serves_and_exits_cleanly() {
     use vhost::vhost_user::Frontend;
     use vhost::VhostBackend;
     let d = temp_dir("seccomp");
     let sock = d.join("s.sock");
-    let daemon = bin()
-        .args([
-            "--seccomp",
-            "enforce",
-            "--memory-size",
-            "4M",
-            "--socket-path",
-        ])
-        .arg(&sock)
-        .arg("--memory-path")
-        .arg(d.join("mem"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // No --seccomp: enforce is the default.
+    let daemon = spawn_on(&mut bin(), &sock, &d);
     let t = Instant::now();
     let fe = loop {
         if let Ok(f) = Frontend::connect(&sock, 2) {
@@ -271,7 +250,7 @@ fn sandboxed_daemon_serves_and_exits_cleanly() {
     let out = daemon.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("seccomp filter installed"), "{err}");
+    assert!(err.contains("seccomp filter installed (Enforce)"), "{err}");
     assert!(!err.contains("refused system call"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
@@ -348,5 +327,142 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}: {log}", out.status);
     assert!(log.contains("supervising on"), "{log}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+/// The daemon command, under `--supervise` or not.
+fn daemon_cmd(supervise: bool) -> Command {
+    let mut cmd = bin();
+    if supervise {
+        cmd.arg("--supervise");
+    }
+    cmd
+}
+
+/// A front-end's first exchange: the daemon answers with VERSION_1 offered.
+fn greet(fe: vhost::vhost_user::Frontend) {
+    use vhost::VhostBackend;
+    fe.set_owner().unwrap();
+    assert_ne!(fe.get_features().unwrap() & (1 << 32), 0);
+}
+
+/// SIGTERM; the daemon must exit successfully and never have met its seccomp filter.
+fn stop_cleanly(daemon: std::process::Child) {
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let out = daemon.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("refused system call"), "{err}");
+}
+
+/// Starts the daemon with 4 MiB of device memory in `dir` on socket `sock`, its log piped.
+fn spawn_on(
+    cmd: &mut Command,
+    sock: &std::path::Path,
+    dir: &std::path::Path,
+) -> std::process::Child {
+    cmd.args(["--memory-size", "4M", "--socket-path"])
+        .arg(sock)
+        .arg("--memory-path")
+        .arg(dir.join("mem"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A test directory and a socket listening in it (the front-end's, or one to hand over).
+fn listening(name: &str) -> (PathBuf, PathBuf, std::os::unix::net::UnixListener) {
+    let d = temp_dir(name);
+    let sock = d.join("given.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    (d, sock, listener)
+}
+
+/// In client socket mode the sandboxed daemon connects to the front-end's socket, and
+/// again when the connection drops.
+#[test]
+fn sandboxed_client_mode_daemon_connects_and_reconnects() {
+    for supervise in [false, true] {
+        let (d, sock, listener) = listening(if supervise { "client-sup" } else { "client" });
+        let mut cmd = daemon_cmd(supervise);
+        cmd.args(["--socket-mode", "client"]);
+        let mut daemon = spawn_on(&mut cmd, &sock, &d);
+        for _ in 0..2 {
+            let (stream, _) = listener.accept().unwrap();
+            greet(vhost::vhost_user::Frontend::from_stream(stream, 2));
+        }
+        assert!(daemon.try_wait().unwrap().is_none());
+        stop_cleanly(daemon);
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// vhost-user backend program conventions: --print-capabilities prints JSON and ignores
+/// everything else.
+#[test]
+fn print_capabilities_prints_json_and_ignores_the_rest() {
+    for args in [
+        vec!["--print-capabilities"],
+        vec![
+            "--memory-size",
+            "12Q",
+            "--print-capabilities",
+            "--no-such-flag",
+        ],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text.trim(), r#"{"type": "cxl-accel", "features": []}"#);
+    }
+}
+
+/// vhost-user backend program conventions: --fd serves a listening socket handed over by
+/// the caller (as libvirt does), with or without the supervisor, and refuses anything else.
+#[test]
+fn a_listening_socket_handed_over_with_fd_is_served() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    for supervise in [false, true] {
+        let (d, sock, listener) = listening(if supervise { "fd-sup" } else { "fd" });
+        let fd = listener.as_raw_fd();
+        let mut cmd = daemon_cmd(supervise);
+        cmd.args([
+            "--memory-size",
+            "4M",
+            "--fd",
+            &fd.to_string(),
+            "--memory-path",
+        ])
+        .arg(d.join("mem"))
+        .stderr(Stdio::piped());
+        // SAFETY: fcntl between fork and exec, on a descriptor the child inherits.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+                Ok(())
+            });
+        }
+        let daemon = cmd.spawn().unwrap();
+        drop(listener);
+        for _ in 0..2 {
+            greet(vhost::vhost_user::Frontend::connect(&sock, 2).unwrap());
+        }
+        stop_cleanly(daemon);
+        // The socket is the caller's: the daemon leaves it.
+        assert!(sock.exists());
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let d = temp_dir("fd-bad");
+    let e = fails_with_one_line(&[
+        "--fd",
+        "0",
+        "--memory-size",
+        "4M",
+        "--memory-path",
+        d.join("mem").to_str().unwrap(),
+    ]);
+    assert!(e.contains("is not a listening unix stream socket"), "{e}");
     let _ = std::fs::remove_dir_all(d);
 }

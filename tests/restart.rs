@@ -279,15 +279,8 @@ fn runs_as_an_unprivileged_user() {
         run_as: Some(nobody),
         ..Default::default()
     });
-    let r = h.call(&with(
-        hdr(OP_ALLOC, 0, 1),
-        &Alloc {
-            size: 1 << 20,
-            align: 0,
-        },
-    ));
-    assert_eq!(r.status(), Status::Ok);
-    let dst = [sge(SPACE_DEVMEM, r.resp.result1, 4096)];
+    let (_, offset) = h.alloc(1 << 20);
+    let dst = [sge(SPACE_DEVMEM, offset, 4096)];
     assert_eq!(
         h.call(&fill(2, 0x7777_7777_7777_7777, &dst)).status(),
         Status::Ok
@@ -341,4 +334,35 @@ fn a_restarted_worker_signals_what_it_answers() {
         .wait_used(&h.guest, Duration::from_secs(1))
         .unwrap();
     assert_eq!(h.read_reply(1, len).status(), Status::Interrupted);
+}
+
+#[test]
+fn the_relay_and_the_worker_are_sandboxed_by_default() {
+    let h = supervised();
+    let sup = h.process.as_ref().unwrap().id();
+    let worker = wait_for_worker(&h, None);
+    let seccomp = |task: &str| -> String {
+        let status = std::fs::read_to_string(format!("{task}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("Seccomp:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().to_string()
+    };
+    let tasks: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{sup}/task"))
+        .unwrap()
+        .map(|t| {
+            let path = t.unwrap().path().display().to_string();
+            let comm = std::fs::read_to_string(format!("{path}/comm")).unwrap();
+            (comm.trim().to_string(), path)
+        })
+        .collect();
+    // The thread that parses the front-end's messages is filtered (mode 2)...
+    let relay = tasks
+        .iter()
+        .find(|(c, _)| c == "relay")
+        .expect("a relay thread");
+    assert_eq!(seccomp(&relay.1), "2");
+    // ...the one that starts workers (the main thread) cannot be, or workers would
+    // inherit its filter...
+    assert_eq!(seccomp(&format!("/proc/{sup}/task/{sup}")), "0");
+    // ...and the worker filters itself once it serves.
+    assert_eq!(seccomp(&format!("/proc/{worker}")), "2");
 }

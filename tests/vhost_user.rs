@@ -602,11 +602,27 @@ fn requests_in_flight_are_bounded_by_the_queue_size() {
         .unwrap();
     let head = h.queues[0].push(&h.guest, &[(DATA, 16, false), (DATA + 4096, 32, true)]);
     let rounds = 2;
-    for _ in 0..rounds {
+    // The avail_event word after the used ring: where the device stood when it last asked
+    // to be kicked (EVENT_IDX).
+    let avail_event = GuestAddress(h.queues[0].used_addr() + 4 + 8 * QUEUE_SIZE as u64);
+    for round in 0..rounds {
         for _ in 0..200 {
             h.queues[0].publish(&h.guest, head);
         }
         h.kick(0);
+        if round == 0 {
+            // A driver never has more than the ring's size outstanding: the second round
+            // comes once the device has taken the first (else the ring index is invalid
+            // and the device refuses the queue, as it must).
+            let t = std::time::Instant::now();
+            while h.guest.read_obj::<u16>(avail_event).unwrap() < 201 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "first round not taken"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         std::thread::sleep(Duration::from_millis(30));
     }
     // The daemon takes at most a queue's worth; the rest waits in the ring. Once the slow
@@ -870,4 +886,173 @@ fn a_corrupt_avail_index_does_not_kill_the_daemon() {
     // The control path still answers.
     assert_eq!(h.config().magic, MAGIC);
     assert!(h.device().stat(STAT_ERRORS) >= 1);
+}
+
+/// Posts `n` copies of one request (written once at DATA), response `i` at
+/// `DATA + 0x1000 + 64 * i`, and kicks.
+fn post_many(h: &mut Harness, req: &[u8], n: u64) {
+    h.guest.write_slice(req, GuestAddress(DATA)).unwrap();
+    for i in 0..n {
+        let resp = DATA + 0x1000 + i * 64;
+        h.queues[0].push(
+            &h.guest,
+            &[(DATA, req.len() as u32, false), (resp, 64, true)],
+        );
+    }
+    h.kick(0);
+}
+
+#[test]
+fn a_guest_may_choose_a_larger_ring_than_the_queue_size() {
+    // QEMU lets the guest pick any ring size up to 1024 whatever the device's vq_size, and
+    // a ring up to 32768 is legal virtio: a larger ring than --queue-size must work, with
+    // no more requests held at once than --queue-size.
+    let ring = 1024;
+    let mut h = Harness::with(Options {
+        ring_size: ring,
+        ..Default::default()
+    });
+    let nop = hdr(OP_NOP, 0, 1);
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+    // More requests than --queue-size at once (two descriptors each), from one request buffer, each with its own
+    // response slot; heads run across the whole ring.
+    let n = 2 * QUEUE_SIZE as u64 - 12;
+    post_many(&mut h, &nop, n);
+    for _ in 0..n {
+        let (_, len) = h.queues[0]
+            .wait_used(&h.guest, Duration::from_secs(20))
+            .expect("a request on the large ring never came back");
+        assert_eq!(len, 32);
+    }
+    assert_eq!(h.call(&nop).status(), Status::Ok);
+}
+
+#[test]
+fn a_queue_stop_cuts_long_commands_short() {
+    // QEMU waits for GET_VRING_BASE under its global lock: 256 queued 1 GiB copies must
+    // not hold it for their whole run, and each must come back (done or INTERRUPTED).
+    let mut h = Harness::with(Options {
+        ring_size: 1024,
+        ..Default::default()
+    });
+    let half = DEVMEM_SIZE / 2;
+    let src: Vec<_> = (0..16).map(|_| sge(SPACE_DEVMEM, 0, half as u32)).collect();
+    let dst: Vec<_> = (0..16)
+        .map(|_| sge(SPACE_DEVMEM, half, half as u32))
+        .collect();
+    let req = copy(7, &src, &dst);
+    let n = 256u64;
+    post_many(&mut h, &req, n);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let fe = h.frontend.as_mut().unwrap();
+    let base = vhost::VhostBackend::get_vring_base(fe, 0).expect("GET_VRING_BASE answered");
+    let stop = t.elapsed();
+    eprintln!("queue stop with {n} queued 1 GiB copies took {stop:?}");
+    assert!(stop < Duration::from_secs(1), "the stop took {stop:?}");
+    assert_eq!(base, n as u32);
+    // Every request was returned before the stop was answered.
+    assert_eq!(h.queues[0].used_idx(&h.guest), n as u16);
+    let (mut done, mut cut) = (0, 0);
+    for _ in 0..n {
+        let (id, _) = h.queues[0]
+            .wait_used(&h.guest, Duration::ZERO)
+            .expect("returned");
+        let resp: Resp = h
+            .guest
+            .read_obj(GuestAddress(DATA + 0x1000 + (id as u64 / 2) * 64))
+            .unwrap();
+        match Status::from_u32(resp.status) {
+            Some(Status::Ok) => done += 1,
+            Some(Status::Interrupted) => cut += 1,
+            s => panic!("{s:?}"),
+        }
+    }
+    eprintln!("{done} copies done, {cut} interrupted");
+    assert!(cut > 0);
+    // The device goes on normally once the rings start again.
+    h.restart_rings();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let s = [sge(SPACE_DEVMEM, 0, 4096)];
+    assert_eq!(
+        h.call(&copy(8, &s, &[sge(SPACE_DEVMEM, half, 4096)]))
+            .status(),
+        Status::Ok
+    );
+}
+
+#[test]
+fn memory_that_shrinks_under_the_device_does_not_kill_it() {
+    // A front-end truncates the memfd behind guest RAM after giving it, and the device
+    // memory file (QEMU holds it read-write): touching those pages raises SIGBUS.
+    let mut h = Harness::new();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    h.ram_file().set_len(GUEST_SIZE / 2).unwrap();
+    let far = GUEST_SIZE * 3 / 4;
+    let gone = [sge(SPACE_GPA, far, 4096)];
+    let r = h.call(&copy(2, &gone, &[sge(SPACE_DEVMEM, 0, 4096)]));
+    assert_eq!(r.status(), Status::BadGpa);
+    // Another page: the first one is now an anonymous page of the daemon's own.
+    let gone2 = [sge(SPACE_GPA, far + 0x10000, 4096)];
+    assert_eq!(h.call(&fill(3, 0x55, &gone2)).status(), Status::BadGpa);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(h.dir.join("devmem"))
+        .unwrap()
+        .set_len(DEVMEM_SIZE / 2)
+        .unwrap();
+    let r = h.call(&fill(
+        4,
+        0x55,
+        &[sge(SPACE_DEVMEM, DEVMEM_SIZE * 3 / 4, 4096)],
+    ));
+    assert_eq!(r.status(), Status::BadGpa);
+    // Memory that is still there works as before.
+    let here = [sge(SPACE_GPA, DATA, 4096)];
+    assert_eq!(
+        h.call(&fill(5, 0x7777_7777_7777_7777, &here)).status(),
+        Status::Ok
+    );
+    let r = h.call(&checksum(6, 0, &here));
+    assert_eq!(r.resp.result0, crc32c(0, &[0x77; 4096]) as u64);
+}
+
+#[test]
+fn a_refused_memory_table_is_not_used_by_commands_still_running() {
+    let mut h = Harness::new();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let long = atomic_cmd(ATOMIC_FETCH_ADD, 8, SPACE_DEVMEM, 0, 1, 0, 1 << 26);
+    h.post(&atomic(2, long), 1, 64);
+    let t = std::time::Instant::now();
+    while h.device().stat(STAT_COMMANDS) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the atomic never started"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let used = h.queues[0].used_idx(&h.guest);
+    // A table whose RAM region runs past the end of its file (the rings lie there).
+    let small = memfd("small", 4096);
+    let region = vhost::VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: GUEST_SIZE,
+        userspace_addr: h.guest.get_host_address(GuestAddress(0)).unwrap() as u64,
+        mmap_offset: 0,
+        mmap_handle: std::os::fd::AsRawFd::as_raw_fd(&small),
+    };
+    let fe = h.frontend.as_mut().unwrap();
+    fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+    assert!(vhost::VhostBackend::set_mem_table(fe, &[region]).is_err());
+    // The refusal ends the session; the atomic ends (cut short, or done) without touching
+    // the ring through the refused table, and the daemon's session loop finishes.
+    let t = std::time::Instant::now();
+    while !h.daemon_finished() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the session never ended"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(h.queues[0].used_idx(&h.guest), used);
 }

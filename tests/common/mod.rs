@@ -46,6 +46,70 @@ pub fn memfd(name: &str, size: u64) -> File {
     f
 }
 
+/// The daemon binary, ready for arguments.
+pub fn daemon() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+}
+
+/// The single error line of a daemon run that failed (log lines and clap's hint aside).
+pub fn one_line_error(out: std::process::Output) -> String {
+    assert!(!out.status.success(), "the daemon should have failed");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty() && !l.starts_with("For more"))
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    lines[0].to_string()
+}
+
+/// Runs the daemon expecting a failure; returns its single stderr line.
+pub fn fails_with_one_line(args: &[&str]) -> String {
+    one_line_error(daemon().args(args).output().unwrap())
+}
+
+/// Whether the tests run as root (they do in CI): needed to act as another user.
+pub fn is_root() -> bool {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() == 0 }
+}
+
+/// The unprivileged user (and group) the local-attacker tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// Runs `f` in a forked child as user `uid` and group `gid` (no supplementary groups) and
+/// returns its result (0-255). The test process has other threads, so `f` may only make
+/// plain system calls on data prepared before the call (no allocation).
+pub fn as_user(uid: u32, gid: u32, f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only makes async-signal-safe calls (setgroups, setgid, setuid, what
+    // `f` does by the rule above, _exit); the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = if libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0
+            {
+                f()
+            } else {
+                99
+            };
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+}
+
+/// A path as a C string, for [`as_user`] closures.
+pub fn cpath(p: &std::path::Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
 /// The first child of process `pid` (a supervisor's worker).
 pub fn child_pid(pid: u32) -> Option<u32> {
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
@@ -238,6 +302,10 @@ pub struct Options {
     pub supervised: Option<Vec<String>>,
     /// With `supervised`: run the daemon as this unprivileged uid/gid (needs root).
     pub run_as: Option<u32>,
+    /// Size of the rings the driver sets up (the daemon's --queue-size stays QUEUE_SIZE).
+    pub ring_size: u16,
+    /// With `supervised`: the daemon's log (at info) goes to this file.
+    pub log: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -251,6 +319,8 @@ impl Default for Options {
             extra_regions: Vec::new(),
             supervised: None,
             run_as: None,
+            ring_size: QUEUE_SIZE,
+            log: None,
         }
     }
 }
@@ -333,7 +403,11 @@ impl Harness {
                 None => std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel")),
             };
             // Quiet unless asked: every kill makes the daemon log a restart.
-            let level = std::env::var("CXL_ACCEL_TEST_LOG").unwrap_or_else(|_| "error".into());
+            let mut level = std::env::var("CXL_ACCEL_TEST_LOG").unwrap_or_else(|_| "error".into());
+            if let Some(log) = &opts.log {
+                cmd.stderr(File::create(log).unwrap());
+                level = "info".into();
+            }
             let child = cmd
                 .env("RUST_LOG", level)
                 .arg("--supervise")
@@ -370,7 +444,7 @@ impl Harness {
             };
             let dev = Arc::new(Device::new(cfg, devmem));
             let dispatcher = Arc::new(Dispatcher::new(opts.dma_threads).unwrap());
-            let mut listener = server::bind(&sock).unwrap();
+            let mut listener = server::bind(&sock, None).unwrap();
             let d2 = dev.clone();
             daemon = Some(std::thread::spawn(move || {
                 let _ = server::serve(&mut listener, d2, dispatcher, QUEUE_SIZE, Some(1));
@@ -444,8 +518,8 @@ impl Harness {
         std::thread::spawn(move || while req_handler.handle_request().is_ok() {});
 
         let mut queues = [
-            DriverQueue::new(RING_BASE[0], QUEUE_SIZE),
-            DriverQueue::new(RING_BASE[1], QUEUE_SIZE),
+            DriverQueue::new(RING_BASE[0], opts.ring_size),
+            DriverQueue::new(RING_BASE[1], opts.ring_size),
         ];
         let kicks = [EventFd::new(0).unwrap(), EventFd::new(0).unwrap()];
         let calls = [
@@ -487,7 +561,7 @@ impl Harness {
                 .write_slice(&zeros, GuestAddress(RING_BASE[i]))
                 .unwrap();
             let call = q.call_fd;
-            *q = DriverQueue::new(RING_BASE[i], QUEUE_SIZE);
+            *q = DriverQueue::new(RING_BASE[i], q.size);
             q.call_fd = call;
         }
         start_rings(fe, &self.guest, &self.queues, &self.kicks, &self.calls);
@@ -508,6 +582,11 @@ impl Harness {
     /// Forgets earlier signals on queue `q`.
     pub fn drain_call(&self, q: usize) {
         while self.wait_call(q, Duration::ZERO) {}
+    }
+
+    /// Whether the in-process daemon has ended (it serves one session).
+    pub fn daemon_finished(&self) -> bool {
+        self.daemon.as_ref().is_none_or(|d| d.is_finished())
     }
 
     /// The in-process device model.
@@ -558,6 +637,28 @@ impl Harness {
             payload,
             used_len,
         }
+    }
+
+    /// Allocates `size` bytes of device memory: (buffer id, device-memory offset).
+    pub fn alloc(&mut self, size: u64) -> (u64, u64) {
+        let req = cxl_accel::command::encode::with(
+            cxl_accel::command::encode::hdr(OP_ALLOC, 0, 1),
+            &Alloc { size, align: 0 },
+        );
+        let r = self.call(&req);
+        assert_eq!(r.status(), Status::Ok);
+        (r.resp.result0, r.resp.result1)
+    }
+
+    /// Hands the daemon a new backend channel; returns our end of it.
+    pub fn new_backend_channel(&mut self) -> std::os::unix::net::UnixStream {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        self.frontend
+            .as_mut()
+            .unwrap()
+            .set_backend_request_fd(&theirs)
+            .unwrap();
+        ours
     }
 
     /// Sends one request and waits for its reply.
@@ -651,12 +752,12 @@ fn start_rings(
 ) {
     let va = |gpa: u64| guest.get_host_address(GuestAddress(gpa)).unwrap() as u64;
     for (i, q) in queues.iter().enumerate() {
-        fe.set_vring_num(i, QUEUE_SIZE).unwrap();
+        fe.set_vring_num(i, q.size).unwrap();
         fe.set_vring_addr(
             i,
             &VringConfigData {
-                queue_max_size: QUEUE_SIZE,
-                queue_size: QUEUE_SIZE,
+                queue_max_size: q.size,
+                queue_size: q.size,
                 flags: 0,
                 desc_table_addr: va(q.desc_addr()),
                 used_ring_addr: va(q.used_addr()),

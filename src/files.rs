@@ -1,0 +1,151 @@
+//! The daemon's own files (device memory, state): created private, never reached through
+//! a symbolic link, refused when they are not regular files of the daemon's user, fully
+//! allocated up front, and locked while a daemon runs.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+/// Who besides the daemon's user may open a file: nobody (mode 0600), or the members of
+/// one group (0660; `--socket-group`, for a QEMU running as another user).
+pub type Group = Option<libc::gid_t>;
+
+fn mode(group: Group) -> u32 {
+    if group.is_some() {
+        0o660
+    } else {
+        0o600
+    }
+}
+
+/// Opens `path` read-write, creating it when missing. `what` names it in errors ("memory
+/// file"). A symbolic link, anything but a regular file, or a file of another user is
+/// refused; an existing file gets the mode (and group) it would have been created with.
+pub fn open_private(path: &Path, what: &str, group: Group) -> Result<File, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(mode(group))
+        // O_NONBLOCK: a FIFO put in our way must not block the open; it is refused below.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => format!(
+                "{what} {} is a symbolic link; refusing to follow it (name the file itself)",
+                path.display()
+            ),
+            _ => format!("cannot open {what} {}: {e}", path.display()),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "{what} {} is not a regular file; refusing to use it",
+            path.display()
+        ));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "{what} {} belongs to uid {}, not to this daemon's user (uid {me}); refusing to use it",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    if let Some(gid) = group.filter(|&g| g != meta.gid()) {
+        // SAFETY: fchown on a descriptor we own; -1 leaves the owner as it is.
+        if unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) } != 0 {
+            return Err(format!(
+                "cannot give {what} {} to group {gid}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    if meta.mode() & 0o7777 != mode(group) {
+        // SAFETY: fchmod on a descriptor we own.
+        if unsafe { libc::fchmod(file.as_raw_fd(), mode(group)) } != 0 {
+            return Err(format!(
+                "cannot set the mode of {what} {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(file)
+}
+
+/// Gives the first `len` bytes of `file` real storage, so that a full file system (tmpfs)
+/// is an error here and not a SIGBUS at the first write to a page.
+pub fn allocate(file: &File, len: u64, path: &Path, what: &str) -> Result<(), String> {
+    let len = libc::off_t::try_from(len).map_err(|_| format!("{what} size {len} too large"))?;
+    // SAFETY: posix_fallocate on a descriptor we own; no memory is involved.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if rc != 0 {
+        return Err(format!(
+            "cannot allocate {len} bytes for {what} {}: {}",
+            path.display(),
+            std::io::Error::from_raw_os_error(rc)
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the "a daemon owns this" lock on `file`; it lasts while the open file lives.
+/// Only the daemon's user (and the group it names) can open the file, so nobody else can
+/// hold the lock.
+pub fn lock_exclusive(file: &File, path: &Path, what: &str) -> Result<(), String> {
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(format!(
+            "{what} {} is locked by another running cxl-accel: two daemons must not share \
+             one device",
+            path.display()
+        ));
+    }
+    Err(format!("cannot lock {what} {}: {err}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_files_refuse_links_and_strangers() {
+        let dir = std::env::temp_dir().join(format!("cxl-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("f");
+        let file = open_private(&f, "test file", None).unwrap();
+        assert_eq!(file.metadata().unwrap().mode() & 0o7777, 0o600);
+        // An existing file of ours is tightened.
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        open_private(&f, "test file", None).unwrap();
+        assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = open_private(&link, "test file", None).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        let e = open_private(&dir, "test file", None).unwrap_err();
+        assert!(
+            e.contains("cannot open") || e.contains("not a regular"),
+            "{e}"
+        );
+        // One lock per open file: a second open of the same file cannot take it.
+        lock_exclusive(&file, &f, "test file").unwrap();
+        let again = open_private(&f, "test file", None).unwrap();
+        let e = lock_exclusive(&again, &f, "test file").unwrap_err();
+        assert!(e.contains("locked by another running cxl-accel"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
