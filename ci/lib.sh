@@ -80,6 +80,22 @@ elapsed() {
 
 # "install ok installed" is the only state that means a usable package
 # ("unknown ok not-installed" is what dpkg reports for removed ones).
+# Prints "major.minor.patch" of a qemu binary, or nothing.
+qemu_version() {
+    "$1" --version 2>/dev/null | head -n 1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n 1 || true
+}
+
+version_ge() { # $1 >= $2 ?
+    [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]
+}
+
+# How device memory reaches the guest with this QEMU: as a VIRTIO shared memory
+# region of the virtio function (QEMU >= 11.1) or as the BAR of an ivshmem-plain
+# sibling (10.2).
+default_attach() { # qemu
+    if version_ge "$(qemu_version "$1")" 11.1; then echo shmem; else echo bar; fi
+}
+
 pkg_installed() {
     [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
 }

@@ -8,7 +8,10 @@
 #   --guest-ram SIZE     guest RAM (default 1G)
 #   --socket-mode M      server (daemon listens, default) or client (QEMU listens and
 #                        the daemons connect: a restarted daemon reconnects)
-#   --attach bar|numa    device memory as a PCI BAR (default) or as a CPU-less NUMA node
+#   --attach MODE        how device memory reaches the guest: shmem (a BAR of the virtio
+#                        function itself; QEMU >= 11.1), bar (BAR2 of an ivshmem-plain
+#                        sibling; QEMU 10.2), numa (a CPU-less NUMA node) or auto
+#                        (default: shmem when the QEMU has it, else bar)
 #   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm)
 #   --smp N              guest CPUs (default 2)
 #   --timeout SECS       wall-clock limit, QEMU is killed after it (default 300; 0 = none)
@@ -59,7 +62,7 @@ usage() {
 DEVICES=1
 DEVMEM=256M
 RAM=1G
-ATTACH=bar
+ATTACH=auto
 SOCKET_MODE=server
 ACCEL=tcg
 SMP=2
@@ -111,7 +114,7 @@ done
 
 [[ "$DEVICES" =~ ^[0-9]+$ ]] || die "run-guest: --devices wants a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "run-guest: --timeout wants seconds"
-case "$ATTACH" in bar | numa) ;; *) die "run-guest: --attach must be bar or numa" ;; esac
+case "$ATTACH" in auto | shmem | bar | numa) ;; *) die "run-guest: --attach must be auto, shmem, bar or numa" ;; esac
 case "$ACCEL" in
 tcg) CPU=max ;;
 kvm) CPU=host ;;
@@ -131,6 +134,12 @@ load_env
 if [ "$DEVICES" -gt 0 ] && [ ! -x "$DAEMON" ]; then
     die "run-guest: daemon $DAEMON not found; build it (cargo build --release) or use --devices 0"
 fi
+[ "$ATTACH" != auto ] || ATTACH=$(default_attach "$QEMU")
+if [ "$ATTACH" = shmem ] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
+    die "run-guest: --attach shmem needs QEMU >= 11.1; $QEMU is $(qemu_version "$QEMU")"
+fi
+# For guest scripts that check how the devices look.
+APPEND="$APPEND cxlaccel.attach=$ATTACH"
 
 # ------------------------------------------------------------- cleanup
 

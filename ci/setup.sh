@@ -458,15 +458,6 @@ step_kernel_73() {
 
 # -------------------------------------------------------------------- QEMU
 
-# Prints "major.minor.patch" of a qemu binary, or nothing.
-qemu_version() {
-    "$1" --version 2>/dev/null | head -n 1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n 1 || true
-}
-
-version_ge() { # $1 >= $2 ?
-    [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]
-}
-
 has_test_device() {
     "$1" -device help 2>/dev/null | grep -q '"vhost-user-test-device-pci"'
 }

@@ -83,9 +83,11 @@ struct cxla_dev {
 	wait_queue_head_t evt_wait;
 
 	/* device memory */
-	struct pci_dev *mem_pdev;	/* the paired ivshmem-plain function */
+	struct pci_dev *mem_pdev;	/* the function whose BAR is the memory */
+	int mem_bar;			/* that BAR */
 	struct list_head mem_node;	/* cxla_mem_devs while mem_pdev is held */
 	phys_addr_t devmem_gpa;
+	u64 devmem_bus;			/* devmem_gpa as peers address it */
 	struct dev_pagemap pgmap;
 	bool pgmap_live;
 	atomic_long_t pages_live;	/* pages of pgmap with references */
@@ -224,6 +226,7 @@ int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
 int cxla_devmem_init(struct cxla_dev *cd);
 void cxla_devmem_init_dev(struct cxla_dev *cd);
 void cxla_devmem_free_all(struct cxla_dev *cd);
+void cxla_devmem_before_reset(struct cxla_dev *cd);
 bool cxla_devmem_teardown(struct cxla_dev *cd);
 void cxla_devmem_release_pci(struct cxla_dev *cd);
 int cxla_devmem_notifier_register(void);

@@ -47,6 +47,10 @@ typedef uint64_t __le64;
 #define CXLA_F_EVENTS			(1ULL << 5)
 #define CXLA_F_EXPORT			(1ULL << 6)
 #define CXLA_F_NUMA			(1ULL << 7)	/* memory is a CPU-less NUMA node, not a BAR */
+#define CXLA_F_SHMEM			(1ULL << 8)	/* memory is virtio shared memory region CXLA_SHM_ID_DEVMEM */
+
+/* The virtio shared memory region id (shmid) of device memory (CXLA_F_SHMEM) */
+#define CXLA_SHM_ID_DEVMEM		0
 
 /* Limits */
 #define CXLA_MAX_SEGMENTS		4096	/* per scatter-gather list */

@@ -2,8 +2,12 @@
 /*
  * cxl-accel: device memory.
  *
- * The accelerator's memory is BAR2 of an ivshmem-plain PCI function in the
- * same slot as the virtio function. The driver maps it with
+ * The accelerator's memory is a BAR: of the virtio function itself, as
+ * VIRTIO shared memory region CXLA_SHM_ID_DEVMEM (CXLA_F_SHMEM, QEMU 11.1),
+ * or BAR2 of an ivshmem-plain function in the same slot (QEMU 10.2). In the
+ * first case the device's memory is only there while the device runs: a
+ * virtio reset takes it away (reads see zeros), so removal moves data out
+ * before it resets the device. The driver maps it with
  * memremap_pages(MEMORY_DEVICE_COHERENT): each page gets a ZONE_DEVICE
  * struct page, the direct map covers it with normal write-back caching, and
  * CPU and device see each other's writes with no flush (the memory is
@@ -34,6 +38,7 @@
 #include <linux/pci.h>
 #include <linux/slab.h>
 #include <linux/virtio.h>
+#include <linux/virtio_config.h>
 
 #include "cxl_accel.h"
 
@@ -444,15 +449,72 @@ static int cxla_set_devmem_base(struct cxla_dev *cd)
 	return ret;
 }
 
+/*
+ * Shared-memory attach: device memory is a region of the virtio function's
+ * own BAR. The range is the region; the BAR is found by its address.
+ */
+static struct pci_dev *cxla_find_shm_region(struct cxla_dev *cd,
+					    struct resource *range, int *bar)
+{
+	struct device *parent = cd->vdev->dev.parent;
+	struct virtio_shm_region r;
+	struct pci_dev *pdev;
+	int i;
+
+	if (!virtio_get_shm_region(cd->vdev, &r, CXLA_SHM_ID_DEVMEM)) {
+		dev_err(&cd->vdev->dev,
+			"device memory should be VIRTIO shared memory region %d but the device has none: QEMU 11.1 or later is needed (or run the daemon with --attach bar and an ivshmem-plain function)\n",
+			CXLA_SHM_ID_DEVMEM);
+		return NULL;
+	}
+	if (!parent || !dev_is_pci(parent))
+		return NULL;
+	pdev = to_pci_dev(parent);
+	for (i = 0; i < PCI_STD_NUM_BARS; i++) {
+		if (!(pci_resource_flags(pdev, i) & IORESOURCE_MEM) ||
+		    r.addr < pci_resource_start(pdev, i) ||
+		    r.addr + r.len - 1 > pci_resource_end(pdev, i))
+			continue;
+		*bar = i;
+		range->start = r.addr;
+		range->end = r.addr + r.len - 1;
+		if (cxla_mem_in_use(cd, pdev))
+			return ERR_PTR(-EBUSY);
+		return pci_dev_get(pdev);
+	}
+	dev_err(&cd->vdev->dev,
+		"shared memory region %#llx + %#llx lies in no memory BAR of %s\n",
+		r.addr, r.len, pci_name(pdev));
+	return NULL;
+}
+
+/* Bar attach: BAR2 of the ivshmem function beside the virtio function. */
+static struct pci_dev *cxla_find_bar(struct cxla_dev *cd,
+				     struct resource *range, int *bar)
+{
+	struct pci_dev *pdev = cxla_find_mem_function(cd);
+
+	if (IS_ERR_OR_NULL(pdev))
+		return pdev;
+	*bar = CXLA_IVSHMEM_BAR;
+	range->start = pci_resource_start(pdev, CXLA_IVSHMEM_BAR);
+	range->end = range->start + pci_resource_len(pdev, CXLA_IVSHMEM_BAR) - 1;
+	return pdev;
+}
+
 int cxla_devmem_init(struct cxla_dev *cd)
 {
 	struct device *vdev = &cd->vdev->dev;
+	struct resource range = { };
 	struct pci_dev *pdev;
-	resource_size_t start, len;
+	resource_size_t start;
 	void *addr;
 	int ret;
 
-	pdev = cxla_find_mem_function(cd);
+	if (cd->features & CXLA_F_SHMEM)
+		pdev = cxla_find_shm_region(cd, &range, &cd->mem_bar);
+	else
+		pdev = cxla_find_bar(cd, &range, &cd->mem_bar);
 	if (IS_ERR_OR_NULL(pdev))
 		return pdev ? PTR_ERR(pdev) : -ENODEV;
 	cd->mem_pdev = pdev;
@@ -463,27 +525,26 @@ int cxla_devmem_init(struct cxla_dev *cd)
 		dev_err(vdev, "cannot enable %s: %d\n", pci_name(pdev), ret);
 		goto err_put;
 	}
-	ret = pci_request_region(pdev, CXLA_IVSHMEM_BAR, CXLA_NAME);
+	ret = pci_request_region(pdev, cd->mem_bar, CXLA_NAME);
 	if (ret) {
-		dev_err(vdev, "BAR%d of %s is busy: %d\n", CXLA_IVSHMEM_BAR,
+		dev_err(vdev, "BAR%d of %s is busy: %d\n", cd->mem_bar,
 			pci_name(pdev), ret);
 		goto err_disable;
 	}
 
-	start = pci_resource_start(pdev, CXLA_IVSHMEM_BAR);
-	len = pci_resource_len(pdev, CXLA_IVSHMEM_BAR);
+	start = range.start;
 	ret = -ENODEV;
-	if (!(pci_resource_flags(pdev, CXLA_IVSHMEM_BAR) & IORESOURCE_MEM) ||
-	    !start || !len) {
+	if (!(pci_resource_flags(pdev, cd->mem_bar) & IORESOURCE_MEM) ||
+	    !start || !resource_size(&range)) {
 		dev_err(vdev, "BAR%d of %s is not an assigned memory BAR\n",
-			CXLA_IVSHMEM_BAR, pci_name(pdev));
+			cd->mem_bar, pci_name(pdev));
 		goto err_release;
 	}
-	if (!cd->devmem_size || cd->devmem_size > len) {
+	if (!cd->devmem_size || cd->devmem_size > resource_size(&range)) {
 		dev_err(vdev,
 			"device reports %llu bytes of memory, BAR%d of %s has %llu\n",
-			cd->devmem_size, CXLA_IVSHMEM_BAR, pci_name(pdev),
-			(u64)len);
+			cd->devmem_size, cd->mem_bar, pci_name(pdev),
+			(u64)resource_size(&range));
 		goto err_release;
 	}
 	if (!IS_ALIGNED(start, CXLA_DEVMEM_ALIGN) ||
@@ -494,7 +555,10 @@ int cxla_devmem_init(struct cxla_dev *cd)
 		goto err_release;
 	}
 	cd->devmem_gpa = start;
+	cd->devmem_bus = pci_bus_address(pdev, cd->mem_bar) +
+			 (start - pci_resource_start(pdev, cd->mem_bar));
 
+	/* shared memory: also waits until the device's memory is mapped */
 	ret = cxla_set_devmem_base(cd);
 	if (ret)
 		goto err_release;
@@ -519,7 +583,7 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	return 0;
 
 err_release:
-	pci_release_region(pdev, CXLA_IVSHMEM_BAR);
+	pci_release_region(pdev, cd->mem_bar);
 err_disable:
 	pci_disable_device(pdev);
 err_put:
@@ -609,6 +673,40 @@ static void cxla_devmem_wait_pages(struct cxla_dev *cd)
 }
 
 /*
+ * Removal: pins that end soon get a moment; module unload waits for every
+ * page (page_free() is module code).
+ */
+static void cxla_devmem_wait_grace(struct cxla_dev *cd)
+{
+	unsigned long deadline = jiffies + msecs_to_jiffies(CXLA_DEVMEM_GRACE_MS);
+
+	while (atomic_long_read(&cd->pages_live) && time_before(jiffies, deadline))
+		msleep(20);
+	if (READ_ONCE(cxla_unloading))
+		cxla_devmem_wait_pages(cd);
+}
+
+/*
+ * Removal in shared-memory attach, right before the device reset, which
+ * takes device memory away from the guest: copy out by CPU what the device
+ * did not evict, and give pins their moment while the data is still there.
+ * Pages still referenced after that (a pipe, a long pin) read zeros from
+ * the reset on; their struct pages stay valid until released, as in bar
+ * attach.
+ */
+void cxla_devmem_before_reset(struct cxla_dev *cd)
+{
+	if (!(cd->features & CXLA_F_SHMEM) || !cd->pgmap_live)
+		return;
+	cxla_mig_teardown(cd);
+	cxla_devmem_wait_grace(cd);
+	if (atomic_long_read(&cd->pages_live))
+		dev_warn(&cd->dev,
+			 "%ld pages of device memory are still referenced (pipes, pins): the device reset takes shared memory away, they read zeros from now on\n",
+			 atomic_long_read(&cd->pages_live));
+}
+
+/*
  * Removal, after the device was reset and user mappings were zapped: drop
  * the driver's page references of every buffer still alive, then, when all
  * pages are free, undo the mapping. Pages still referenced elsewhere keep
@@ -618,7 +716,7 @@ static void cxla_devmem_wait_pages(struct cxla_dev *cd)
 bool cxla_devmem_teardown(struct cxla_dev *cd)
 {
 	struct cxla_buf *buf;
-	unsigned long i, deadline;
+	unsigned long i;
 
 	mutex_lock(&cd->buf_lock);
 	list_for_each_entry(buf, &cd->bufs, node) {
@@ -632,11 +730,8 @@ bool cxla_devmem_teardown(struct cxla_dev *cd)
 
 	if (!cd->pgmap_live)
 		return false;
-	deadline = jiffies + msecs_to_jiffies(CXLA_DEVMEM_GRACE_MS);
-	while (atomic_long_read(&cd->pages_live) && time_before(jiffies, deadline))
-		msleep(20);
-	if (READ_ONCE(cxla_unloading))
-		cxla_devmem_wait_pages(cd);
+	if (!(cd->features & CXLA_F_SHMEM))	/* else before the reset */
+		cxla_devmem_wait_grace(cd);
 	/* from here the last page_free() may finish the removal instead */
 	__module_get(THIS_MODULE);
 	get_device(&cd->dev);
@@ -662,7 +757,7 @@ void cxla_devmem_release_pci(struct cxla_dev *cd)
 	if (!cd->mem_pdev)
 		return;
 	cxla_mem_track(cd, false);
-	pci_release_region(cd->mem_pdev, CXLA_IVSHMEM_BAR);
+	pci_release_region(cd->mem_pdev, cd->mem_bar);
 	pci_disable_device(cd->mem_pdev);
 	pci_dev_put(cd->mem_pdev);
 	cd->mem_pdev = NULL;

@@ -541,7 +541,7 @@ static struct dma_buf *cxla_export_create(struct cxla_dev *cd,
 	exp->buf = buf;
 	uuid_gen(&exp->uuid);
 	/* what a peer puts on the bus to reach the buffer (no IOMMU) */
-	exp->bus_addr = pci_bus_address(mem, CXLA_IVSHMEM_BAR) + buf->offset;
+	exp->bus_addr = cd->devmem_bus + buf->offset;
 
 	cmd.id = cpu_to_le64(buf->id);
 	memcpy(cmd.uuid, exp->uuid.b, sizeof(cmd.uuid));

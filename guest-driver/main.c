@@ -137,6 +137,8 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	spin_lock_irq(&cd->cmd_lock);
 	cd->stopped = true;
 	spin_unlock_irq(&cd->cmd_lock);
+	/* shared memory: the reset takes device memory away */
+	cxla_devmem_before_reset(cd);
 	virtio_reset_device(vdev);
 	/* the device touches no request any more: wake waiters, reap */
 	cxla_cancel_all(cd);
@@ -266,7 +268,7 @@ static int cxla_probe(struct virtio_device *vdev)
 		dev_info(&cd->dev,
 			 "%llu MiB coherent device memory at %#llx (%s BAR%d), %u DMA engines, features %#llx, device index %u\n",
 			 cd->devmem_size >> 20, (u64)cd->devmem_gpa,
-			 pci_name(cd->mem_pdev), CXLA_IVSHMEM_BAR,
+			 pci_name(cd->mem_pdev), cd->mem_bar,
 			 cd->num_dma_engines, cd->features, cd->device_index);
 	return 0;
 

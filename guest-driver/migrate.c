@@ -431,12 +431,21 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 
 	ret = cxla_migrate_pass(x, mm, start, end);
 	for (pass = 1; !ret && res->busy && pass < CXLA_MIG_BUSY_PASSES; pass++) {
+		/* in place after the passes so far: found so or moved */
+		u64 known = res->migrated + res->already;
+
 		memset(&again, 0, sizeof(again));
 		x->res = &again;
 		ret = cxla_migrate_pass(x, mm, start, end);
 		x->res = res;
 		res->migrated += again.migrated;
 		res->no_space += again.no_space;
+		/*
+		 * A busy page is not identified (the kernel clears its entry):
+		 * one that was in place all along shows up now as "already".
+		 */
+		if (again.already > known)
+			res->already += again.already - known;
 		res->busy = again.busy;
 	}
 	return ret;

@@ -69,6 +69,20 @@ static ssize_t mem_function_show(struct device *dev,
 }
 static DEVICE_ATTR_RO(mem_function);
 
+/* how device memory reaches the guest: the daemon's --attach */
+static ssize_t attach_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	struct cxla_dev *cd = to_cxla_dev(dev);
+
+	if (cd->features & CXLA_F_NUMA)
+		return sysfs_emit(buf, "numa\n");
+	return sysfs_emit(buf, "%s BAR%d\n",
+			  cd->features & CXLA_F_SHMEM ? "shmem" : "bar",
+			  cd->mem_bar);
+}
+static DEVICE_ATTR_RO(attach);
+
 static ssize_t performance_show(struct device *dev,
 				struct device_attribute *attr, char *buf)
 {
@@ -145,6 +159,7 @@ static struct attribute *cxla_attrs[] = {
 	&dev_attr_dma_engines.attr,
 	&dev_attr_device_index.attr,
 	&dev_attr_mem_function.attr,
+	&dev_attr_attach.attr,
 	&dev_attr_performance.attr,
 	&dev_attr_commands_submitted.attr,
 	&dev_attr_commands_completed.attr,

@@ -4,10 +4,11 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserSharedMsg, VhostUserVirtioFeatures,
+    VhostUserMMap, VhostUserMMapFlags, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -23,17 +24,21 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Device, ExportSink, RateLimitedLog, Reply};
+use crate::device::{Attach, Device, ExportSink, RateLimitedLog, Reply};
 use crate::dispatch::Dispatcher;
 use crate::protocol::{
     CmdHdr, Resp, Status, EVENT_ERROR, FLAG_FENCE, MAX_REQUEST, NUM_QUEUES, OP_FENCE, QUEUE_CMD,
-    QUEUE_EVENT,
+    QUEUE_EVENT, SHM_ID_DEVMEM,
 };
 use crate::sigbus;
 use crate::state::{interrupted, Origin, Outcome, RingId, StateFile};
 use std::os::fd::AsRawFd;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// Shared-memory attach: how long a map request may go without our memory showing up in
+/// the memory table before it is sent again.
+const MAP_RETRY: Duration = Duration::from_secs(1);
 
 /// How long GET_VRING_BASE waits for commands in flight, once told to stop, before giving
 /// up on them (they stop within microseconds: the engines look at the flag between
@@ -99,6 +104,14 @@ struct Session {
     announcer: Arc<Announcer>,
     /// The rings the journal describes (None: not yet seen since the queue started).
     rings: Mutex<[Option<RingId>; NUM_QUEUES]>,
+    /// A ring was enabled or kicked since the front-end last stopped the queues (the vhost
+    /// crate calls handle_event for both): the device is started,
+    /// the only time the front-end may be asked to map or unmap shared memory (QEMU 11.1
+    /// crashes on a request for a stopped device).
+    started: AtomicBool,
+    /// Shared-memory attach: when the front-end was last asked to map device memory since
+    /// the queues started.
+    map_requested: Mutex<Option<Instant>>,
 }
 
 pub struct CxlBackend {
@@ -150,6 +163,8 @@ impl CxlBackend {
                 resume: AtomicBool::new(resume),
                 announcer,
                 rings: Mutex::new([None; NUM_QUEUES]),
+                started: AtomicBool::new(false),
+                map_requested: Mutex::new(None),
             }),
         }
     }
@@ -292,6 +307,33 @@ impl Session {
             return None;
         }
         self.mem.lock().ok()?.clone()
+    }
+
+    /// Shared-memory attach: the front-end drops its mapping of device memory at every
+    /// device reset without telling us. So while the queues run and the memory table does
+    /// not show our memory, ask for it; the backend-channel thread sends the request, as
+    /// the front-end answers it only after this vhost-user message.
+    fn ensure_mapped(&self) {
+        if self.device.attach() != Attach::Shmem {
+            return;
+        }
+        self.started.store(true, Ordering::Release);
+        let size = self.device.devmem().size();
+        if self.device.layout().devmem_gpa.is_some() {
+            self.announcer.unmap_at_exit(size);
+            return;
+        }
+        let Ok(mut last) = self.map_requested.lock() else {
+            return;
+        };
+        if last.is_some_and(|t| t.elapsed() < MAP_RETRY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        match self.device.devmem().file() {
+            Ok(file) => self.announcer.send(Announce::Map { file, len: size }),
+            Err(e) => log::error!("cannot hand device memory to the front-end: {e}"),
+        }
     }
 }
 
@@ -657,9 +699,15 @@ fn deliver_events(s: &Session, vrings: &[VringRwLock], mem: &GuestMemoryMmap, ev
 /// ask for no reply: a front-end that never answers cannot hold the thread (only one that
 /// stops reading its channel altogether can, until it closes it, and meanwhile at most
 /// `QUEUED` announcements wait; more are dropped and counted).
+///
+/// It also carries shared-memory attach's requests: map device memory (once the device is
+/// started) and unmap it when the daemon exits.
 pub struct Announcer {
     tx: Mutex<std::sync::mpsc::SyncSender<Announce>>,
     log: RateLimitedLog,
+    /// Bytes of device memory the front-end maps for a started device (0: none), which
+    /// the daemon unmaps when it exits.
+    mapped: AtomicU64,
 }
 
 enum Announce {
@@ -669,6 +717,40 @@ enum Announce {
         add: bool,
         uuid: [u8; 16],
     },
+    /// Map `len` bytes of this file as device memory (shared memory region 0).
+    Map {
+        file: std::fs::File,
+        len: u64,
+    },
+    /// Unmap device memory, then say so.
+    Unmap {
+        len: u64,
+        done: std::sync::mpsc::SyncSender<()>,
+    },
+}
+
+/// Every device's announcer, for the unmapping at exit.
+static ANNOUNCERS: Mutex<Vec<std::sync::Weak<Announcer>>> = Mutex::new(Vec::new());
+
+/// How long the exit waits for each device's unmap request to be sent.
+const UNMAP_AT_EXIT: Duration = Duration::from_millis(500);
+
+/// The daemon is exiting: ask the front-end to unmap every device memory it maps for a
+/// started device, so that the guest no longer sees memory of a device that is gone.
+pub fn unmap_before_exit() {
+    let live: Vec<Arc<Announcer>> = match ANNOUNCERS.lock() {
+        Ok(a) => a.iter().filter_map(|w| w.upgrade()).collect(),
+        Err(_) => return,
+    };
+    for a in live {
+        let len = a.mapped.swap(0, Ordering::AcqRel);
+        if len == 0 {
+            continue;
+        }
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        a.send(Announce::Unmap { len, done });
+        let _ = wait.recv_timeout(UNMAP_AT_EXIT);
+    }
 }
 
 /// Announcements waiting for the thread at most.
@@ -680,12 +762,23 @@ impl Announcer {
     pub fn start() -> io::Result<Arc<Announcer>> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Announce>(QUEUED);
         std::thread::Builder::new()
-            .name("shared-objects".into())
+            .name("backend-channel".into())
             .spawn(move || announce(rx))?;
-        Ok(Arc::new(Announcer {
+        let a = Arc::new(Announcer {
             tx: Mutex::new(tx),
             log: RateLimitedLog::new(10),
-        }))
+            mapped: AtomicU64::new(0),
+        });
+        if let Ok(mut all) = ANNOUNCERS.lock() {
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&a));
+        }
+        Ok(a)
+    }
+
+    /// Device memory is mapped for a started device (`len` bytes), or not (0).
+    fn unmap_at_exit(&self, len: u64) {
+        self.mapped.store(len, Ordering::Release);
     }
 
     fn send(&self, a: Announce) {
@@ -716,6 +809,46 @@ fn announce(rx: std::sync::mpsc::Receiver<Announce>) {
                 if let Err(e) = r {
                     log.warn(format_args!("cannot update a shared object: {e}"));
                 }
+            }
+            Announce::Map { file, len } => {
+                let Some(backend) = &channel else {
+                    log::error!(
+                        "device memory cannot reach the guest: the front-end gave no backend \
+                         channel (vhost-user BACKEND_REQ) to map it with"
+                    );
+                    continue;
+                };
+                let m = VhostUserMMap {
+                    shmid: SHM_ID_DEVMEM,
+                    len,
+                    flags: VhostUserMMapFlags::WRITABLE.bits(),
+                    ..Default::default()
+                };
+                // No acknowledgement is asked for (see set_backend_req_fd): the mapping
+                // shows in the memory table the front-end sends next.
+                match backend.shmem_map(&m, &file) {
+                    Ok(_) => log::info!("asked the front-end to map device memory ({len} bytes)"),
+                    Err(e) => log::error!(
+                        "cannot map device memory into the guest: {e}. The front-end did not \
+                         take a VIRTIO shared memory region: QEMU 11.1 or later with \
+                         vhost-user-test-device-pci is needed, or start the daemon with \
+                         --attach bar (and an ivshmem-plain function)"
+                    ),
+                }
+            }
+            Announce::Unmap { len, done } => {
+                if let Some(backend) = &channel {
+                    let m = VhostUserMMap {
+                        shmid: SHM_ID_DEVMEM,
+                        len,
+                        ..Default::default()
+                    };
+                    match backend.shmem_unmap(&m) {
+                        Ok(_) => log::info!("asked the front-end to unmap device memory"),
+                        Err(e) => log::warn!("cannot unmap device memory: {e}"),
+                    }
+                }
+                let _ = done.try_send(());
             }
         }
     }
@@ -765,11 +898,29 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ
+        let common = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::BACKEND_REQ
-            | VhostUserProtocolFeatures::SHARED_OBJECT
+            | VhostUserProtocolFeatures::SHARED_OBJECT;
+        // Offered only in shmem mode: a front-end that takes it gives the device a BAR.
+        match self.s.device.attach() {
+            Attach::Shmem => common | VhostUserProtocolFeatures::SHMEM,
+            _ => common,
+        }
+    }
+
+    /// One region, device memory, as shared memory region 0 (shmem mode only).
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        if self.s.device.attach() != Attach::Shmem {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no shared memory regions: the daemon runs with --attach bar or numa",
+            ));
+        }
+        let mut sizes = [0u64; SHM_ID_DEVMEM as usize + 1];
+        sizes[SHM_ID_DEVMEM as usize] = self.s.device.devmem().size();
+        Ok(VhostUserShMemConfig::new(1, &sizes))
     }
 
     fn set_backend_req_fd(&self, backend: Backend) {
@@ -802,7 +953,7 @@ impl VhostUserBackend for CxlBackend {
             ));
         };
         // An fd covering exactly the buffer needs a host udmabuf over a sealed memfd; the
-        // device memory is a named file QEMU opens by path, so there is none to give.
+        // device memory is one named file, so there is none to give.
         self.s.device.reject(format_args!(
             "GET_SHARED_OBJECT for buffer {} ({} bytes at {:#x}): not supported, device \
              memory is a named file and cannot be sliced into a host dma-buf",
@@ -849,6 +1000,10 @@ impl VhostUserBackend for CxlBackend {
                 .reject(format_args!("memory table refused: {e}"));
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
         }
+        if self.s.started.load(Ordering::Acquire) {
+            // Now mapped (or no longer): what to unmap at exit.
+            self.s.ensure_mapped();
+        }
         Ok(())
     }
 
@@ -869,6 +1024,12 @@ impl VhostUserBackend for CxlBackend {
             // Whatever still finishes must not write to the stopped (maybe reused) ring.
             self.s.generation.fetch_add(1, Ordering::AcqRel);
             self.s.cancel.store(false, Ordering::Release);
+            // A stop may be a reset, which drops shared memory: map again once started.
+            self.s.started.store(false, Ordering::Release);
+            self.s.announcer.unmap_at_exit(0);
+            if let Ok(mut m) = self.s.map_requested.lock() {
+                *m = None;
+            }
         }
         let q = queue_index as usize;
         if q < NUM_QUEUES {
@@ -892,6 +1053,7 @@ impl VhostUserBackend for CxlBackend {
         if evset != EventSet::IN {
             return Ok(());
         }
+        self.s.ensure_mapped();
         match device_event as usize {
             QUEUE_CMD => process_commands(&self.s, vrings),
             QUEUE_EVENT => {

@@ -33,9 +33,10 @@ fn parse_seccomp(s: &str) -> Result<crate::sandbox::Mode, String> {
 
 fn parse_attach(s: &str) -> Result<Attach, String> {
     match s {
+        "shmem" => Ok(Attach::Shmem),
         "bar" => Ok(Attach::Bar),
         "numa" => Ok(Attach::Numa),
-        _ => Err(format!("'{s}' is neither bar nor numa")),
+        _ => Err(format!("'{s}' is not one of shmem, bar, numa")),
     }
 }
 
@@ -45,8 +46,8 @@ fn parse_attach(s: &str) -> Result<Attach, String> {
     version,
     about = "vhost-user backend emulating a CXL Type-2 style accelerator with coherent device memory",
     long_about = "vhost-user backend emulating a CXL Type-2 style accelerator: device memory \
-shared with QEMU and exposed to the guest as BAR2 of an ivshmem-plain function, plus a \
-DMA/compute engine (copy, fill, checksum, atomics, page copies) working on guest memory, \
+shared with QEMU and exposed to the guest as a BAR (of the virtio function itself with QEMU \
+11.1, of an ivshmem-plain sibling with 10.2), plus a DMA/compute engine (copy, fill, checksum, atomics, page copies) working on guest memory, \
 device memory and peer devices' memory.\n\nStart the daemon, then QEMU with the arguments \
 printed by --print-qemu-args. Logging: RUST_LOG=info (default) or debug."
 )]
@@ -68,13 +69,14 @@ pub struct Args {
     #[arg(long, value_name = "server|client", default_value = "server", value_parser = parse_mode)]
     pub socket_mode: SocketMode,
 
-    /// Device memory file, shared with QEMU (memory-backend-file mem-path). Created and sized
-    /// when missing; an existing file must have exactly --memory-size bytes. tmpfs (/dev/shm)
+    /// Device memory file, shared with QEMU (handed over with SHMEM_MAP in shmem mode, its
+    /// memory-backend-file mem-path otherwise). Created and sized when missing; an existing file must have exactly --memory-size bytes. tmpfs (/dev/shm)
     /// or hugetlbfs paths work.
     #[arg(long, value_name = "PATH")]
     pub memory_path: PathBuf,
 
-    /// Device memory size, a multiple of 2 MiB: bytes or with a K, M, G suffix (256M, 4G).
+    /// Device memory size, a multiple of 2 MiB (a power of two in shmem mode: it is a whole
+    /// BAR): bytes or with a K, M, G suffix (256M, 4G).
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub memory_size: u64,
 
@@ -102,9 +104,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub peer_memory_path: Vec<PathBuf>,
 
-    /// How the guest sees device memory: "bar" (BAR2 of an ivshmem-plain function, managed by
-    /// the driver as coherent device pages) or "numa" (a CPU-less NUMA node of guest RAM).
-    #[arg(long, value_name = "bar|numa", default_value = "bar", value_parser = parse_attach)]
+    /// How the guest sees device memory: "shmem" (a VIRTIO shared memory region, i.e. a BAR
+    /// of the virtio function itself: one PCI function; needs QEMU >= 11.1), "bar" (BAR2 of
+    /// an ivshmem-plain sibling function; QEMU >= 10.2) or "numa" (a CPU-less NUMA node of
+    /// guest RAM). With shmem and bar the driver manages it as coherent device pages.
+    #[arg(long, value_name = "shmem|bar|numa", default_value = "shmem", value_parser = parse_attach)]
     pub attach: Attach,
 
     /// seccomp sandbox once serving: "enforce" (default: an unlisted system call kills the
@@ -163,6 +167,24 @@ pub struct Args {
 }
 
 impl Args {
+    /// What the parser cannot check alone: combinations of arguments.
+    pub fn check(&self) -> Result<(), String> {
+        if self.fd.is_some() && self.socket_mode == SocketMode::Client {
+            return Err(
+                "--fd is a listening socket: it does not go with --socket-mode client".into(),
+            );
+        }
+        if self.attach == Attach::Shmem && !self.memory_size.is_power_of_two() {
+            return Err(format!(
+                "--attach shmem needs a power-of-two --memory-size (QEMU makes it a whole BAR): \
+                 {} is not; use {} or --attach bar",
+                qemu_size(self.memory_size),
+                qemu_size(self.memory_size.next_power_of_two())
+            ));
+        }
+        Ok(())
+    }
+
     /// `--state-path`, by default the memory file's path plus ".state".
     pub fn state_path(&self) -> PathBuf {
         self.state_path
@@ -339,7 +361,7 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
             ),
         ));
         match args.attach {
-            Attach::Bar => {
+            Attach::Bar | Attach::Shmem => {
                 v.push(("-m".into(), qemu_size(ram)));
                 v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
             }
@@ -365,16 +387,26 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
             qemu_escape(socket_path)
         ),
     ));
+    // In shmem mode the memory is a BAR of this one function (the daemon hands QEMU the
+    // file); otherwise a second function or a NUMA node is backed by the file, by path.
+    let multifunction = if args.attach == Attach::Bar {
+        ",multifunction=on"
+    } else {
+        ""
+    };
     v.push((
         "-device".into(),
         format!(
             "vhost-user-test-device-pci,id=cxlacc{n},chardev=cxlacc{n}-sock,virtio-id={},\
-num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0,multifunction=on",
+num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0{multifunction}",
             args.virtio_id,
             args.queue_size,
             std::mem::size_of::<Config>()
         ),
     ));
+    if args.attach == Attach::Shmem {
+        return Ok(v);
+    }
     v.push((
         "-object".into(),
         format!(
@@ -384,15 +416,15 @@ num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0,multi
         ),
     ));
     v.push(match args.attach {
-        Attach::Bar => (
+        Attach::Numa => (
+            "-numa".into(),
+            format!("node,nodeid={},memdev=cxlacc{n}-mem", n + 1),
+        ),
+        _ => (
             "-device".into(),
             format!(
                 "ivshmem-plain,id=cxlacc{n}-bar,memdev=cxlacc{n}-mem,bus=pcie.0,addr={slot:#x}.1"
             ),
-        ),
-        Attach::Numa => (
-            "-numa".into(),
-            format!("node,nodeid={},memdev=cxlacc{n}-mem", n + 1),
         ),
     });
     Ok(v)
@@ -433,6 +465,8 @@ mod tests {
             "/dev/shm/m,1",
             "--index",
             "1",
+            "--attach",
+            "bar",
         ]);
         let text = render_qemu_args(&qemu_args(&args).unwrap());
         assert!(text.contains("'socket,id=cxlacc1-sock,path=/tmp/a b.sock'"));
@@ -469,5 +503,44 @@ mod tests {
         assert!(text.contains("-numa node,nodeid=2,memdev=cxlacc1-mem"));
         assert!(text.contains("-m 1280M"));
         assert!(!text.contains("ivshmem"));
+    }
+
+    #[test]
+    fn shmem_is_one_function_and_the_default() {
+        let args = Args::parse_from(["cxl-accel", "--socket-path", "s", "--memory-path", "m"]);
+        assert_eq!(args.attach, Attach::Shmem);
+        let text = render_qemu_args(&qemu_args(&args).unwrap());
+        assert!(text.contains("bus=pcie.0,addr=0x10.0"));
+        assert!(!text.contains("multifunction"));
+        assert!(!text.contains("ivshmem"));
+        assert!(
+            !text.contains("memory-backend-file"),
+            "QEMU gets the file from the daemon"
+        );
+        assert!(text.contains("-machine q35,memory-backend=cxl-guest-ram"));
+        // QEMU makes the region a whole BAR, whose size is a power of two.
+        let odd = Args::parse_from([
+            "cxl-accel",
+            "--socket-path",
+            "s",
+            "--memory-path",
+            "m",
+            "--memory-size",
+            "96M",
+        ]);
+        let e = odd.check().unwrap_err();
+        assert!(e.contains("power-of-two") && e.contains("128M"), "{e}");
+        let bar = Args::parse_from([
+            "cxl-accel",
+            "--socket-path",
+            "s",
+            "--memory-path",
+            "m",
+            "--memory-size",
+            "96M",
+            "--attach",
+            "bar",
+        ]);
+        assert!(bar.check().is_ok());
     }
 }

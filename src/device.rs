@@ -22,6 +22,9 @@ pub enum Attach {
     /// BAR2 of an ivshmem-plain function: the driver manages it (MEMORY_DEVICE_COHERENT).
     #[default]
     Bar,
+    /// VIRTIO shared memory region of the virtio function itself (one PCI function), which
+    /// the front-end maps on the daemon's request; otherwise as `Bar`.
+    Shmem,
     /// A CPU-less NUMA node: the guest kernel owns the memory, so the device neither
     /// allocates it nor addresses it by offset.
     Numa,
@@ -223,17 +226,16 @@ impl Device {
         &self.devmem
     }
 
+    pub fn attach(&self) -> Attach {
+        self.cfg.attach
+    }
+
     pub fn features(&self) -> u64 {
+        let managed =
+            F_ATOMIC_DEVMEM | F_ATOMIC_GUEST | F_P2P | F_ALLOC | F_COPY_PAGES | F_EVENTS | F_EXPORT;
         match self.cfg.attach {
-            Attach::Bar => {
-                F_ATOMIC_DEVMEM
-                    | F_ATOMIC_GUEST
-                    | F_P2P
-                    | F_ALLOC
-                    | F_COPY_PAGES
-                    | F_EVENTS
-                    | F_EXPORT
-            }
+            Attach::Bar => managed,
+            Attach::Shmem => managed | F_SHMEM,
             Attach::Numa => F_ATOMIC_GUEST | F_P2P | F_COPY_PAGES | F_EVENTS | F_NUMA,
         }
     }
@@ -241,7 +243,7 @@ impl Device {
     /// In NUMA mode the guest kernel allocates the memory: buffers and device offsets
     /// would alias pages it hands out.
     fn refuses(&self, cmd: &Command) -> bool {
-        if self.cfg.attach == Attach::Bar {
+        if self.cfg.attach != Attach::Numa {
             return false;
         }
         let devmem = |l: &[Sge]| l.iter().any(|s| s.space == SPACE_DEVMEM);

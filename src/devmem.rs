@@ -160,6 +160,14 @@ impl DeviceMemory {
         self.id
     }
 
+    /// A new descriptor of the memory file, to hand to the front-end.
+    pub fn file(&self) -> io::Result<File> {
+        match self.region.file_offset() {
+            Some(fo) => fo.file().try_clone(),
+            None => Err(io::Error::other("device memory has no file")),
+        }
+    }
+
     /// Slice of device memory; `None` when the range is out of bounds.
     pub fn slice(&self, offset: u64, len: u64) -> Option<VolatileSlice<'_>> {
         let end = offset.checked_add(len)?;

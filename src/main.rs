@@ -20,6 +20,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
+    if let Err(e) = args.check() {
+        return fail(&e);
+    }
     if args.print_qemu_args {
         return match qemu_args(&args) {
             Ok(pairs) => {
@@ -28,9 +31,6 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&e),
         };
-    }
-    if args.fd.is_some() && args.socket_mode == SocketMode::Client {
-        return fail("--fd is a listening socket: it does not go with --socket-mode client");
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let result = if args.supervise && args.worker_fd.is_none() {
@@ -230,6 +230,8 @@ mod signals {
                     // SAFETY: sends a signal; no memory is involved.
                     unsafe { libc::kill(worker, libc::SIGTERM) };
                 }
+                // Shared-memory attach: the guest stops seeing memory of a device that is gone.
+                cxl_accel::backend::unmap_before_exit();
                 for s in remove {
                     cxl_accel::sandbox::remove(s);
                 }

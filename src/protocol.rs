@@ -29,6 +29,11 @@ pub const F_EVENTS: u64 = 1 << 5;
 pub const F_EXPORT: u64 = 1 << 6;
 /// Device memory is attached as a CPU-less NUMA node (guest RAM), not as a BAR.
 pub const F_NUMA: u64 = 1 << 7;
+/// Device memory is VIRTIO shared memory region [`SHM_ID_DEVMEM`] of the virtio function
+/// itself (a BAR of that function), not a BAR of an ivshmem sibling.
+pub const F_SHMEM: u64 = 1 << 8;
+/// The shared memory region id (shmid) of device memory.
+pub const SHM_ID_DEVMEM: u8 = 0;
 
 pub const MAX_SEGMENTS: u32 = 4096;
 pub const MAX_PAGES: u32 = 4096;
@@ -243,6 +248,8 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_F_EVENTS".into(), F_EVENTS),
         ("CXLA_F_EXPORT".into(), F_EXPORT),
         ("CXLA_F_NUMA".into(), F_NUMA),
+        ("CXLA_F_SHMEM".into(), F_SHMEM),
+        ("CXLA_SHM_ID_DEVMEM".into(), SHM_ID_DEVMEM as u64),
         ("CXLA_MAX_SEGMENTS".into(), MAX_SEGMENTS as u64),
         ("CXLA_MAX_PAGES".into(), MAX_PAGES as u64),
         ("CXLA_MAX_REQUEST".into(), MAX_REQUEST as u64),

@@ -54,8 +54,8 @@ const RESET_DEVICE: u32 = 34;
 const ADD_MEM_REG: u32 = 37;
 const REM_MEM_REG: u32 = 38;
 
-/// Requests that are always answered.
-const ANSWERED: [u32; 10] = [1, 6, 11, 15, 17, 24, 31, 36, 40, 41];
+/// Requests that are always answered (44: GET_SHMEM_CONFIG).
+const ANSWERED: [u32; 11] = [1, 6, 11, 15, 17, 24, 31, 36, 40, 41, 44];
 
 /// A worker that fails by itself this soon after starting counts towards a crash loop.
 /// (A request that crashes the device cannot cause one: the next worker answers it
@@ -344,14 +344,20 @@ impl Recording {
         // unanswered and the front-end would wait for ever.
         query(sock, alive, GET_FEATURES)?;
         query(sock, alive, GET_PROTOCOL_FEATURES)?;
-        // Rings are enabled last, once fully set up: an enabled ring may be served at once
+        // In the order a start sends them, whatever order they came in: the session, then
+        // memory (ring addresses are translated through the table, and a table sent again
+        // later, as when the guest maps a BAR, is recorded after the rings), then the rings,
+        // which are enabled last, once fully set up: an enabled ring may be served at once
         // (a kick is waiting), and a completion signalled before its call fd is known is
         // lost; with EVENT_IDX the driver would then wait for ever.
-        let (enables, setup): (Vec<&Message>, Vec<&Message>) = self
-            .kept
-            .iter()
-            .partition(|m| m.request() == SET_VRING_ENABLE);
-        for m in setup.into_iter().chain(enables) {
+        let mut ordered: Vec<&Message> = self.kept.iter().collect();
+        ordered.sort_by_key(|m| match m.request() {
+            SET_OWNER | SET_FEATURES | SET_PROTOCOL_FEATURES | SET_BACKEND_REQ_FD => 0,
+            SET_MEM_TABLE | ADD_MEM_REG | REM_MEM_REG => 1,
+            SET_VRING_ENABLE => 3,
+            _ => 2,
+        });
+        for m in ordered {
             let mut m = m.try_clone()?;
             m.set_flags(m.flags() & !FLAG_NEED_REPLY);
             send_message(sock, &m)?;

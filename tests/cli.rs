@@ -44,23 +44,44 @@ fn help_explains_every_flag() {
 fn print_qemu_args_is_complete_and_touches_nothing() {
     let d = temp_dir("print");
     let mem = d.join("mem");
-    let out = bin()
-        .args(["--socket-path", "/tmp/x.sock", "--memory-path"])
-        .arg(&mem)
-        .args(["--memory-size", "64M", "--print-qemu-args"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    for piece in [
+    let print = |attach: &str| {
+        let out = bin()
+            .args(["--socket-path", "/tmp/x.sock", "--memory-path"])
+            .arg(&mem)
+            .args([
+                "--memory-size",
+                "64M",
+                "--print-qemu-args",
+                "--attach",
+                attach,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let common = [
         "memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on",
         "-chardev socket,id=cxlacc0-sock,path=/tmp/x.sock",
         "vhost-user-test-device-pci,id=cxlacc0,chardev=cxlacc0-sock,virtio-id=21,num_vqs=2",
         "config_size=64",
+    ];
+    // Shared memory (QEMU 11.1): one function; QEMU gets the memory file from the daemon.
+    let text = print("shmem");
+    for piece in common.iter().chain(&["bus=pcie.0,addr=0x10.0"]) {
+        assert!(text.contains(piece), "missing {piece} in:\n{text}");
+    }
+    for absent in ["multifunction", "memory-backend-file", "ivshmem"] {
+        assert!(!text.contains(absent), "{absent} in:\n{text}");
+    }
+    // ivshmem sibling (QEMU 10.2).
+    let text = print("bar");
+    for piece in common.iter().chain(&[
+        "addr=0x10.0,multifunction=on",
         "memory-backend-file,id=cxlacc0-mem",
         "size=64M,share=on",
         "ivshmem-plain,id=cxlacc0-bar,memdev=cxlacc0-mem,bus=pcie.0,addr=0x10.1",
-    ] {
+    ]) {
         assert!(text.contains(piece), "missing {piece} in:\n{text}");
     }
     assert!(
@@ -108,6 +129,8 @@ fn clear_errors_instead_of_panics() {
         m,
         "--memory-size",
         "3M",
+        "--attach",
+        "bar",
     ]);
     assert!(e.contains("multiple of 2 MiB"), "{e}");
     let e = fails_with_one_line(&[
@@ -213,11 +236,25 @@ fn qemu_configs_match_print_qemu_args() {
         "none",
     ]);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("qemu-configs");
-    let one = std::fs::read_to_string(dir.join("one-device.args")).unwrap();
-    assert_eq!(one, dev0, "regenerate qemu-configs/one-device.args");
-    let two = std::fs::read_to_string(dir.join("two-devices.args")).unwrap();
-    let expect = format!("{} \\\n{dev1}", dev0.trim_end());
-    assert_eq!(two, expect, "regenerate qemu-configs/two-devices.args");
+    let check = |name: &str, expect: String| {
+        let file = std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(file, expect, "regenerate qemu-configs/{name}");
+    };
+    check("one-device.args", dev0.clone());
+    check(
+        "two-devices.args",
+        format!("{} \\\n{dev1}", dev0.trim_end()),
+    );
+    // QEMU 10.2: the ivshmem sibling.
+    let bar0 = print(&[
+        "--socket-path",
+        "/run/cxl-accel/cxl0.sock",
+        "--memory-path",
+        "/dev/shm/cxl-accel0",
+        "--attach",
+        "bar",
+    ]);
+    check("one-device-qemu-10.2.args", bar0);
 }
 
 /// Under the seccomp filter (the default) the daemon still serves a front-end and exits on

@@ -239,6 +239,28 @@ fn a_second_daemon_on_the_same_memory_file_is_refused() {
 }
 
 #[test]
+fn a_memory_table_sent_after_the_rings_survives_a_restart() {
+    // QEMU sends the table again when the guest's address space changes (a BAR, a shared
+    // memory mapping): the recording then holds it after the rings, whose addresses the
+    // new worker can only translate once it has the table.
+    let mut h = Harness::with(Options {
+        map_devmem: false,
+        supervised: Some(Vec::new()),
+        ..Default::default()
+    });
+    h.set_table(true);
+    let set_base = with(
+        hdr(OP_SET_DEVMEM_BASE, 0, 1),
+        &SetDevmemBase { gpa: DEVMEM_GPA },
+    );
+    assert_eq!(h.call(&set_base).status(), Status::Ok);
+    let pid = wait_for_worker(&h, None);
+    kill(pid);
+    wait_for_worker(&h, Some(pid));
+    assert_eq!(h.call(&set_base).status(), Status::Ok);
+}
+
+#[test]
 fn rings_started_again_after_a_restart_work() {
     // A front-end waiting for an ack that never comes would hang the test.
     std::thread::spawn(|| {

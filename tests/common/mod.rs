@@ -329,6 +329,36 @@ impl Default for Options {
 #[derive(Default)]
 pub struct SharedObjectLog {
     pub log: std::sync::Mutex<Vec<(bool, [u8; 16])>>,
+    /// Shared memory map (true) and unmap (false) requests, in order.
+    pub shmem: std::sync::Mutex<Vec<(bool, ShmemRequest)>>,
+}
+
+/// One SHMEM_MAP or SHMEM_UNMAP request as the front-end received it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmemRequest {
+    pub shmid: u8,
+    pub fd_offset: u64,
+    pub shm_offset: u64,
+    pub len: u64,
+    pub flags: u64,
+    /// Inode of the file passed with a map (0 for an unmap).
+    pub inode: u64,
+}
+
+impl ShmemRequest {
+    fn of(m: &vhost::vhost_user::message::VhostUserMMap, inode: u64) -> Self {
+        // Copies: the message is packed.
+        let (shmid, fd_offset, shm_offset, len, flags) =
+            (m.shmid, m.fd_offset, m.shm_offset, m.len, m.flags);
+        ShmemRequest {
+            shmid,
+            fd_offset,
+            shm_offset,
+            len,
+            flags,
+            inode,
+        }
+    }
 }
 
 impl vhost::vhost_user::VhostUserFrontendReqHandler for SharedObjectLog {
@@ -349,6 +379,45 @@ impl vhost::vhost_user::VhostUserFrontendReqHandler for SharedObjectLog {
         u.copy_from_slice(m.as_slice());
         self.log.lock().unwrap().push((false, u));
         Ok(0)
+    }
+    fn shmem_map(
+        &self,
+        m: &vhost::vhost_user::message::VhostUserMMap,
+        fd: &dyn AsRawFd,
+    ) -> vhost::vhost_user::HandlerResult<u64> {
+        // SAFETY: the handler lends us the descriptor for the call; ManuallyDrop keeps
+        // it open.
+        let f = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd.as_raw_fd()) });
+        let inode = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+        self.shmem
+            .lock()
+            .unwrap()
+            .push((true, ShmemRequest::of(m, inode)));
+        Ok(0)
+    }
+    fn shmem_unmap(
+        &self,
+        m: &vhost::vhost_user::message::VhostUserMMap,
+    ) -> vhost::vhost_user::HandlerResult<u64> {
+        self.shmem
+            .lock()
+            .unwrap()
+            .push((false, ShmemRequest::of(m, 0)));
+        Ok(0)
+    }
+}
+
+impl SharedObjectLog {
+    /// Waits until `n` shared memory requests arrived (or 5 s passed); returns them all.
+    pub fn wait_shmem(&self, n: usize) -> Vec<(bool, ShmemRequest)> {
+        let t = Instant::now();
+        loop {
+            let v = self.shmem.lock().unwrap().clone();
+            if v.len() >= n || t.elapsed() > Duration::from_secs(5) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 
@@ -421,6 +490,12 @@ impl Harness {
                 .arg(QUEUE_SIZE.to_string())
                 .arg("--dma-threads")
                 .arg(opts.dma_threads.to_string())
+                .arg("--attach")
+                .arg(match opts.attach {
+                    cxl_accel::device::Attach::Bar => "bar",
+                    cxl_accel::device::Attach::Shmem => "shmem",
+                    cxl_accel::device::Attach::Numa => "numa",
+                })
                 .args(extra)
                 .spawn()
                 .expect("start the daemon");
@@ -604,6 +679,42 @@ impl Harness {
     /// The memfd behind guest RAM (region 0).
     pub fn ram_file(&self) -> &File {
         &self._files[0]
+    }
+
+    /// Sends a memory table of guest RAM, with device memory at DEVMEM_GPA when `devmem`:
+    /// what QEMU sends once it mapped the device's shared memory region, and without it
+    /// after a device reset dropped the mapping.
+    pub fn set_table(&mut self, devmem: bool) {
+        let ram = VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: GUEST_SIZE,
+            userspace_addr: self.guest.get_host_address(GuestAddress(0)).unwrap() as u64,
+            mmap_offset: 0,
+            mmap_handle: self.ram_file().as_raw_fd(),
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.dir.join("devmem"))
+            .unwrap();
+        let mut infos = vec![ram];
+        if devmem {
+            infos.push(VhostUserMemoryRegionInfo {
+                guest_phys_addr: DEVMEM_GPA,
+                memory_size: DEVMEM_SIZE,
+                userspace_addr: self.devmem.as_ptr() as u64,
+                mmap_offset: 0,
+                mmap_handle: file.as_raw_fd(),
+            });
+        }
+        let fe = self.frontend.as_mut().unwrap();
+        fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+        fe.set_mem_table(&infos).unwrap();
+    }
+
+    /// The inode of the device memory file.
+    pub fn devmem_inode(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(self.dir.join("devmem")).unwrap())
     }
 
     pub fn kick(&self, q: usize) {

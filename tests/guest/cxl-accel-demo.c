@@ -9,6 +9,23 @@
 
 #define MiB (1024ULL * 1024)
 
+/* One line of /sys/class/cxl-accel/NAME/ATTR into buf ("?" if unreadable). */
+static void sysfs_line(const char *dev, const char *attr, char *buf, size_t len)
+{
+	const char *name = strrchr(dev, '/');
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/%s",
+		 name ? name + 1 : dev, attr);
+	f = fopen(path, "r");
+	if (!f || !fgets(buf, len, f))
+		snprintf(buf, len, "?");
+	if (f)
+		fclose(f);
+	buf[strcspn(buf, "\n")] = 0;
+}
+
 static int die(const char *what, int err)
 {
 	fprintf(stderr, "cxl-accel-demo: %s: %s\n", what, strerror(err));
@@ -24,6 +41,7 @@ int main(int argc, char **argv)
 	struct cxl_accel_alloc a;
 	double t0, dev_copy, dev_copy_back, cpu_to_dev, cpu_ram, best;
 	uint8_t *p, *ram, *ram2;
+	char attach[64], function[64];
 	uint32_t crc;
 	int fd, r, rep;
 
@@ -38,6 +56,16 @@ int main(int argc, char **argv)
 	       (unsigned long long)(id.devmem_size >> 20),
 	       (unsigned long long)id.devmem_gpa,
 	       (unsigned long long)(id.devmem_free >> 20));
+	sysfs_line(path, "attach", attach, sizeof(attach));
+	sysfs_line(path, "mem_function", function, sizeof(function));
+	if (!strncmp(attach, "shmem ", 6))
+		printf("  device memory is %s of PCI function %s, the virtio function itself (a VIRTIO shared memory region)\n",
+		       attach + 6, function);
+	else if (!strncmp(attach, "bar ", 4))
+		printf("  device memory is %s of PCI function %s, an ivshmem-plain function beside the virtio one\n",
+		       attach + 4, function);
+	else
+		printf("  device memory: %s\n", attach);
 	printf("  %u DMA engines, features %#llx, NUMA node %d; advertised latency read %u ns / write %u ns, bandwidth read %u / write %u MB/s\n",
 	       id.num_dma_engines, (unsigned long long)id.features, id.numa_node,
 	       id.read_latency_ns, id.write_latency_ns, id.read_bandwidth_mbs,

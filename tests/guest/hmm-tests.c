@@ -2153,13 +2153,15 @@ static int hold_migrated(const char *path, bool close_fd)
 }
 
 /*
- * --hold-spliced DEV [SECS]: a child moves 16 pages to DEV's memory,
+ * --hold-spliced DEV [SECS [zeros]]: a child moves 16 pages to DEV's memory,
  * vmsplice()s them into our pipe and exits, so that only the pipe holds
  * them; say "SPLICE READY" and wait until /tmp/splice-go exists (or SECS
  * have passed), while the script unbinds the device or unloads the module.
- * Then the pipe must still deliver the data; closing it releases the pages.
+ * Then the pipe must still deliver the data, or with "zeros" (an unbind in
+ * shared-memory attach: the device reset took the memory away) exactly
+ * zeros; closing it releases the pages.
  */
-static int hold_spliced(const char *path, int secs)
+static int hold_spliced(const char *path, int secs, bool zeros)
 {
 	size_t n = 16, len = n * PG;
 	int fd = open(path, O_RDWR), pipefd[2], status;
@@ -2193,14 +2195,29 @@ static int hold_spliced(const char *path, int secs)
 	fflush(stdout);
 	if (!wait_file("/tmp/splice-go", secs))
 		printf("SPLICE releasing after %d s\n", secs);
-	if (read(pipefd[0], buf, len) != (ssize_t)len ||
-	    check_pages(buf, len, 201) >= 0) {
+	if (read(pipefd[0], buf, len) != (ssize_t)len) {
+		printf("SPLICE DONE bad: the pipe did not deliver %zu bytes\n", len);
+		return 1;
+	}
+	if (zeros) {
+		size_t i;
+
+		for (i = 0; i < len && !buf[i]; i++)
+			;
+		if (i < len) {
+			printf("SPLICE DONE bad: byte %zu is %#x, not the zero of memory the reset took away\n",
+			       i, buf[i]);
+			return 1;
+		}
+	} else if (check_pages(buf, len, 201) >= 0) {
 		printf("SPLICE DONE bad: the pipe lost the data\n");
 		return 1;
 	}
 	close(pipefd[0]);
 	close(pipefd[1]);
-	printf("SPLICE DONE ok: the pipe delivered the data\n");
+	printf("SPLICE DONE ok: the pipe delivered %s\n",
+	       zeros ? "zeros (the device reset took shared memory away)" :
+		       "the data");
 	return 0;
 }
 
@@ -3318,7 +3335,9 @@ int main(int argc, char **argv)
 					     !strcmp(argv[i + 2], "--close"));
 		} else if (!strcmp(argv[i], "--hold-spliced") && i + 1 < argc) {
 			return hold_spliced(argv[i + 1],
-					    i + 2 < argc ? atoi(argv[i + 2]) : 120);
+					    i + 2 < argc ? atoi(argv[i + 2]) : 120,
+					    i + 3 < argc &&
+					    !strcmp(argv[i + 3], "zeros"));
 		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
 			return hmm_stall(atoi(argv[i + 1]), argv[i + 2]);
 		} else if (!strcmp(argv[i], "--soak") && i + 3 < argc) {
@@ -3334,7 +3353,7 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr,
 				"usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-s stress-secs] [--peer-only] [-l]\n"
-				"       %s --hold-migrated dev [--close] | --hold-spliced dev [secs] | --stall secs dev | --soak secs dev peer-dev\n",
+				"       %s --hold-migrated dev [--close] | --hold-spliced dev [secs [zeros]] | --stall secs dev | --soak secs dev peer-dev\n",
 				argv[0], argv[0]);
 			return 2;
 		}

@@ -105,6 +105,32 @@ for dev in $(device_list); do
     fi
 done
 
+# How the device looks on PCI, as the host set it up (run-guest.sh passes
+# cxlaccel.attach): shmem, one function whose own BAR is the memory; bar, the
+# memory is BAR2 of an ivshmem-plain sibling in the same slot.
+want_attach=$(sed -n 's/.*cxlaccel\.attach=\([a-z]*\).*/\1/p' /proc/cmdline)
+for dev in $(device_list); do
+    s=/sys/class/cxl-accel/$dev
+    vfn=$(basename "$(readlink -f "$s/device/..")")	# the virtio function
+    slot=${vfn%.*}
+    nfn=$(ls -d /sys/bus/pci/devices/"$slot".* | wc -l)
+    attach=$(cat "$s/attach")
+    mem=$(cat "$s/mem_function")
+    detail="attach '$attach' (host: ${want_attach:-unknown}), memory in $mem, virtio function $vfn, $nfn PCI function(s) in slot $slot"
+    case "$want_attach:$attach" in
+    shmem:"shmem BAR"*)
+        ok=$([ "$mem" = "$vfn" ] && [ "$nfn" = 1 ] && echo yes) ;;
+    bar:"bar BAR2")
+        ok=$([ "$mem" = "$slot.1" ] && [ "$nfn" = 2 ] && echo yes) ;;
+    *) ok= ;;
+    esac
+    if [ -n "$ok" ]; then
+        result "$dev.pci_layout" PASS "$detail"
+    else
+        result "$dev.pci_layout" FAIL "$detail"
+    fi
+done
+
 select_tests() {
     args=
     if [ -n "${CXLA_TESTS:-}" ]; then
@@ -228,7 +254,11 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     hdev=$(device_list | tail -n 1)
     hvdev=$(basename "$(readlink "/sys/class/cxl-accel/$hdev/device")")
     rm -f /tmp/splice-go
-    "$HMM" --hold-spliced "/dev/$hdev" >/tmp/splice.out 2>&1 &
+    # shared memory: the unbind's device reset takes the memory away
+    lost=
+    case "$(cat "/sys/class/cxl-accel/$hdev/attach")" in shmem*) lost=zeros ;; esac
+    # shellcheck disable=SC2086 # empty or one word
+    "$HMM" --hold-spliced "/dev/$hdev" 120 $lost >/tmp/splice.out 2>&1 &
     holder=$!
     wait_for_line /tmp/splice.out 'SPLICE READY' 300
     t0=$(date +%s)
@@ -252,7 +282,7 @@ if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     if [ $hold_rc = 0 ] && [ $((t1 - t0)) -le 10 ] && [ $rebound = no ] &&
         [ $unloaded = no ] && [ "$released" -ge 1 ] &&
         [ "$(device_list | wc -l)" = "$expected" ]; then
-        result hmm.unbind_with_spliced_pages PASS "unbind took $((t1 - t0)) s, bind and rmmod refused while the pipe held the pages, the pipe delivered their data, then the memory was released and the device bound again"
+        result hmm.unbind_with_spliced_pages PASS "unbind took $((t1 - t0)) s, bind and rmmod refused while the pipe held the pages, the pipe delivered $([ -n "$lost" ] && echo 'zeros (shared memory went with the reset)' || echo 'their data'), then the memory was released and the device bound again"
     else
         result hmm.unbind_with_spliced_pages FAIL "holder rc $hold_rc, unbind $((t1 - t0)) s, rebound while held: $rebound, unloaded while held: $unloaded, released: $released, devices $(device_list | wc -l)"
     fi

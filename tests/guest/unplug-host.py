@@ -4,13 +4,14 @@
 
 Usage: unplug-host.py QMP_SOCKET CTL_SOCKET DELETE_WAIT [ID]
 
-1. device_del ID (cxlacc0, default, or cxlacc0-bar: either function takes
-   the whole slot) through QMP and wait (DELETE_WAIT seconds) for
-   DEVICE_DELETED of both functions of the slot, cxlacc0 and cxlacc0-bar;
-   query-pci must list neither, and still list cxlacc1 and cxlacc1-bar.
-2. chardev-remove cxlacc0-sock and object-del cxlacc0-mem: what is left of
-   device 0 on the host side (device_del leaves the vhost-user connection
-   open).
+1. device_del ID (cxlacc0, default, or in bar mode cxlacc0-bar: either
+   function takes the whole slot) through QMP and wait (DELETE_WAIT seconds)
+   for DEVICE_DELETED of every function of the slot: cxlacc0 (shmem mode,
+   one function) or cxlacc0 and cxlacc0-bar (bar mode); query-pci must list
+   none of them, and still list device 1's.
+2. chardev-remove cxlacc0-sock and, in bar mode, object-del cxlacc0-mem:
+   what is left of device 0 on the host side (device_del leaves the
+   vhost-user connection open).
 3. Daemon 0 (its log is next to its socket in ci/run-guest.sh's work
    directory) ends its session cleanly ("front-end disconnected", no error,
    no panic) and accepts the next front-end; daemon 1 keeps its session.
@@ -118,16 +119,19 @@ def main():
     at0, at1 = len(log_since(log0, 0)), len(log_since(log1, 0))
 
     # 1. one function of the slot: QEMU asks the guest (ACPI PCI hotplug on
-    # q35's root ports, or native PCIe hotplug), which removes both
-    # functions and ejects (powers off) the slot
+    # q35's root ports, or native PCIe hotplug), which removes every
+    # function and ejects (powers off) the slot
+    before = qmp.pci_ids()
+    funcs0 = {i for i in before if i in ("cxlacc0", "cxlacc0-bar")}
+    funcs1 = {i for i in before if i in ("cxlacc1", "cxlacc1-bar")}
     t0 = time.time()
     ans = qmp.cmd("device_del", id=target)
-    left = qmp.wait_deleted(["cxlacc0", "cxlacc0-bar"], delete_wait) if "return" in ans else {"*"}
+    left = qmp.wait_deleted(funcs0, delete_wait) if "return" in ans else {"*"}
     took = time.time() - t0
     ids = qmp.pci_ids()
-    ok = not left and not {"cxlacc0", "cxlacc0-bar"} & ids and {"cxlacc1", "cxlacc1-bar"} <= ids
+    ok = "cxlacc0" in funcs0 and not left and not funcs0 & ids and funcs1 <= ids
     result("device_del", ok,
-           f"DEVICE_DELETED for cxlacc0 and cxlacc0-bar {took:.1f} s after device_del {target}; "
+           f"DEVICE_DELETED for {' and '.join(sorted(funcs0))} {took:.1f} s after device_del {target}; "
            f"PCI devices now: {' '.join(sorted(ids))}" if ok else
            f"device_del answered {ans}, no DEVICE_DELETED for {sorted(left)} within "
            f"{delete_wait:.0f} s; PCI devices: {' '.join(sorted(ids))}")
@@ -138,10 +142,13 @@ def main():
 
     # 2. the rest of device 0 on the host side
     r1 = qmp.cmd("chardev-remove", id="cxlacc0-sock")
-    r2 = qmp.cmd("object-del", id="cxlacc0-mem")
+    # bar mode only: in shmem mode QEMU got the memory from the daemon
+    objects = {o["name"] for o in qmp.cmd("qom-list", path="/objects")["return"]}
+    r2 = qmp.cmd("object-del", id="cxlacc0-mem") if "cxlacc0-mem" in objects else {"return": {}}
     ok = "return" in r1 and "return" in r2
+    what = " and memory backend cxlacc0-mem" if "cxlacc0-mem" in objects else ""
     result("backend_removed", ok,
-           "chardev cxlacc0-sock and memory backend cxlacc0-mem removed" if ok else
+           f"chardev cxlacc0-sock{what} removed" if ok else
            f"chardev-remove: {r1}; object-del: {r2}")
 
     # 3. daemon 0: clean end of the session, then the next front-end is
