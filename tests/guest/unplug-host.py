@@ -115,6 +115,10 @@ def main():
     for c in qmp.cmd("query-chardev")["return"]:
         if c["label"] == "cxlacc0-sock" and "unix:" in c["filename"]:
             work = os.path.dirname(c["filename"].split("unix:", 1)[1].split(",")[0])
+            # the daemon binds in a private directory beside the socket and
+            # renames the socket into place: the address names that directory
+            if os.path.basename(work).startswith(".cxl"):
+                work = os.path.dirname(work)
     log0, log1 = os.path.join(work, "daemon0.log"), os.path.join(work, "daemon1.log")
     at0, at1 = len(log_since(log0, 0)), len(log_since(log1, 0))
 
