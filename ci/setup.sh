@@ -230,7 +230,8 @@ MODULE_IMPORT_NS(DMA_BUF);
 MODULE_LICENSE("GPL");
 EOF
     echo 'obj-m := hello.o' >"$t/Makefile"
-    if ! (cd "$t" && "$@" -C "$kdir" M="$t" modules) >"$t/build.log" 2>&1 || [ ! -f "$t/hello.ko" ]; then
+    if ! (cd "$t" && with_progress "building a test module for $kver" "$t/build.log" \
+        "$@" -C "$kdir" M="$t" modules) || [ ! -f "$t/hello.ko" ]; then
         tail -n 20 "$t/build.log" >&2
         die "cxl-accel setup: test module does not build against $kdir (log: $t/build.log)"
     fi
@@ -318,8 +319,8 @@ step_kernel_612() {
             papt "$BPO" download "${pkgs[@]}") ||
             { tail -n 5 "$debs/download.log" >&2; die "cxl-accel setup: cannot download linux-image/headers $kver from bookworm-backports; set GUEST_KERNEL= and KDIR="; }
         root=$base/$kver/root
-        log "unpacking $kver"
-        unpack_debs "$root" "$debs"/*.deb
+        with_progress "unpacking $kver" "$debs/unpack.log" unpack_debs "$root" "$debs"/*.deb ||
+            die "cxl-accel setup: cannot unpack $kver (see $debs/unpack.log)"
         fix_abs_symlinks "$root"
         moddir=$(kernel_moddir "$root" "$kver")
         # The package ships no modules.dep/alias (dpkg's postinst makes them).
@@ -431,8 +432,8 @@ step_kernel_73() {
             "linux-binary-$kver" "linux-modules-$kver" "linux-base-$kver") ||
             { tail -n 5 "$debs/download.log" >&2; die "cxl-accel setup: cannot download the $kver kernel from trixie-backports"; }
         local root=$base/$kver/root moddir
-        log "unpacking $kver"
-        unpack_debs "$root" "$debs"/*.deb
+        with_progress "unpacking $kver" "$debs/unpack.log" unpack_debs "$root" "$debs"/*.deb ||
+            die "cxl-accel setup: cannot unpack $kver (see $debs/unpack.log)"
         moddir=$(kernel_moddir "$root" "$kver")
         # (the package has no modules.order: depmod says so, harmlessly)
         depmod -b "$root/usr" "$kver" 2>/dev/null ||
