@@ -122,6 +122,7 @@ struct cxla_config {
 #define CXLA_S_EXISTS			14
 #define CXLA_S_INTERNAL			15
 #define CXLA_S_INTERRUPTED		16	/* daemon restarted mid-command: outcome unknown */
+#define CXLA_S_MEDIA_ERROR		17	/* poisoned device memory; detail = offset */
 
 /* Every request starts with this header, 16 bytes */
 struct cxla_cmd_hdr {
@@ -259,6 +260,7 @@ struct cxla_unexport {
 #define CXLA_STAT_PAGES_COPIED		7
 #define CXLA_STAT_EVENTS_SENT		8
 #define CXLA_STAT_EVENTS_DROPPED	9
+#define CXLA_STAT_MEDIA_ERRORS		10
 #define CXLA_STAT_COUNT			16
 
 struct cxla_stats {
@@ -269,6 +271,8 @@ struct cxla_stats {
 #define CXLA_EVENT_SIGNAL		1	/* value0 = SIGNAL value */
 #define CXLA_EVENT_ERROR		2	/* value0 = opcode, value1 = status */
 #define CXLA_EVENT_DEVMEM_MAPPED	3	/* value0 = gpa of device memory */
+#define CXLA_EVENT_POISON		4	/* value0 = offset, value1 = length */
+#define CXLA_EVENT_POISON_CLEARED	5	/* value0 = offset, value1 = length */
 
 struct cxla_event {
 	__le32 kind;

@@ -578,6 +578,10 @@ fn complete(
             reply.resp.status = Status::BadChain as u32;
         }
         written = write_out(mem, &req.writable, &reply.bytes());
+        if reply.corrupt_length {
+            // An injected fault: fewer bytes than a response.
+            written = written.min(3);
+        }
     }
     if s.poisoned.load(Ordering::Acquire) {
         // A refused table ended guest-memory access; the ring is not touched either.

@@ -137,6 +137,16 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub state_path: Option<PathBuf>,
 
+    /// Control channel: a unix socket (0600) speaking JSON lines for `cxl-accel ctl`
+    /// (device info, counters, trace, buffers, fault injection, poison). Under --supervise
+    /// it stays open across worker restarts.
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
+
+    /// Internal (--supervise): the control listener, inherited from the supervisor.
+    #[arg(long, value_name = "FD", hide = true)]
+    pub control_fd: Option<i32>,
+
     /// Internal (--supervise): serve the one connection queued on this inherited listener.
     #[arg(long, value_name = "FD", hide = true)]
     pub worker_fd: Option<i32>,

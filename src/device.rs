@@ -13,6 +13,8 @@ use crate::allocator::{AllocError, Allocator};
 use crate::command::{decode, Command, Request};
 use crate::devmem::{DeviceMemory, FileId};
 use crate::engine::{Ctx, Moved};
+use crate::faults::{Action, Faults};
+use crate::metrics::Metrics;
 use crate::protocol::*;
 use crate::state::{Mutation, Origin, Restored, StateFile};
 
@@ -75,6 +77,8 @@ pub struct Reply {
     pub opcode: u16,
     pub resp: Resp,
     pub payload: Vec<u8>,
+    /// An injected fault: the transport reports a used length shorter than a response.
+    pub corrupt_length: bool,
 }
 
 impl Reply {
@@ -82,6 +86,36 @@ impl Reply {
         let mut v = self.resp.as_slice().to_vec();
         v.extend_from_slice(&self.payload);
         v
+    }
+}
+
+/// Sleeps for `d` unless `cancelled` says so first (looked at every 10 ms); returns whether
+/// it was cancelled.
+fn sleep_unless(d: Duration, cancelled: &dyn Fn() -> bool) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if cancelled() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return false;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(10)));
+    }
+}
+
+/// Bytes a completed command read and wrote, for the latency and bandwidth model.
+fn traffic(opcode: u16, r: &Resp) -> (u64, u64) {
+    if r.status != Status::Ok as u32 {
+        return (0, 0);
+    }
+    match opcode {
+        OP_COPY | OP_COPY_PAGES => (r.result0, r.result0),
+        OP_FILL => (0, r.result0),
+        OP_CHECKSUM => (r.result1, 0),
+        OP_ATOMIC => (8, 8),
+        _ => (0, 0),
     }
 }
 
@@ -143,6 +177,11 @@ pub struct Device {
     /// What a guest can make the device say again and again (resets).
     notes: RateLimitedLog,
     export_sink: RwLock<Option<std::sync::Arc<dyn ExportSink>>>,
+    /// Injected faults, the engines' model and poisoned memory (the control channel's).
+    faults: Arc<Faults>,
+    metrics: Metrics,
+    /// One log line per command (the control channel's "trace").
+    tracing: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -179,7 +218,80 @@ impl Device {
             errlog: RateLimitedLog::new(10),
             notes: RateLimitedLog::new(10),
             export_sink: RwLock::new(None),
+            faults: Arc::new(Faults::new()),
+            metrics: Metrics::new(),
+            tracing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// An allocation that overlaps no poisoned memory: such candidates are held while the
+    /// allocator looks further, then given back.
+    fn alloc_unpoisoned(
+        &self,
+        a: &mut Allocator,
+        size: u64,
+        align: u64,
+    ) -> Result<crate::allocator::Buffer, AllocError> {
+        let mut held = Vec::new();
+        let result = loop {
+            match a.alloc(size, align) {
+                Ok(b) if self.faults.first_poisoned(b.offset, b.size).is_some() => {
+                    if held.len() >= 64 {
+                        held.push(b.id);
+                        break Err(AllocError::NoSpace);
+                    }
+                    held.push(b.id);
+                }
+                other => break other,
+            }
+        };
+        for id in held {
+            let _ = a.free(id);
+        }
+        result
+    }
+
+    pub fn faults(&self) -> &Arc<Faults> {
+        &self.faults
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn tracing(&self) -> bool {
+        self.tracing.load(Ordering::Relaxed)
+    }
+
+    pub fn set_tracing(&self, on: bool) {
+        self.tracing.store(on, Ordering::Relaxed);
+        log::info!("command trace {}", if on { "on" } else { "off" });
+    }
+
+    /// Every buffer with its UUID when exported.
+    pub fn buffers(&self) -> Vec<(crate::allocator::Buffer, Option<[u8; 16]>)> {
+        self.alloc
+            .lock()
+            .map(|a| a.buffers().map(|b| (b.clone(), b.uuid)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Poisons [offset, offset + len) of device memory and tells the driver.
+    pub fn poison(&self, offset: u64, len: u64) -> Result<(), crate::faults::FaultError> {
+        self.faults.poison(offset, len, self.devmem.size())?;
+        log::warn!("device memory {offset:#x} + {len:#x} poisoned");
+        self.post_event(EVENT_POISON, offset, len);
+        Ok(())
+    }
+
+    /// Clears poison in [offset, offset + len); the driver hears of it when there was any.
+    pub fn unpoison(&self, offset: u64, len: u64) -> bool {
+        let hit = self.faults.unpoison(offset, len);
+        if hit {
+            log::info!("device memory {offset:#x} + {len:#x} no longer poisoned");
+            self.post_event(EVENT_POISON_CLEARED, offset, len);
+        }
+        hit
     }
 
     /// Installs (or removes) the receiver of export changes; the current exports are
@@ -450,6 +562,9 @@ impl Device {
         cancel: &std::sync::atomic::AtomicBool,
     ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
+        self.metrics.started();
+        let start = Instant::now();
+        let cancelled = || cancel.load(Ordering::Relaxed);
         let mut reply = match decode(bytes) {
             Ok(req) => {
                 let mut reply = Reply {
@@ -457,7 +572,35 @@ impl Device {
                     ..Default::default()
                 };
                 reply.resp.tag = req.tag;
-                self.run(guest, &req, &mut reply, origin, cancel);
+                match self.faults.decide(req.opcode) {
+                    _ if !self.faults.wait_unstalled(&cancelled) => {
+                        reply.resp.status = Status::Interrupted as u32;
+                    }
+                    Some(Action::Fail(status)) => reply.resp.status = status as u32,
+                    Some(Action::Hang) => {
+                        // Never answered while the queue runs; a queue stop ends it.
+                        while !sleep_unless(Duration::from_secs(3600), &cancelled) {}
+                        reply.resp.status = Status::Interrupted as u32;
+                    }
+                    fault => {
+                        self.run(guest, &req, &mut reply, origin, cancel);
+                        let wait = match fault {
+                            Some(Action::Delay { min, .. }) => min,
+                            Some(Action::Late { after }) => after,
+                            _ => Duration::ZERO,
+                        };
+                        let (read, written) = traffic(req.opcode, &reply.resp);
+                        let cost = self.faults.model().cost(read, written);
+                        sleep_unless(wait + cost.saturating_sub(start.elapsed()), &cancelled);
+                        match fault {
+                            Some(Action::CorruptStatus) => {
+                                reply.resp.status = crate::faults::UNDEFINED_STATUS
+                            }
+                            Some(Action::CorruptLength) => reply.corrupt_length = true,
+                            _ => {}
+                        }
+                    }
+                }
                 reply
             }
             Err(e) => {
@@ -471,9 +614,24 @@ impl Device {
                 reply
             }
         };
+        let took = start.elapsed();
+        self.metrics.record(reply.opcode, reply.resp.status, took);
+        let name = Status::from_u32(reply.resp.status).map_or("?", |s| s.name());
+        if self.tracing() {
+            log::info!(
+                "trace: {} tag {} request {} bytes: {} (detail {}, result {} {}) in {} us",
+                crate::protocol::opcode_name(reply.opcode).unwrap_or("?"),
+                reply.resp.tag,
+                bytes.len(),
+                name,
+                reply.resp.detail,
+                reply.resp.result0,
+                reply.resp.result1,
+                took.as_micros()
+            );
+        }
         if reply.resp.status != Status::Ok as u32 {
             self.add_stat(STAT_ERRORS, 1);
-            let name = Status::from_u32(reply.resp.status).map_or("?", |s| s.name());
             self.errlog.warn(format_args!(
                 "command {:#x} tag {} failed: {} (detail {})",
                 reply.opcode, reply.resp.tag, name, reply.resp.detail
@@ -498,7 +656,20 @@ impl Device {
             peers: &layout.peers,
             devmem_gpa: layout.devmem_gpa,
             cancel,
+            faults: &self.faults,
+            poisoned_at: std::cell::Cell::new(None),
         };
+        self.run_in(&ctx, req, reply, origin);
+        if reply.resp.status == Status::MediaError as u32 {
+            // The detail names the first poisoned page the command met.
+            let at = ctx.poisoned_at.get().unwrap_or(0);
+            reply.resp.detail = u32::try_from(at / 4096).unwrap_or(u32::MAX);
+            self.add_stat(STAT_MEDIA_ERRORS, 1);
+        }
+    }
+
+    fn run_in(&self, ctx: &Ctx, req: &Request, reply: &mut Reply, origin: Option<Origin>) {
+        let layout = self.layout();
         let r = &mut reply.resp;
         let mut fail = |status: Status, detail: u32| {
             r.status = status as u32;
@@ -613,7 +784,7 @@ impl Device {
                 self.post_event(EVENT_SIGNAL, *value, req.tag);
             }
             Command::Alloc { size, align } => match self.alloc.lock() {
-                Ok(mut a) => match a.alloc(*size, *align) {
+                Ok(mut a) => match self.alloc_unpoisoned(&mut a, *size, *align) {
                     Ok(b) => {
                         r.result0 = b.id;
                         r.result1 = b.offset;

@@ -9,6 +9,7 @@ use vm_memory::{
 
 use crate::crc32c::Crc32c;
 use crate::devmem::DeviceMemory;
+use crate::faults::Faults;
 use crate::protocol::{
     Atomic, Sge, Status, ATOMIC_CMPXCHG, ATOMIC_FETCH_ADD, ATOMIC_SWAP, SPACE_DEVMEM, SPACE_GPA,
 };
@@ -24,6 +25,10 @@ pub struct Ctx<'a> {
     pub devmem_gpa: Option<u64>,
     /// Set when the front-end stops the queue: long operations end early, INTERRUPTED.
     pub cancel: &'a AtomicBool,
+    /// Poisoned device memory: touching it is a MEDIA_ERROR.
+    pub faults: &'a Faults,
+    /// The first poisoned offset a failed resolution met (the MEDIA_ERROR's detail).
+    pub poisoned_at: std::cell::Cell<Option<u64>>,
 }
 
 /// A cancel flag that is never set, for commands nobody can stop.
@@ -63,9 +68,20 @@ impl<'a> Ctx<'a> {
             .any(|&(start, len)| gpa >= start && gpa - start < len)
     }
 
-    fn own_devmem(&self, gpa: u64, len: u64) -> Option<VolatileSlice<'a>> {
+    fn own_devmem(&self, gpa: u64, len: u64) -> Option<(u64, VolatileSlice<'a>)> {
         let off = gpa.checked_sub(self.devmem_gpa?)?;
-        self.devmem.slice(off, len)
+        Some((off, self.devmem.slice(off, len)?))
+    }
+
+    /// MEDIA_ERROR when [off, off + len) of device memory is poisoned.
+    fn check_poison(&self, off: u64, len: u64) -> Result<(), Status> {
+        match self.faults.first_poisoned(off, len) {
+            Some(at) => {
+                self.poisoned_at.set(Some(at));
+                Err(Status::MediaError)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Resolves `len` bytes at `addr` in `space` into chunks, or fails without side effects.
@@ -78,6 +94,7 @@ impl<'a> Ctx<'a> {
                     return Ok(Vec::new());
                 }
                 let slice = self.devmem.slice(addr, len).ok_or(Status::BadDevmem)?;
+                self.check_poison(addr, len)?;
                 Ok(vec![Chunk { slice, peer: false }])
             }
             SPACE_GPA => {
@@ -86,7 +103,8 @@ impl<'a> Ctx<'a> {
                 for s in self.guest.get_slices(GuestAddress(addr), len_usize) {
                     let mut slice = s.map_err(|_| Status::BadGpa)?;
                     let peer = self.is_peer(gpa);
-                    if let Some(own) = self.own_devmem(gpa, slice.len() as u64) {
+                    if let Some((off, own)) = self.own_devmem(gpa, slice.len() as u64) {
+                        self.check_poison(off, own.len() as u64)?;
                         slice = own;
                     }
                     gpa += slice.len() as u64;

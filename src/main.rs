@@ -15,6 +15,11 @@ use std::os::fd::FromRawFd;
 use vhost::vhost_user::Listener;
 
 fn main() -> ExitCode {
+    // `cxl-accel ctl ...`: the control channel's client, nothing else.
+    if std::env::args().nth(1).as_deref() == Some("ctl") {
+        let code = cxl_accel::ctl::main(std::env::args().skip(1));
+        return ExitCode::from(code as u8);
+    }
     if cxl_accel::cli::wants_capabilities(std::env::args()) {
         println!("{}", cxl_accel::cli::CAPABILITIES);
         return ExitCode::SUCCESS;
@@ -38,6 +43,11 @@ fn main() -> ExitCode {
     } else {
         run(args)
     };
+    if signals::terminating() {
+        // The shutdown ended the session under us (a supervisor gone, sockets removed):
+        // the signal thread finishes its work (unmapping shared memory) and exits.
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // Shutting down removes the sockets under the serving thread's feet: what fails
@@ -99,6 +109,17 @@ fn run(args: Args) -> Result<(), String> {
         }),
         (None, SocketMode::Client) => None,
     };
+    // The control listener: a worker's is its supervisor's, inherited.
+    let control = match (args.control_fd, &args.control_socket) {
+        // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
+        (Some(fd), _) => Some(unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) }),
+        (None, Some(path)) => Some(server::bind_std(path, None)?),
+        (None, None) => None,
+    };
+    if let Some(l) = control {
+        cxl_accel::control::serve(l, device.clone())
+            .map_err(|e| format!("cannot start the control channel: {e}"))?;
+    }
     log::info!(
         "cxl-accel {} on {} ({} bytes of device memory in {}, {} DMA engines)",
         env!("CARGO_PKG_VERSION"),
@@ -174,6 +195,11 @@ fn supervise(args: Args) -> Result<(), String> {
         args.endpoint(),
         args.state_path().display()
     );
+    // Bound here, so that it stays open while workers come and go; each worker serves it.
+    let control = match &args.control_socket {
+        Some(path) => Some(server::bind_std(path, None)?),
+        None => None,
+    };
     let worker_args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--supervise")
@@ -183,6 +209,7 @@ fn supervise(args: Args) -> Result<(), String> {
         supervisor::WorkerSpec {
             args: worker_args,
             worker_socket,
+            control,
         },
         args.seccomp,
     )
@@ -229,6 +256,27 @@ mod signals {
                 if worker > 0 {
                     // SAFETY: sends a signal; no memory is involved.
                     unsafe { libc::kill(worker, libc::SIGTERM) };
+                    // Its own shutdown (unmapping shared memory) needs its connection:
+                    // leave only once it is gone (or after 3 s).
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_secs(3) {
+                        // SAFETY: siginfo_t is plain data; waitid only fills it, and WNOWAIT
+                        // leaves the child for the relay to reap.
+                        let gone = unsafe {
+                            let mut info: libc::siginfo_t = std::mem::zeroed();
+                            let rc = libc::waitid(
+                                libc::P_PID,
+                                worker as libc::id_t,
+                                &mut info,
+                                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                            );
+                            rc != 0 || info.si_pid() != 0
+                        };
+                        if gone {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
                 }
                 // Shared-memory attach: the guest stops seeing memory of a device that is gone.
                 cxl_accel::backend::unmap_before_exit();

@@ -78,11 +78,66 @@ pub const STAT_ATOMIC_OPS: usize = 6;
 pub const STAT_PAGES_COPIED: usize = 7;
 pub const STAT_EVENTS_SENT: usize = 8;
 pub const STAT_EVENTS_DROPPED: usize = 9;
+/// Commands that failed on poisoned device memory.
+pub const STAT_MEDIA_ERRORS: usize = 10;
 pub const STAT_COUNT: usize = 16;
 
 pub const EVENT_SIGNAL: u32 = 1;
 pub const EVENT_ERROR: u32 = 2;
 pub const EVENT_DEVMEM_MAPPED: u32 = 3;
+/// A range of device memory is poisoned: value0 = offset, value1 = length.
+pub const EVENT_POISON: u32 = 4;
+/// A poisoned range is usable again: value0 = offset, value1 = length.
+pub const EVENT_POISON_CLEARED: u32 = 5;
+
+/// Opcodes by name, as logs and the control channel spell them.
+pub const OPCODES: [(u16, &str); 16] = [
+    (OP_NOP, "NOP"),
+    (OP_IDENTIFY, "IDENTIFY"),
+    (OP_SET_DEVMEM_BASE, "SET_DEVMEM_BASE"),
+    (OP_STATS, "STATS"),
+    (OP_RESET, "RESET"),
+    (OP_COPY, "COPY"),
+    (OP_FILL, "FILL"),
+    (OP_CHECKSUM, "CHECKSUM"),
+    (OP_ATOMIC, "ATOMIC"),
+    (OP_COPY_PAGES, "COPY_PAGES"),
+    (OP_FENCE, "FENCE"),
+    (OP_SIGNAL, "SIGNAL"),
+    (OP_ALLOC, "ALLOC"),
+    (OP_FREE, "FREE"),
+    (OP_EXPORT, "EXPORT"),
+    (OP_UNEXPORT, "UNEXPORT"),
+];
+
+pub fn opcode_name(op: u16) -> Option<&'static str> {
+    OPCODES.iter().find(|(o, _)| *o == op).map(|(_, n)| *n)
+}
+
+pub fn opcode_by_name(name: &str) -> Option<u16> {
+    OPCODES
+        .iter()
+        .find(|(_, n)| n.eq_ignore_ascii_case(name))
+        .map(|(o, _)| *o)
+}
+
+/// Names of the device counters (STATS), as the driver's sysfs spells them.
+pub fn stat_name(i: usize) -> &'static str {
+    match i {
+        STAT_COMMANDS => "commands",
+        STAT_ERRORS => "errors",
+        STAT_BYTES_COPIED => "bytes_copied",
+        STAT_BYTES_P2P => "bytes_p2p",
+        STAT_BYTES_FILLED => "bytes_filled",
+        STAT_BYTES_CHECKSUMMED => "bytes_checksummed",
+        STAT_ATOMIC_OPS => "atomic_ops",
+        STAT_PAGES_COPIED => "pages_copied",
+        STAT_EVENTS_SENT => "events_sent",
+        STAT_EVENTS_DROPPED => "events_dropped",
+        STAT_MEDIA_ERRORS => "media_errors",
+        _ => "reserved",
+    }
+}
 
 /// Status codes carried in [`Resp::status`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,10 +160,12 @@ pub enum Status {
     Exists = 14,
     Internal = 15,
     Interrupted = 16,
+    /// The command touched poisoned device memory (a media error).
+    MediaError = 17,
 }
 
 impl Status {
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::Unsupported,
         Status::Invalid,
@@ -126,6 +183,7 @@ impl Status {
         Status::Exists,
         Status::Internal,
         Status::Interrupted,
+        Status::MediaError,
     ];
 
     pub fn from_u32(v: u32) -> Option<Status> {
@@ -152,6 +210,7 @@ impl Status {
             Status::Exists => "EXISTS",
             Status::Internal => "INTERNAL",
             Status::Interrupted => "INTERRUPTED",
+            Status::MediaError => "MEDIA_ERROR",
         }
     }
 }
@@ -300,6 +359,12 @@ pub fn constants() -> Vec<(String, u64)> {
             "CXLA_EVENT_DEVMEM_MAPPED".into(),
             EVENT_DEVMEM_MAPPED as u64,
         ),
+        ("CXLA_EVENT_POISON".into(), EVENT_POISON as u64),
+        (
+            "CXLA_EVENT_POISON_CLEARED".into(),
+            EVENT_POISON_CLEARED as u64,
+        ),
+        ("CXLA_STAT_MEDIA_ERRORS".into(), STAT_MEDIA_ERRORS as u64),
     ];
     for s in Status::ALL {
         v.push((format!("CXLA_S_{}", s.name()), s as u64));

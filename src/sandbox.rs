@@ -57,6 +57,8 @@ pub struct Profile {
 const COMMON: &[i64] = &[
     libc::SYS_accept4,
     libc::SYS_recvmsg,
+    // recv() on the control channel's stream sockets
+    libc::SYS_recvfrom,
     libc::SYS_sendmsg,
     libc::SYS_shutdown,
     libc::SYS_close,
@@ -158,6 +160,11 @@ fn narrowed(profile: Profile) -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
     let mut v = vec![
         (libc::SYS_mmap, no_exec()?),
         (libc::SYS_mprotect, no_exec()?),
+        // send() on the control channel's connected sockets: never to an address.
+        (
+            libc::SYS_sendto,
+            vec![rule(vec![cond(4, Len::Qword, Eq, 0)?])?],
+        ),
     ];
     if profile.connects {
         let unix_stream = vec![

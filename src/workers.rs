@@ -28,6 +28,8 @@ pub struct WorkerSpec {
     /// Our own arguments, minus `--supervise`.
     pub args: Vec<String>,
     pub worker_socket: PathBuf,
+    /// The control channel's listener (`--control-socket`), served by each worker in turn.
+    pub control: Option<UnixListener>,
 }
 
 /// A running worker: its connection (as its front-end) and its pidfd.
@@ -95,6 +97,10 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
     let exe = std::env::current_exe().map_err(|e| format!("cannot find our executable: {e}"))?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
+    let control = spec.control.as_ref().map(|l| l.as_raw_fd());
+    if let Some(c) = control {
+        cmd.arg("--control-fd").arg(c.to_string());
+    }
     if resume {
         cmd.arg("--resume");
     }
@@ -103,9 +109,11 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
-            // The listener is the worker's; everything else stays close-on-exec.
-            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                return Err(io::Error::last_os_error());
+            // The listeners are the worker's; everything else stays close-on-exec.
+            for f in std::iter::once(fd).chain(control) {
+                if libc::fcntl(f, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
