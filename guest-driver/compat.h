@@ -15,6 +15,15 @@
 #include <linux/rmap.h>
 #include <linux/version.h>
 
+/*
+ * The kernel's PCI P2PDMA provider for a BAR and its DMA-BUF helper (7.x with
+ * CONFIG_PCI_P2PDMA): importers get bus addresses the standard way, with
+ * pci_p2pdma_distance() deciding who may.
+ */
+#if defined(CXLA_HAVE_P2P_PROVIDER) && IS_ENABLED(CONFIG_PCI_P2PDMA)
+#define CXLA_P2P_PROVIDER
+#endif
+
 /* symbol namespaces are string literals from 6.13 */
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)
 #define CXLA_IMPORT_NS(ns)	MODULE_IMPORT_NS(#ns)

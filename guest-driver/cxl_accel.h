@@ -88,6 +88,7 @@ struct cxla_dev {
 	struct list_head mem_node;	/* cxla_mem_devs while mem_pdev is held */
 	phys_addr_t devmem_gpa;
 	u64 devmem_bus;			/* devmem_gpa as peers address it */
+	void *p2p_provider;		/* PCI P2PDMA provider of the BAR, or NULL */
 	struct dev_pagemap pgmap;
 	bool pgmap_live;
 	atomic_long_t pages_live;	/* pages of pgmap with references */
@@ -227,6 +228,7 @@ int cxla_devmem_init(struct cxla_dev *cd);
 void cxla_devmem_init_dev(struct cxla_dev *cd);
 void cxla_devmem_free_all(struct cxla_dev *cd);
 void cxla_devmem_before_reset(struct cxla_dev *cd);
+void cxla_dmabuf_p2p_init(struct cxla_dev *cd);
 bool cxla_devmem_teardown(struct cxla_dev *cd);
 void cxla_devmem_release_pci(struct cxla_dev *cd);
 int cxla_devmem_notifier_register(void);

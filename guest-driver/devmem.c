@@ -557,6 +557,7 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	cd->devmem_gpa = start;
 	cd->devmem_bus = pci_bus_address(pdev, cd->mem_bar) +
 			 (start - pci_resource_start(pdev, cd->mem_bar));
+	cxla_dmabuf_p2p_init(cd);
 
 	/* shared memory: also waits until the device's memory is mapped */
 	ret = cxla_set_devmem_base(cd);

@@ -15,10 +15,15 @@
  * The exporter is dynamic (pin/unpin, move_notify), although device memory
  * never moves: the only "move" is revocation, when the exporting device is
  * removed. Mappings for importers:
- *  - peer-to-peer (the importer allows it, is a PCI device under the same
- *    host bridge as our memory BAR and has no IOMMU translating for it): an
+ *  - peer-to-peer, when the importer allows it and can reach the BAR: an
  *    sg_table without pages whose DMA addresses are bus addresses of the
- *    BAR, like a P2P VRAM export; PCI_P2PDMA is not needed for that;
+ *    BAR, like a P2P VRAM export. Where the kernel has PCI P2PDMA (7.x),
+ *    through its provider for the BAR (pcim_p2pdma_provider; no pgmap of
+ *    its own, so it sits beside ours): pci_p2pdma_distance() decides who
+ *    may (on QEMU's q35, devices behind one PCIe switch; the root bus's
+ *    host bridge is on no allowlist) and dma_buf_phys_vec_to_sgt() makes
+ *    the table. Without it (6.12), PCI devices under the same host bridge
+ *    with no IOMMU translating for them;
  *  - otherwise the coherent ZONE_DEVICE pages, mapped with
  *    dma_map_sgtable() like system memory (they are CPU memory with struct
  *    pages, which is what CXL Type-2 memory is).
@@ -59,6 +64,10 @@
 #include <linux/virtio_dma_buf.h>
 
 #include "cxl_accel.h"
+#ifdef CXLA_P2P_PROVIDER	/* compat.h decides */
+#include <linux/dma-buf-mapping.h>
+#include <linux/pci-p2pdma.h>
+#endif
 
 CXLA_IMPORT_NS(DMA_BUF);
 
@@ -172,15 +181,42 @@ static struct cxla_dev *cxla_export_dev(struct cxla_exported *exp)
 }
 
 /*
- * Can dev reach our BAR by bus address? Without PCI_P2PDMA (off in the
- * guest kernel) there is no distance helper: accept PCI devices under the
- * same host bridge with no IOMMU translation in between.
+ * The BAR as a PCI P2PDMA provider, where the kernel has them. The
+ * provider is devres of the memory function: in shmem attach that is the
+ * virtio function, bound to virtio-pci for longer than we are; in bar
+ * attach the ivshmem function, which no other driver may bind afterwards.
+ */
+void cxla_dmabuf_p2p_init(struct cxla_dev *cd)
+{
+#ifdef CXLA_P2P_PROVIDER
+	int ret = pcim_p2pdma_init(cd->mem_pdev);
+
+	if (ret) {
+		dev_info(&cd->vdev->dev,
+			 "no PCI P2PDMA provider for %s (%d): peer-to-peer by host bridge\n",
+			 pci_name(cd->mem_pdev), ret);
+		return;
+	}
+	cd->p2p_provider = pcim_p2pdma_provider(cd->mem_pdev, cd->mem_bar);
+#endif
+}
+
+/*
+ * Can dev reach our BAR by bus address? With a P2PDMA provider the
+ * kernel's distance says; without (6.12 has no PCI_P2PDMA) accept PCI
+ * devices under the same host bridge with no IOMMU translation between.
  */
 static bool cxla_p2p_reachable(struct cxla_dev *cd, struct device *dev)
 {
 	struct pci_dev *mem = READ_ONCE(cd->mem_pdev);
 
-	if (!mem || !dev_is_pci(dev) || device_iommu_mapped(dev))
+	if (!mem || !dev_is_pci(dev))
+		return false;
+#ifdef CXLA_P2P_PROVIDER
+	if (cd->p2p_provider)
+		return pci_p2pdma_distance(mem, dev, false) >= 0;
+#endif
+	if (device_iommu_mapped(dev))
 		return false;
 	return pci_find_host_bridge(to_pci_dev(dev)->bus) ==
 	       pci_find_host_bridge(mem->bus);
@@ -247,6 +283,21 @@ static struct sg_table *cxla_dmabuf_map(struct dma_buf_attachment *attach,
 	dma_resv_assert_held(attach->dmabuf->resv);
 	if (exp->revoked)
 		return ERR_PTR(-ENODEV);
+#ifdef CXLA_P2P_PROVIDER
+	if (attach->peer2peer && cxla_export_dev(exp)->p2p_provider) {
+		struct cxla_dev *cd = cxla_export_dev(exp);
+		struct phys_vec range = {
+			.paddr = cd->devmem_gpa + buf->offset,
+			.len = buf->size,
+		};
+
+		sgt = dma_buf_phys_vec_to_sgt(attach, cd->p2p_provider, &range,
+					      1, buf->size, dir);
+		if (!IS_ERR(sgt))
+			cxla_db_inc(cd, CXLA_DB_MAPPINGS);
+		return sgt;
+	}
+#endif
 
 	/* page-sized multiples within the importer's segment limit */
 	seg = max_t(unsigned int, PAGE_SIZE,
@@ -295,6 +346,13 @@ static void cxla_dmabuf_unmap(struct dma_buf_attachment *attach,
 {
 	struct cxla_exported *exp = attach->dmabuf->priv;
 
+#ifdef CXLA_P2P_PROVIDER
+	if (attach->peer2peer && cxla_export_dev(exp)->p2p_provider) {
+		dma_buf_free_sgt(attach, sgt, dir);
+		cxla_db_dec(cxla_export_dev(exp), CXLA_DB_MAPPINGS);
+		return;
+	}
+#endif
 	if (!attach->peer2peer)
 		dma_unmap_sgtable(attach->dev, sgt, dir, DMA_ATTR_SKIP_CPU_SYNC);
 	sg_free_table(sgt);
@@ -1220,7 +1278,17 @@ static ssize_t module_live_show(struct device *dev,
 }
 static DEVICE_ATTR_RO(module_live);
 
+/* how exported buffers reach peer-to-peer importers */
+static ssize_t p2p_path_show(struct device *dev, struct device_attribute *attr,
+			     char *buf)
+{
+	return sysfs_emit(buf, "%s\n", to_cxla_dev(dev)->p2p_provider ?
+			  "pci-p2pdma" : "host-bridge");
+}
+static DEVICE_ATTR_RO(p2p_path);
+
 static struct attribute *cxla_dmabuf_attrs[] = {
+	&dev_attr_p2p_path.attr,
 	&dev_attr_exports.attr,
 	&dev_attr_exports_total.attr,
 	&dev_attr_attachments.attr,
