@@ -8,7 +8,6 @@ pub mod allocator;
 pub mod backend;
 pub mod cli;
 pub mod command;
-pub mod crc32c;
 pub mod device;
 pub mod devmem;
 pub mod dispatch;

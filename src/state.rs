@@ -17,7 +17,6 @@ use std::sync::Mutex;
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
 
 use crate::allocator::{Allocator, Buffer, GRANULE};
-use crate::crc32c::crc32c;
 use crate::devmem::FileId;
 use crate::files;
 use crate::protocol::{Resp, Status, STAT_COUNT};
@@ -644,7 +643,7 @@ fn open_file(path: &Path) -> Result<File, String> {
 
 fn snapshot_crc(words: &[u64]) -> u32 {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    crc32c(0, &bytes)
+    crc32c::crc32c(&bytes)
 }
 
 fn uuid_words(u: &[u8; 16]) -> (u64, u64) {
