@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use vm_memory::{ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::allocator::{AllocError, Allocator};
-use crate::command::{decode, Command, Request};
+use crate::command::{decode_with, Command, Header, Request};
 use crate::devmem::{DeviceMemory, FileId};
 use crate::engine::{Ctx, Moved};
 use crate::protocol::*;
-use crate::state::{Mutation, Origin, Restored, StateFile};
+use crate::ring::Origin;
+use crate::state::{Mutation, Restored, StateFile};
 
 /// How the guest sees device memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -411,17 +412,6 @@ impl Device {
         self.errlog.warn(what);
     }
 
-    /// Peeks at the opcode and flags of raw request bytes, for ordering decisions.
-    pub fn request_opcode_flags(bytes: &[u8]) -> (u16, u16) {
-        let word = |i: usize| {
-            bytes
-                .get(i..i + 2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .unwrap_or(0)
-        };
-        (word(0), word(2))
-    }
-
     /// Decodes and executes one request against a snapshot of guest memory.
     pub fn execute(&self, guest: &GuestMemoryMmap, bytes: &[u8]) -> Reply {
         self.execute_from(guest, bytes, None)
@@ -435,28 +425,31 @@ impl Device {
         bytes: &[u8],
         origin: Option<Origin>,
     ) -> Reply {
-        self.execute_cancellable(guest, bytes, origin, &crate::engine::NEVER)
+        let hdr = Header::read(bytes);
+        self.execute_cancellable(guest, hdr, bytes, origin, &crate::engine::NEVER)
     }
 
     /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
     /// front-end stops the queue). Only data commands (COPY, FILL, CHECKSUM, COPY_PAGES,
     /// repeated ATOMIC) stop part-way, which leaves their destination undefined as the
     /// status says; state changes are not interruptible and complete or do not start.
+    /// `hdr` was read from `bytes` when the request arrived.
     pub fn execute_cancellable(
         &self,
         guest: &GuestMemoryMmap,
+        hdr: Header,
         bytes: &[u8],
         origin: Option<Origin>,
         cancel: &std::sync::atomic::AtomicBool,
     ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
-        let mut reply = match decode(bytes) {
+        let mut reply = match decode_with(hdr, bytes) {
             Ok(req) => {
                 let mut reply = Reply {
-                    opcode: req.opcode,
+                    opcode: req.hdr.opcode,
                     ..Default::default()
                 };
-                reply.resp.tag = req.tag;
+                reply.resp.tag = req.hdr.tag;
                 self.run(guest, &req, &mut reply, origin, cancel);
                 reply
             }
@@ -610,7 +603,7 @@ impl Device {
                 Err((s, i)) => fail(s, i),
             },
             Command::Signal { value } => {
-                self.post_event(EVENT_SIGNAL, *value, req.tag);
+                self.post_event(EVENT_SIGNAL, *value, req.hdr.tag);
             }
             Command::Alloc { size, align } => match self.alloc.lock() {
                 Ok(mut a) => match a.alloc(*size, *align) {

@@ -5,6 +5,7 @@
 //! [`backend`] adapts it to vhost-user; [`server`] runs the socket; [`cli`] is the command line.
 
 pub mod allocator;
+pub mod announcer;
 pub mod backend;
 pub mod cli;
 pub mod command;
@@ -14,6 +15,8 @@ pub mod dispatch;
 pub mod engine;
 pub mod files;
 pub mod protocol;
+pub mod resume;
+pub mod ring;
 pub mod sandbox;
 pub mod server;
 pub mod sigbus;

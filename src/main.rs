@@ -231,7 +231,7 @@ mod signals {
                     unsafe { libc::kill(worker, libc::SIGTERM) };
                 }
                 // Shared-memory attach: the guest stops seeing memory of a device that is gone.
-                cxl_accel::backend::unmap_before_exit();
+                cxl_accel::announcer::unmap_before_exit();
                 for s in remove {
                     cxl_accel::sandbox::remove(s);
                 }

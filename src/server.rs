@@ -179,7 +179,7 @@ pub fn serve_endpoint(
 ) -> io::Result<SessionEnd> {
     let mut sessions = 0;
     let mut end = SessionEnd::Disconnected;
-    let announcer = crate::backend::Announcer::start()?;
+    let announcer = crate::announcer::Announcer::start()?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
