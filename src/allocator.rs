@@ -185,12 +185,18 @@ impl Allocator {
 mod tests {
     use super::*;
 
+    /// A 1 MiB allocator holding three buffers of these sizes, the last 64 KiB-aligned.
+    fn three(sizes: [u64; 3]) -> (Allocator, [Buffer; 3]) {
+        let mut a = Allocator::new(1 << 20);
+        let b1 = a.alloc(sizes[0], 0).unwrap();
+        let b2 = a.alloc(sizes[1], 0).unwrap();
+        let b3 = a.alloc(sizes[2], 65536).unwrap();
+        (a, [b1, b2, b3])
+    }
+
     #[test]
     fn alloc_free_coalesces_back_to_one_extent() {
-        let mut a = Allocator::new(1 << 20);
-        let b1 = a.alloc(4096, 0).unwrap();
-        let b2 = a.alloc(10000, 0).unwrap();
-        let b3 = a.alloc(65536, 65536).unwrap();
+        let (mut a, [b1, b2, b3]) = three([4096, 10000, 65536]);
         assert_eq!(b2.size, 12288);
         assert_eq!(b3.offset % 65536, 0);
         assert_eq!(a.len(), 3);
@@ -217,10 +223,7 @@ mod tests {
 
     #[test]
     fn restore_rebuilds_free_space_and_refuses_overlaps() {
-        let mut a = Allocator::new(1 << 20);
-        let b1 = a.alloc(8192, 0).unwrap();
-        let b2 = a.alloc(4096, 0).unwrap();
-        let b3 = a.alloc(65536, 65536).unwrap();
+        let (mut a, [b1, b2, b3]) = three([8192, 4096, 65536]);
         a.free(b2.id).unwrap();
         let saved: Vec<Buffer> = a.buffers().cloned().collect();
         let mut r = Allocator::restore(1 << 20, a.next_id(), saved.clone()).unwrap();

@@ -443,6 +443,12 @@ pub fn render_qemu_args(pairs: &[(String, String)]) -> String {
 mod tests {
     use super::*;
 
+    /// Arguments with socket path `s` and memory path `m`, then `more`.
+    fn with(more: &[&str]) -> Args {
+        let base = ["cxl-accel", "--socket-path", "s", "--memory-path", "m"];
+        Args::parse_from(base.iter().chain(more))
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("256M"), Ok(256 << 20));
@@ -477,27 +483,9 @@ mod tests {
             text.contains("ivshmem-plain,id=cxlacc1-bar,memdev=cxlacc1-mem,bus=pcie.0,addr=0x11.1")
         );
         assert!(text.contains("memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on"));
-        let none = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--guest-ram",
-            "none",
-        ]);
+        let none = with(&["--guest-ram", "none"]);
         assert!(!render_qemu_args(&qemu_args(&none).unwrap()).contains("memfd"));
-        let numa = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--attach",
-            "numa",
-            "--index",
-            "1",
-        ]);
+        let numa = with(&["--attach", "numa", "--index", "1"]);
         let text = render_qemu_args(&qemu_args(&numa).unwrap());
         assert!(text.contains("-numa node,nodeid=0,memdev=cxl-guest-ram"));
         assert!(text.contains("-numa node,nodeid=2,memdev=cxlacc1-mem"));
@@ -507,9 +495,9 @@ mod tests {
 
     #[test]
     fn shmem_is_one_function_and_the_default() {
-        let args = Args::parse_from(["cxl-accel", "--socket-path", "s", "--memory-path", "m"]);
-        assert_eq!(args.attach, Attach::Shmem);
-        let text = render_qemu_args(&qemu_args(&args).unwrap());
+        let default = with(&[]);
+        assert_eq!(default.attach, Attach::Shmem);
+        let text = render_qemu_args(&qemu_args(&default).unwrap());
         assert!(text.contains("bus=pcie.0,addr=0x10.0"));
         assert!(!text.contains("multifunction"));
         assert!(!text.contains("ivshmem"));
@@ -519,28 +507,10 @@ mod tests {
         );
         assert!(text.contains("-machine q35,memory-backend=cxl-guest-ram"));
         // QEMU makes the region a whole BAR, whose size is a power of two.
-        let odd = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--memory-size",
-            "96M",
-        ]);
+        let odd = with(&["--memory-size", "96M"]);
         let e = odd.check().unwrap_err();
         assert!(e.contains("power-of-two") && e.contains("128M"), "{e}");
-        let bar = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--memory-size",
-            "96M",
-            "--attach",
-            "bar",
-        ]);
+        let bar = with(&["--memory-size", "96M", "--attach", "bar"]);
         assert!(bar.check().is_ok());
     }
 }

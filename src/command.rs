@@ -162,6 +162,14 @@ impl Cursor<'_> {
         Ok(v)
     }
 
+    /// A list of `n` segments that may not be empty.
+    fn some_sges(&mut self, n: u32) -> Result<Vec<Sge>, Status> {
+        if n == 0 {
+            return Err(Status::Invalid);
+        }
+        self.sges(n)
+    }
+
     fn addrs(&mut self, n: u32) -> Result<Vec<u64>, Status> {
         self.need(n as usize * 8)?;
         (0..n).map(|_| self.read::<u64>()).collect()
@@ -233,22 +241,16 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         }
         OP_FILL => {
             let p: Fill = c.read()?;
-            if p.nr_dst == 0 {
-                return Err(Status::Invalid);
-            }
             Command::Fill {
                 pattern: p.pattern,
-                dst: c.sges(p.nr_dst)?,
+                dst: c.some_sges(p.nr_dst)?,
             }
         }
         OP_CHECKSUM => {
             let p: Checksum = c.read()?;
-            if p.nr_src == 0 {
-                return Err(Status::Invalid);
-            }
             Command::Checksum {
                 seed: p.seed,
-                src: c.sges(p.nr_src)?,
+                src: c.some_sges(p.nr_src)?,
             }
         }
         OP_ATOMIC => {

@@ -610,11 +610,7 @@ impl Device {
                     Ok(b) => {
                         r.result0 = b.id;
                         r.result1 = b.offset;
-                        let m = Mutation::Alloc {
-                            id: b.id,
-                            offset: b.offset,
-                            size: b.size,
-                        };
+                        let m = Mutation::alloc(&b);
                         self.state.record(&a, m, origin, r);
                     }
                     Err(e) => fail(alloc_status(e), 0),

@@ -121,20 +121,43 @@ impl<'a> Ctx<'a> {
         let pat = pattern.to_le_bytes();
         // The buffer is 8-byte periodic, so any window starting at phase p is pattern[p..].
         let buf: Vec<u8> = (0..BOUNCE + 8).map(|i| pat[i % 8]).collect();
-        let mut moved = Moved::default();
         let mut stream = 0u64;
-        for c in &d {
+        self.in_steps(&d, |slice, off, n| {
+            let phase = (stream % 8) as usize;
+            // Cannot fail: off + n is within the slice.
+            let _ = slice.write_slice(&buf[phase..phase + n], off);
+            stream += n as u64;
+        })
+    }
+
+    pub fn checksum(&self, seed: u32, src: &[Sge]) -> Result<(u32, Moved), ListError> {
+        let s = self.resolve_list(src)?;
+        let mut crc = seed;
+        let mut buf = vec![0u8; BOUNCE];
+        let moved = self.in_steps(&s, |slice, off, n| {
+            let _ = slice.read_slice(&mut buf[..n], off);
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+        })?;
+        Ok((crc, moved))
+    }
+
+    /// Calls `step(slice, offset, len)` over `chunks` in steps of at most [`BOUNCE`]
+    /// bytes, looking for a cancellation before each.
+    fn in_steps(
+        &self,
+        chunks: &[Chunk<'a>],
+        mut step: impl FnMut(&VolatileSlice<'a>, usize, usize),
+    ) -> Result<Moved, ListError> {
+        let mut moved = Moved::default();
+        for c in chunks {
             let mut off = 0;
             while off < c.slice.len() {
                 if self.cancelled() {
                     return Err(CANCELLED);
                 }
                 let n = (c.slice.len() - off).min(BOUNCE);
-                let phase = (stream % 8) as usize;
-                // Cannot fail: off + n is within the slice.
-                let _ = c.slice.write_slice(&buf[phase..phase + n], off);
+                step(&c.slice, off, n);
                 off += n;
-                stream += n as u64;
             }
             moved.bytes += c.slice.len() as u64;
             if c.peer {
@@ -142,30 +165,6 @@ impl<'a> Ctx<'a> {
             }
         }
         Ok(moved)
-    }
-
-    pub fn checksum(&self, seed: u32, src: &[Sge]) -> Result<(u32, Moved), ListError> {
-        let s = self.resolve_list(src)?;
-        let mut crc = seed;
-        let mut buf = vec![0u8; BOUNCE];
-        let mut moved = Moved::default();
-        for c in &s {
-            let mut off = 0;
-            while off < c.slice.len() {
-                if self.cancelled() {
-                    return Err(CANCELLED);
-                }
-                let n = (c.slice.len() - off).min(BOUNCE);
-                let _ = c.slice.read_slice(&mut buf[..n], off);
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
-                off += n;
-            }
-            moved.bytes += c.slice.len() as u64;
-            if c.peer {
-                moved.peer_bytes += c.slice.len() as u64;
-            }
-        }
-        Ok((crc, moved))
     }
 
     /// Executes an atomic operation; returns (old value of the last operation, operations).

@@ -23,14 +23,12 @@
 //! anywhere, loop, chain into indirect tables, or name heads outside the ring.
 #![no_main]
 
-#[path = "memfd.rs"]
-mod memfd;
+#[path = "world.rs"]
+mod world;
 
-use memfd::memfd;
 use std::sync::OnceLock;
+use world::World;
 
-use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
 use cxl_accel::protocol::{CmdHdr, Status, MAX_REQUEST, OP_RESET};
 use cxl_accel::ring::{self, ChainRequest};
 use libfuzzer_sys::fuzz_target;
@@ -51,25 +49,15 @@ const MAX_QUEUE_SIZE: u16 = 32768;
 const MAX_CHAINS: usize = 64;
 const HEADER: usize = 16;
 
-struct World {
-    device: Device,
-    mem: GuestMemoryMmap,
-}
-
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let dm = DeviceMemory::from_file(memfd(DEVMEM), DEVMEM).unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[
             (GuestAddress(0), REGION),
             (GuestAddress(REGION as u64), REGION),
             (GuestAddress(HIGH), REGION),
-        ])
-        .unwrap();
-        World {
-            device: Device::new(DeviceConfig::default(), dm),
-            mem,
-        }
+        ]);
+        World::new(DEVMEM, mem.unwrap())
     })
 }
 
@@ -108,7 +96,11 @@ fn check(req: &ChainRequest, answer: &ring::Answer) {
         assert_ne!(status, Status::Ok, "a malformed chain was answered OK");
     }
     // Every writable range was checked and there is room: the whole reply arrives.
-    assert_eq!(answer.written as usize, reply.bytes().len(), "reply cut short");
+    assert_eq!(
+        answer.written as usize,
+        reply.bytes().len(),
+        "reply cut short"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -271,18 +271,11 @@ pub fn interrupted(tag: u64) -> Resp {
 mod tests {
     use super::*;
     use crate::allocator::Allocator;
+    use crate::state::tests::ok;
     use crate::state::Mutation;
     use std::collections::BTreeMap;
 
     const SIZE: u64 = 64 << 20;
-
-    fn ok(result0: u64) -> Resp {
-        Resp {
-            tag: 9,
-            result0,
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn the_journal_tells_what_each_request_in_flight_needs() {
@@ -302,11 +295,7 @@ mod tests {
         s.begin(0, 1, 8, 10, 101, 1, (0x9000, 32));
         s.begin(0, 2, 8, 11, 102, 2, (0x9100, 32));
         let b = a.alloc(4096, 0).unwrap();
-        let m = Mutation::Alloc {
-            id: b.id,
-            offset: b.offset,
-            size: b.size,
-        };
+        let m = Mutation::alloc(&b);
         file.record(
             &a,
             m,

@@ -39,6 +39,13 @@ fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
 }
 
+/// A driver's 16-entry split queue at 0, and the device's view of it.
+fn queue(mem: &GuestMemoryMmap) -> (MockSplitQueue<'_, GuestMemoryMmap>, Queue) {
+    let mq = MockSplitQueue::new(mem, 16);
+    let q = mq.create_queue().unwrap();
+    (mq, q)
+}
+
 fn desc(addr: u64, len: u32, flags: u32) -> RawDescriptor {
     RawDescriptor::from(Descriptor::new(addr, len, flags as u16, 0))
 }
@@ -100,8 +107,7 @@ fn used_idx(mem: &GuestMemoryMmap, mq: &MockSplitQueue<GuestMemoryMmap>) -> u16 
 #[test]
 fn a_request_is_journaled_answered_and_returned() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     let journal = dev.state().journal();
     post_request(&mem, &mq, 0, &hdr(OP_NOP, 0, 7));
 
@@ -132,8 +138,7 @@ fn a_request_is_journaled_answered_and_returned() {
 #[test]
 fn malformed_chains_are_answered_with_their_error_and_tag() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     let req = hdr(OP_NOP, 0, 9);
     mem.write_slice(&req, GuestAddress(REQ)).unwrap();
     // Readable after writable breaks the layout of a request.
@@ -173,8 +178,7 @@ fn malformed_chains_are_answered_with_their_error_and_tag() {
 #[test]
 fn a_request_without_room_for_its_answer_does_not_run() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     let alloc = with(
         hdr(OP_ALLOC, 0, 3),
         &Alloc {
@@ -203,8 +207,7 @@ fn a_request_without_room_for_its_answer_does_not_run() {
 #[test]
 fn a_cut_short_header_still_orders_but_names_no_tag() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     post_request(&mem, &mq, 0, &hdr(OP_NOP, FLAG_FENCE, 5)[..4]);
     let got = take_all(&mut q, &mem, dev.state().journal());
     let (req, origin) = &got[0];
@@ -217,8 +220,7 @@ fn a_cut_short_header_still_orders_but_names_no_tag() {
 #[test]
 fn events_fill_posted_buffers_and_wait_for_more() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     assert!(
         !deliver_events(&mut q, &mem, &dev),
         "no event, nothing used"
@@ -237,8 +239,7 @@ fn events_fill_posted_buffers_and_wait_for_more() {
 #[test]
 fn a_successor_answers_what_was_in_flight() {
     let (mem, dev) = (memory(), device());
-    let mq = MockSplitQueue::new(&mem, 16);
-    let mut q: Queue = mq.create_queue().unwrap();
+    let (mq, mut q) = queue(&mem);
     let journal = dev.state().journal();
     resume::adopt(QUEUE_CMD, &mut q, &mem, journal, false);
     for k in 0..3 {

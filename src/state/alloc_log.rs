@@ -32,6 +32,17 @@ pub enum Mutation {
     Reset,
 }
 
+impl Mutation {
+    /// The allocation of `b`.
+    pub fn alloc(b: &Buffer) -> Mutation {
+        Mutation::Alloc {
+            id: b.id,
+            offset: b.offset,
+            size: b.size,
+        }
+    }
+}
+
 pub(super) struct LogCursor {
     /// Sequence number of the last change (snapshot or log record).
     pub(super) seq: u64,
@@ -285,6 +296,7 @@ fn decode_mutation(w: &[u64]) -> Option<Mutation> {
 mod tests {
     use super::*;
     use crate::devmem::FileId;
+    use crate::state::tests::ok;
     use std::path::PathBuf;
     use std::sync::atomic::Ordering;
 
@@ -300,14 +312,6 @@ mod tests {
         FileId { dev: 7, ino: 42 }
     }
 
-    fn ok(result0: u64) -> Resp {
-        Resp {
-            tag: 9,
-            result0,
-            ..Default::default()
-        }
-    }
-
     #[test]
     fn allocations_survive_reopening_across_log_compactions() {
         let path = temp("wal");
@@ -317,11 +321,7 @@ mod tests {
         // Enough changes to fold the log into a snapshot twice.
         for round in 0..3 * LOG_RECORDS / 2 {
             let b = a.alloc(4096, 0).unwrap();
-            let m = Mutation::Alloc {
-                id: b.id,
-                offset: b.offset,
-                size: b.size,
-            };
+            let m = Mutation::alloc(&b);
             s.record(&a, m, None, &ok(b.id));
             if round % 3 == 0 {
                 a.free(b.id).unwrap();
@@ -361,11 +361,7 @@ mod tests {
         let (s, _) = StateFile::open(&path, id(), SIZE, false).unwrap();
         let mut a = Allocator::new(SIZE);
         let b = a.alloc(8192, 0).unwrap();
-        let m = Mutation::Alloc {
-            id: b.id,
-            offset: b.offset,
-            size: b.size,
-        };
+        let m = Mutation::alloc(&b);
         s.record(&a, m, None, &ok(b.id));
         // A second record whose fields were written but not its sequence number.
         let r = LOG + RECORD_WORDS;

@@ -281,3 +281,17 @@ impl StateFile {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A successful response with `result0`, as the log and journal tests record.
+    pub(crate) fn ok(result0: u64) -> Resp {
+        Resp {
+            tag: 9,
+            result0,
+            ..Default::default()
+        }
+    }
+}
