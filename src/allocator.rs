@@ -21,6 +21,17 @@ pub enum AllocError {
     Exists,
 }
 
+/// Why a set of buffers cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("buffer {0} wraps around")]
+    Wraps(u64),
+    #[error("buffer {} ({} bytes at {:#x}) is not a valid allocation", .0.id, .0.size, .0.offset)]
+    Invalid(Buffer),
+    #[error("buffer {0} appears twice")]
+    Twice(u64),
+}
+
 pub struct Allocator {
     size: u64,
     /// offset -> length of each free extent; extents never touch (they are merged).
@@ -46,14 +57,21 @@ impl Allocator {
 
     /// Rebuilds an allocator from saved buffers, refusing any that overlap or lie outside
     /// `size` (a corrupt or foreign state file).
-    pub fn restore(size: u64, next_id: u64, buffers: Vec<Buffer>) -> Result<Allocator, String> {
+    pub fn restore(
+        size: u64,
+        next_id: u64,
+        buffers: Vec<Buffer>,
+    ) -> Result<Allocator, RestoreError> {
         let mut a = Allocator::new(size);
         let mut by_offset: Vec<&Buffer> = buffers.iter().collect();
         by_offset.sort_by_key(|b| b.offset);
         let mut cursor = 0u64;
         a.free.clear();
         for b in by_offset {
-            let end = b.offset.checked_add(b.size).ok_or("buffer wraps around")?;
+            let end = b
+                .offset
+                .checked_add(b.size)
+                .ok_or(RestoreError::Wraps(b.id))?;
             if b.size == 0
                 || b.offset % GRANULE != 0
                 || b.size % GRANULE != 0
@@ -62,17 +80,14 @@ impl Allocator {
                 || b.id == 0
                 || b.id >= next_id
             {
-                return Err(format!(
-                    "buffer {} ({} bytes at {:#x}) is not a valid allocation",
-                    b.id, b.size, b.offset
-                ));
+                return Err(RestoreError::Invalid(b.clone()));
             }
             if b.offset > cursor {
                 a.free.insert(cursor, b.offset - cursor);
             }
             cursor = end;
             if a.buffers.insert(b.id, b.clone()).is_some() {
-                return Err(format!("buffer {} appears twice", b.id));
+                return Err(RestoreError::Twice(b.id));
             }
         }
         if a.size > cursor {

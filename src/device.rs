@@ -70,6 +70,25 @@ pub struct Layout {
     pub peers: Vec<(u64, u64)>,
 }
 
+/// Why a memory table is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("cannot stat the file of the region at {start:#x}: {source}")]
+    Stat { start: u64, source: std::io::Error },
+    #[error(
+        "region at {start:#x} ({len} bytes at file offset {offset:#x}) runs past the end of its \
+         {file_len}-byte file"
+    )]
+    PastEnd {
+        start: u64,
+        len: u64,
+        offset: u64,
+        file_len: u64,
+    },
+    #[error("device layout lock poisoned")]
+    Poisoned,
+}
+
 /// The response to deliver for one request.
 #[derive(Clone, Debug, Default)]
 pub struct Reply {
@@ -304,7 +323,7 @@ impl Device {
     /// the identity of the files behind the memory table's regions (sizes can coincide).
     /// A region that runs past the end of its file is refused, table and all: touching it
     /// would raise SIGBUS. A refused table leaves the layout as it was.
-    pub fn update_memory(&self, guest: &GuestMemoryMmap) -> Result<(), String> {
+    pub fn update_memory(&self, guest: &GuestMemoryMmap) -> Result<(), TableError> {
         let mut layout = Layout::default();
         let peer_ids: Vec<FileId> = self
             .cfg
@@ -320,18 +339,18 @@ impl Device {
             let meta = fo
                 .file()
                 .metadata()
-                .map_err(|e| format!("cannot stat the file of the region at {start:#x}: {e}"))?;
+                .map_err(|source| TableError::Stat { start, source })?;
             if fo
                 .start()
                 .checked_add(region.len())
                 .is_none_or(|end| end > meta.len())
             {
-                return Err(format!(
-                    "region at {start:#x} ({} bytes at file offset {:#x}) runs past the end of its {}-byte file",
-                    region.len(),
-                    fo.start(),
-                    meta.len()
-                ));
+                return Err(TableError::PastEnd {
+                    start,
+                    len: region.len(),
+                    offset: fo.start(),
+                    file_len: meta.len(),
+                });
             }
             let id = FileId::from_metadata(&meta);
             if id == self.devmem.id() {
@@ -344,7 +363,7 @@ impl Device {
             }
         }
         let Ok(mut cur) = self.layout.write() else {
-            return Err("device layout lock poisoned".into());
+            return Err(TableError::Poisoned);
         };
         if layout.devmem_gpa != cur.devmem_gpa {
             match layout.devmem_gpa {

@@ -49,7 +49,22 @@ pub enum End {
     Died,
 }
 
-type Request = (bool, Sender<Result<Worker, String>>);
+/// Why a worker cannot be started.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("the launcher is gone")]
+    LauncherGone,
+    #[error("cannot connect to the worker socket: {0}")]
+    Connect(io::Error),
+    #[error("cannot find our executable: {0}")]
+    Exe(io::Error),
+    #[error("cannot start a worker: {0}")]
+    Spawn(io::Error),
+    #[error("cannot watch the worker: {0}")]
+    Watch(io::Error),
+}
+
+type Request = (bool, Sender<Result<Worker, WorkerError>>);
 
 /// The relay's handle on the launcher.
 pub struct Launcher {
@@ -69,12 +84,12 @@ pub fn launcher() -> (Launcher, Requests) {
 
 impl Launcher {
     /// Starts a worker (`resume`: it continues a connection an earlier worker served).
-    pub fn start_worker(&self, resume: bool) -> Result<Worker, String> {
+    pub fn start_worker(&self, resume: bool) -> Result<Worker, WorkerError> {
         let (reply, answer) = channel();
         self.tx
             .send((resume, reply))
-            .map_err(|_| "the launcher is gone")?;
-        answer.recv().map_err(|_| "the launcher is gone")?
+            .map_err(|_| WorkerError::LauncherGone)?;
+        answer.recv().map_err(|_| WorkerError::LauncherGone)?
     }
 }
 
@@ -87,12 +102,11 @@ impl Requests {
     }
 }
 
-fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, String> {
+fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, WorkerError> {
     // Queued in the listener's backlog; the worker accepts it as its front-end.
-    let conn = UnixStream::connect(&spec.worker_socket)
-        .map_err(|e| format!("cannot connect to the worker socket: {e}"))?;
+    let conn = UnixStream::connect(&spec.worker_socket).map_err(WorkerError::Connect)?;
     let fd = workers.as_raw_fd();
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find our executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
     if resume {
@@ -110,9 +124,7 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start a worker: {e}"))?;
+    let child = cmd.spawn().map_err(WorkerError::Spawn)?;
     let pid = child.id();
     // SAFETY: pidfd_open on our own child, not yet reaped (only its pidfd will reap it).
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -122,7 +134,7 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
-        return Err(format!("cannot watch the worker: {e}"));
+        return Err(WorkerError::Watch(e));
     }
     // SAFETY: pidfd_open returned a new descriptor that nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{resp_from, resp_words, StateFile, H_ACTIVE, LOG};
-use crate::allocator::{Allocator, Buffer, GRANULE};
+use crate::allocator::{Allocator, Buffer, RestoreError, GRANULE};
 use crate::protocol::Resp;
 use crate::ring::journal::Origin;
 
@@ -65,6 +65,21 @@ impl LogCursor {
     }
 }
 
+/// Why the log cannot be read back (the device then starts empty).
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("snapshot claims {0} buffers")]
+    Count(usize),
+    #[error("snapshot checksum mismatch")]
+    Checksum,
+    #[error("bad snapshot slot {0}")]
+    Slot(u64),
+    #[error("log record {0} is corrupt")]
+    Record(usize),
+    #[error(transparent)]
+    Allocations(#[from] RestoreError),
+}
+
 /// What the log holds, read back at start-up.
 pub(super) struct ReadBack {
     pub buffers: Vec<Buffer>,
@@ -76,7 +91,7 @@ pub(super) struct ReadBack {
 
 impl StateFile {
     /// Snapshot plus log, checked by rebuilding the allocator.
-    pub(super) fn read_allocator(&self) -> Result<ReadBack, String> {
+    pub(super) fn read_allocator(&self) -> Result<ReadBack, LogError> {
         let mut bufs: BTreeMap<u64, Buffer> = BTreeMap::new();
         let mut next_id = 1;
         let mut seq = 0;
@@ -85,13 +100,13 @@ impl StateFile {
             let base = self.slot_base(active);
             let count = self.load(base + 2) as usize;
             if count > self.max_buffers {
-                return Err(format!("snapshot claims {count} buffers"));
+                return Err(LogError::Count(count));
             }
             let words: Vec<u64> = (0..SNAP_HEADER + count * SNAP_BUFFER_WORDS)
                 .map(|i| self.load(base + i))
                 .collect();
             if words[0] != snapshot_crc(&words[1..]) as u64 {
-                return Err("snapshot checksum mismatch".into());
+                return Err(LogError::Checksum);
             }
             seq = words[1];
             next_id = words[3];
@@ -108,7 +123,7 @@ impl StateFile {
                 );
             }
         } else if active != 0 {
-            return Err(format!("bad snapshot slot {active}"));
+            return Err(LogError::Slot(active));
         }
         let mut answers = BTreeMap::new();
         let mut next = 0;
@@ -145,7 +160,7 @@ impl StateFile {
                     }
                 }
                 Some(Mutation::Reset) => bufs.clear(),
-                None => return Err(format!("log record {next} is corrupt")),
+                None => return Err(LogError::Record(next)),
             }
             if w[7] != 0 {
                 answers.insert(w[7], resp_from(w[11], w[8], w[9], w[10]));

@@ -21,7 +21,7 @@ use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
 
 use crate::allocator::{Buffer, GRANULE};
 use crate::devmem::FileId;
-use crate::files;
+use crate::files::{self, FileError};
 use crate::protocol::{Resp, STAT_COUNT};
 use crate::ring::journal;
 use alloc_log::LogCursor;
@@ -55,6 +55,35 @@ pub struct Restored {
     pub note: String,
 }
 
+/// Why the state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot map state: {0}")]
+    Anonymous(vm_memory::mmap::MmapRegionError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("cannot stat {}: {source}", .path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot size state file {}: {source}", .path.display())]
+    Size {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot duplicate {}: {source}", .path.display())]
+    Duplicate {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot map state file {}: {source}", .path.display())]
+    Map {
+        path: PathBuf,
+        source: vm_memory::mmap::MmapRegionError,
+    },
+}
+
 pub struct StateFile {
     map: MmapRegion,
     path: Option<PathBuf>,
@@ -70,9 +99,9 @@ fn words_for(devmem_size: u64) -> usize {
 
 impl StateFile {
     /// State kept in memory only (tests, fuzzing): same code paths, nothing survives.
-    pub fn anonymous(devmem_size: u64) -> Result<StateFile, String> {
+    pub fn anonymous(devmem_size: u64) -> Result<StateFile, StateError> {
         let len = words_for(devmem_size) * 8;
-        let map = MmapRegion::new(len).map_err(|e| format!("cannot map state: {e}"))?;
+        let map = MmapRegion::new(len).map_err(StateError::Anonymous)?;
         let s = StateFile::with_map(map, None, None, devmem_size);
         // A new anonymous mapping is all zeros already.
         s.stamp(FileId { dev: 0, ino: 0 }, devmem_size);
@@ -88,31 +117,30 @@ impl StateFile {
         id: FileId,
         size: u64,
         lock: bool,
-    ) -> Result<(StateFile, Restored), String> {
+    ) -> Result<(StateFile, Restored), StateError> {
         let file = if lock {
             self::lock(path)?
         } else {
             open_file(path)?
         };
         let len = (words_for(size) * 8) as u64;
+        let at = || path.to_path_buf();
         let on_disk = file
             .metadata()
-            .map_err(|e| format!("cannot stat {}: {e}", path.display()))?
+            .map_err(|source| StateError::Stat { path: at(), source })?
             .len();
         if on_disk != len {
             // Another device size (or a new file): nothing in it applies.
             file.set_len(0)
                 .and_then(|_| file.set_len(len))
-                .map_err(|e| format!("cannot size state file {}: {e}", path.display()))?;
+                .map_err(|source| StateError::Size { path: at(), source })?;
         }
         files::allocate(&file, len, path, "state file")?;
-        let fo = FileOffset::new(
-            file.try_clone()
-                .map_err(|e| format!("cannot duplicate {}: {e}", path.display()))?,
-            0,
-        );
-        let map = MmapRegion::from_file(fo, len as usize)
-            .map_err(|e| format!("cannot map state file {}: {e}", path.display()))?;
+        let copy = file
+            .try_clone()
+            .map_err(|source| StateError::Duplicate { path: at(), source })?;
+        let map = MmapRegion::from_file(FileOffset::new(copy, 0), len as usize)
+            .map_err(|source| StateError::Map { path: at(), source })?;
         let s = StateFile::with_map(map, Some(path.to_path_buf()), Some(file), size);
         let restored = s.restore(id, size);
         Ok((s, restored))
@@ -232,14 +260,14 @@ impl StateFile {
 /// Takes the "a daemon owns this device" lock on the state file (a supervisor holds it
 /// for its workers), so two daemons cannot share one state either. The lock lasts as long
 /// as the returned file is open.
-pub fn lock(path: &Path) -> Result<File, String> {
+pub fn lock(path: &Path) -> Result<File, FileError> {
     let file = open_file(path)?;
     files::lock_exclusive(&file, path, "state file")?;
     Ok(file)
 }
 
 /// The state file is the daemon's alone: mode 0600, never through a link.
-fn open_file(path: &Path) -> Result<File, String> {
+fn open_file(path: &Path) -> Result<File, FileError> {
     files::open_private(path, "state file", None)
 }
 

@@ -36,6 +36,27 @@ const SHORT_LIFE: Duration = Duration::from_secs(1);
 /// Consecutive short-lived workers before the supervisor gives up.
 const CRASH_LOOP: u32 = 5;
 
+/// Why the supervisor stops.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("worker socket: {0}")]
+    WorkerSocket(crate::server::ServerError),
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
+    #[error("cannot start the relay thread: {0}")]
+    RelayThread(io::Error),
+    #[error("the relay thread panicked")]
+    RelayPanicked,
+    #[error("cannot accept a connection: {0}")]
+    Accept(io::Error),
+    #[error("poll: {0}")]
+    Poll(io::Error),
+    #[error("cannot keep a descriptor: {0}")]
+    Keep(io::Error),
+    #[error(transparent)]
+    Worker(#[from] crate::workers::WorkerError),
+}
+
 /// How the supervisor reaches the front-end.
 pub enum FrontEnd {
     Listen(UnixListener),
@@ -45,10 +66,14 @@ pub enum FrontEnd {
 /// Serves front-end connections forever: a relay thread, under the seccomp filter
 /// `seccomp` (the relay's own list), relays the front-end's messages; this thread starts
 /// the workers, outside the filter.
-pub fn run(front: FrontEnd, spec: WorkerSpec, seccomp: sandbox::Mode) -> Result<(), String> {
+pub fn run(
+    front: FrontEnd,
+    spec: WorkerSpec,
+    seccomp: sandbox::Mode,
+) -> Result<(), SupervisorError> {
     // Private (0600) from the start: only our own workers connect to it.
     let workers = crate::server::bind_std(&spec.worker_socket, None)
-        .map_err(|e| format!("worker socket: {e}"))?;
+        .map_err(SupervisorError::WorkerSocket)?;
     let (launcher, requests) = crate::workers::launcher();
     let relay = std::thread::Builder::new()
         .name("relay".into())
@@ -63,21 +88,19 @@ pub fn run(front: FrontEnd, spec: WorkerSpec, seccomp: sandbox::Mode) -> Result<
             }
             serve(front, &launcher)
         })
-        .map_err(|e| format!("cannot start the relay thread: {e}"))?;
+        .map_err(SupervisorError::RelayThread)?;
     requests.serve(&spec, &workers);
     let _ = std::fs::remove_file(&spec.worker_socket);
-    relay
-        .join()
-        .unwrap_or_else(|_| Err("the relay thread panicked".into()))
+    relay.join().unwrap_or(Err(SupervisorError::RelayPanicked))
 }
 
-fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), String> {
+fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), SupervisorError> {
     loop {
         let qemu = match &front {
             FrontEnd::Listen(l) => l
                 .accept()
                 .map(|(s, _)| s)
-                .map_err(|e| format!("cannot accept a connection: {e}"))?,
+                .map_err(SupervisorError::Accept)?,
             FrontEnd::Connect(path) => connect_retrying(path),
         };
         log::info!("supervisor: front-end connected");
@@ -103,7 +126,7 @@ fn connect_retrying(path: &Path) -> UnixStream {
 }
 
 /// Relays one front-end connection; returns why it ended.
-fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
+fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorError> {
     let mut rec = Recording::default();
     let mut worker = launcher.start_worker(false)?;
     // A request the worker has not answered yet: resent to a replacement.
@@ -130,7 +153,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(format!("poll: {e}"));
+            return Err(SupervisorError::Poll(e));
         }
         let mut worker_died = false;
         if fds[1].revents != 0 {
@@ -165,13 +188,9 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, String> {
                         m.flags(),
                         m.fds.len()
                     );
-                    rec.note(&m)
-                        .map_err(|e| format!("cannot keep a descriptor: {e}"))?;
+                    rec.note(&m).map_err(SupervisorError::Keep)?;
                     if m.expects_reply() {
-                        pending = Some(
-                            m.try_clone()
-                                .map_err(|e| format!("cannot keep a descriptor: {e}"))?,
-                        );
+                        pending = Some(m.try_clone().map_err(SupervisorError::Keep)?);
                     }
                     if send_message(worker.conn.as_fd(), &m).is_err() {
                         worker_died = true;
