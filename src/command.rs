@@ -305,22 +305,16 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         OP_SIGNAL => Command::Signal {
             value: c.read::<Signal>()?.value,
         },
-        OP_ALLOC => {
-            let p: Alloc = c.read()?;
-            Command::Alloc {
-                size: p.size,
-                align: p.align,
-            }
-        }
         OP_FREE => Command::Free {
             id: c.read::<Free>()?.id,
         },
+        OP_ALLOC => {
+            let Alloc { size, align } = c.read()?;
+            Command::Alloc { size, align }
+        }
         OP_EXPORT => {
-            let p: Export = c.read()?;
-            Command::Export {
-                id: p.id,
-                uuid: p.uuid,
-            }
+            let Export { id, uuid } = c.read()?;
+            Command::Export { id, uuid }
         }
         OP_UNEXPORT => Command::Unexport {
             uuid: c.read::<Unexport>()?.uuid,

@@ -52,23 +52,9 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Every module's error, met here and printed as one line.
+/// The daemon's own errors; every module's error is boxed with them and printed as one line.
 #[derive(Debug, thiserror::Error)]
 enum Error {
-    #[error(transparent)]
-    Args(#[from] cxl_accel::cli::ArgsError),
-    #[error(transparent)]
-    Devmem(#[from] cxl_accel::devmem::DevmemError),
-    #[error(transparent)]
-    State(#[from] cxl_accel::state::StateError),
-    #[error(transparent)]
-    File(#[from] cxl_accel::files::FileError),
-    #[error(transparent)]
-    Server(#[from] cxl_accel::server::ServerError),
-    #[error(transparent)]
-    Sandbox(#[from] cxl_accel::sandbox::SandboxError),
-    #[error(transparent)]
-    Supervisor(#[from] supervisor::SupervisorError),
     #[error("cannot start DMA engines: {0}")]
     Engines(std::io::Error),
     #[error("cannot block termination signals")]
@@ -77,7 +63,9 @@ enum Error {
     SignalThread(std::io::Error),
 }
 
-fn run(args: Args) -> Result<(), Error> {
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn run(args: Args) -> Result<()> {
     cxl_accel::sandbox::prepare(args.seccomp);
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
@@ -160,7 +148,7 @@ fn run(args: Args) -> Result<(), Error> {
 }
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
-fn supervise(args: Args) -> Result<(), Error> {
+fn supervise(args: Args) -> Result<()> {
     cxl_accel::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];

@@ -44,14 +44,11 @@ pub enum ServerError {
     Listen { path: PathBuf, source: io::Error },
     #[error("cannot give the socket to group {gid}: {source}")]
     Group { gid: libc::gid_t, source: io::Error },
-    #[error("cannot set the socket's mode: {0}")]
-    Mode(io::Error),
-    #[error("cannot start the backend-channel thread: {0}")]
-    Announcer(io::Error),
-    #[error("cannot create vhost-user daemon: {0}")]
-    Daemon(vhost_user_backend::Error),
-    #[error("cannot accept a connection: {0}")]
-    Accept(vhost_user_backend::Error),
+    /// What could not be done ("set the socket's mode"), and why.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, io::Error),
+    #[error("cannot {0}: {1}")]
+    Session(&'static str, vhost_user_backend::Error),
     #[error("socket path is not UTF-8")]
     NotUtf8,
 }
@@ -144,7 +141,7 @@ fn bind_in(made: &Path, path: &Path, group: Group) -> Result<UnixListener, Serve
     }
     let mode = if group.is_some() { 0o660 } else { 0o600 };
     std::fs::set_permissions(made, std::fs::Permissions::from_mode(mode))
-        .map_err(ServerError::Mode)?;
+        .map_err(|e| ServerError::Io("set the socket's mode", e))?;
     Ok(listener)
 }
 
@@ -216,7 +213,8 @@ pub fn serve_endpoint(
 ) -> Result<SessionEnd, ServerError> {
     let mut sessions = 0;
     let mut end = SessionEnd::Disconnected;
-    let announcer = crate::announcer::Announcer::start().map_err(ServerError::Announcer)?;
+    let announcer = crate::announcer::Announcer::start()
+        .map_err(|e| ServerError::Io("start the backend-channel thread", e))?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
@@ -231,9 +229,11 @@ pub fn serve_endpoint(
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
-        .map_err(ServerError::Daemon)?;
+        .map_err(|e| ServerError::Session("create vhost-user daemon", e))?;
         match &mut endpoint {
-            Endpoint::Listen(listener) => daemon.start(listener).map_err(ServerError::Accept)?,
+            Endpoint::Listen(listener) => daemon
+                .start(listener)
+                .map_err(|e| ServerError::Session("accept a connection", e))?,
             Endpoint::Connect(path) => connect(&mut daemon, path)?,
         }
         log::info!("front-end connected");

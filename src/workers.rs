@@ -54,14 +54,9 @@ pub enum End {
 pub enum WorkerError {
     #[error("the launcher is gone")]
     LauncherGone,
-    #[error("cannot connect to the worker socket: {0}")]
-    Connect(io::Error),
-    #[error("cannot find our executable: {0}")]
-    Exe(io::Error),
-    #[error("cannot start a worker: {0}")]
-    Spawn(io::Error),
-    #[error("cannot watch the worker: {0}")]
-    Watch(io::Error),
+    /// What could not be done ("start a worker"), and why.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, io::Error),
 }
 
 type Request = (bool, Sender<Result<Worker, WorkerError>>);
@@ -104,9 +99,10 @@ impl Requests {
 
 fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, WorkerError> {
     // Queued in the listener's backlog; the worker accepts it as its front-end.
-    let conn = UnixStream::connect(&spec.worker_socket).map_err(WorkerError::Connect)?;
+    let conn = UnixStream::connect(&spec.worker_socket)
+        .map_err(|e| WorkerError::Io("connect to the worker socket", e))?;
     let fd = workers.as_raw_fd();
-    let exe = std::env::current_exe().map_err(WorkerError::Exe)?;
+    let exe = std::env::current_exe().map_err(|e| WorkerError::Io("find our executable", e))?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
     if resume {
@@ -124,7 +120,9 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(WorkerError::Spawn)?;
+    let child = cmd
+        .spawn()
+        .map_err(|e| WorkerError::Io("start a worker", e))?;
     let pid = child.id();
     // SAFETY: pidfd_open on our own child, not yet reaped (only its pidfd will reap it).
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -134,7 +132,7 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
-        return Err(WorkerError::Watch(e));
+        return Err(WorkerError::Io("watch the worker", e));
     }
     // SAFETY: pidfd_open returned a new descriptor that nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };

@@ -43,18 +43,17 @@ pub enum SupervisorError {
     WorkerSocket(crate::server::ServerError),
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
-    #[error("cannot start the relay thread: {0}")]
-    RelayThread(io::Error),
     #[error("the relay thread panicked")]
     RelayPanicked,
-    #[error("cannot accept a connection: {0}")]
-    Accept(io::Error),
-    #[error("poll: {0}")]
-    Poll(io::Error),
-    #[error("cannot keep a descriptor: {0}")]
-    Keep(io::Error),
+    /// What failed ("poll"), and why.
+    #[error("{0}: {1}")]
+    Io(&'static str, io::Error),
     #[error(transparent)]
     Worker(#[from] crate::workers::WorkerError),
+}
+
+fn keep_error(e: io::Error) -> SupervisorError {
+    SupervisorError::Io("cannot keep a descriptor", e)
 }
 
 /// How the supervisor reaches the front-end.
@@ -88,7 +87,7 @@ pub fn run(
             }
             serve(front, &launcher)
         })
-        .map_err(SupervisorError::RelayThread)?;
+        .map_err(|e| SupervisorError::Io("cannot start the relay thread", e))?;
     requests.serve(&spec, &workers);
     let _ = std::fs::remove_file(&spec.worker_socket);
     relay.join().unwrap_or(Err(SupervisorError::RelayPanicked))
@@ -100,7 +99,7 @@ fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), SupervisorError> {
             FrontEnd::Listen(l) => l
                 .accept()
                 .map(|(s, _)| s)
-                .map_err(SupervisorError::Accept)?,
+                .map_err(|e| SupervisorError::Io("cannot accept a connection", e))?,
             FrontEnd::Connect(path) => connect_retrying(path),
         };
         log::info!("supervisor: front-end connected");
@@ -153,7 +152,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(SupervisorError::Poll(e));
+            return Err(SupervisorError::Io("poll", e));
         }
         let mut worker_died = false;
         if fds[1].revents != 0 {
@@ -188,9 +187,9 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
                         m.flags(),
                         m.fds.len()
                     );
-                    rec.note(&m).map_err(SupervisorError::Keep)?;
+                    rec.note(&m).map_err(keep_error)?;
                     if m.expects_reply() {
-                        pending = Some(m.try_clone().map_err(SupervisorError::Keep)?);
+                        pending = Some(m.try_clone().map_err(keep_error)?);
                     }
                     if send_message(worker.conn.as_fd(), &m).is_err() {
                         worker_died = true;
