@@ -21,6 +21,17 @@ pub enum AllocError {
     Exists,
 }
 
+/// Why a set of buffers cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("buffer {0} wraps around")]
+    Wraps(u64),
+    #[error("buffer {} ({} bytes at {:#x}) is not a valid allocation", .0.id, .0.size, .0.offset)]
+    Invalid(Buffer),
+    #[error("buffer {0} appears twice")]
+    Twice(u64),
+}
+
 pub struct Allocator {
     size: u64,
     /// offset -> length of each free extent; extents never touch (they are merged).
@@ -46,14 +57,21 @@ impl Allocator {
 
     /// Rebuilds an allocator from saved buffers, refusing any that overlap or lie outside
     /// `size` (a corrupt or foreign state file).
-    pub fn restore(size: u64, next_id: u64, buffers: Vec<Buffer>) -> Result<Allocator, String> {
+    pub fn restore(
+        size: u64,
+        next_id: u64,
+        buffers: Vec<Buffer>,
+    ) -> Result<Allocator, RestoreError> {
         let mut a = Allocator::new(size);
         let mut by_offset: Vec<&Buffer> = buffers.iter().collect();
         by_offset.sort_by_key(|b| b.offset);
         let mut cursor = 0u64;
         a.free.clear();
         for b in by_offset {
-            let end = b.offset.checked_add(b.size).ok_or("buffer wraps around")?;
+            let end = b
+                .offset
+                .checked_add(b.size)
+                .ok_or(RestoreError::Wraps(b.id))?;
             if b.size == 0
                 || b.offset % GRANULE != 0
                 || b.size % GRANULE != 0
@@ -62,17 +80,14 @@ impl Allocator {
                 || b.id == 0
                 || b.id >= next_id
             {
-                return Err(format!(
-                    "buffer {} ({} bytes at {:#x}) is not a valid allocation",
-                    b.id, b.size, b.offset
-                ));
+                return Err(RestoreError::Invalid(b.clone()));
             }
             if b.offset > cursor {
                 a.free.insert(cursor, b.offset - cursor);
             }
             cursor = end;
             if a.buffers.insert(b.id, b.clone()).is_some() {
-                return Err(format!("buffer {} appears twice", b.id));
+                return Err(RestoreError::Twice(b.id));
             }
         }
         if a.size > cursor {
@@ -185,12 +200,18 @@ impl Allocator {
 mod tests {
     use super::*;
 
+    /// A 1 MiB allocator holding three buffers of these sizes, the last 64 KiB-aligned.
+    fn three(sizes: [u64; 3]) -> (Allocator, [Buffer; 3]) {
+        let mut a = Allocator::new(1 << 20);
+        let b1 = a.alloc(sizes[0], 0).unwrap();
+        let b2 = a.alloc(sizes[1], 0).unwrap();
+        let b3 = a.alloc(sizes[2], 65536).unwrap();
+        (a, [b1, b2, b3])
+    }
+
     #[test]
     fn alloc_free_coalesces_back_to_one_extent() {
-        let mut a = Allocator::new(1 << 20);
-        let b1 = a.alloc(4096, 0).unwrap();
-        let b2 = a.alloc(10000, 0).unwrap();
-        let b3 = a.alloc(65536, 65536).unwrap();
+        let (mut a, [b1, b2, b3]) = three([4096, 10000, 65536]);
         assert_eq!(b2.size, 12288);
         assert_eq!(b3.offset % 65536, 0);
         assert_eq!(a.len(), 3);
@@ -217,10 +238,7 @@ mod tests {
 
     #[test]
     fn restore_rebuilds_free_space_and_refuses_overlaps() {
-        let mut a = Allocator::new(1 << 20);
-        let b1 = a.alloc(8192, 0).unwrap();
-        let b2 = a.alloc(4096, 0).unwrap();
-        let b3 = a.alloc(65536, 65536).unwrap();
+        let (mut a, [b1, b2, b3]) = three([8192, 4096, 65536]);
         a.free(b2.id).unwrap();
         let saved: Vec<Buffer> = a.buffers().cloned().collect();
         let mut r = Allocator::restore(1 << 20, a.next_id(), saved.clone()).unwrap();

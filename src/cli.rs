@@ -13,30 +13,71 @@ pub enum SocketMode {
     Client,
 }
 
-fn parse_mode(s: &str) -> Result<SocketMode, String> {
+/// An option's value that cannot be used (clap prints it with the option's name).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("'{0}' is neither server nor client")]
+    NeitherServerNorClient(String),
+    #[error("'{0}' is not one of {1}")]
+    NotOneOf(String, &'static str),
+    #[error("unknown size suffix in '{0}' (use K, M, G or T)")]
+    SizeSuffix(String),
+    #[error("'{0}' is not a size (examples: 268435456, 256M, 4G)")]
+    NotASize(String),
+    #[error("size '{0}' is too large")]
+    SizeTooLarge(String),
+    #[error("'{0}' is not a group name")]
+    NotAGroupName(String),
+    #[error("no group named '{0}'")]
+    NoSuchGroup(String),
+    #[error("'{0}' is not a number")]
+    NotANumber(String),
+    #[error("queue size {0} must be a power of two from 1 to 32768")]
+    QueueSize(u32),
+}
+
+/// Arguments that do not go together, or cannot be used as given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error("--fd is a listening socket: it does not go with --socket-mode client")]
+    FdWithClient,
+    #[error(
+        "--attach shmem needs a power-of-two --memory-size (QEMU makes it a whole BAR): {0} is \
+         not; use {1} or --attach bar"
+    )]
+    ShmemSize(String, String),
+    #[error("--fd {0} is not a listening unix stream socket")]
+    NotAListener(i32),
+    #[error("--print-qemu-args needs --socket-path (QEMU's chardev path)")]
+    NoSocketPath,
+    #[error(transparent)]
+    Value(#[from] ValueError),
+}
+
+fn parse_mode(s: &str) -> Result<SocketMode, ValueError> {
     match s {
         "server" => Ok(SocketMode::Server),
         "client" => Ok(SocketMode::Client),
-        _ => Err(format!("'{s}' is neither server nor client")),
+        _ => Err(ValueError::NeitherServerNorClient(s.into())),
     }
 }
 
-fn parse_seccomp(s: &str) -> Result<crate::sandbox::Mode, String> {
+fn parse_seccomp(s: &str) -> Result<crate::sandbox::Mode, ValueError> {
     use crate::sandbox::Mode;
     match s {
         "off" => Ok(Mode::Off),
         "log" => Ok(Mode::Log),
         "enforce" => Ok(Mode::Enforce),
-        _ => Err(format!("'{s}' is not one of off, log, enforce")),
+        _ => Err(ValueError::NotOneOf(s.into(), "off, log, enforce")),
     }
 }
 
-fn parse_attach(s: &str) -> Result<Attach, String> {
+fn parse_attach(s: &str) -> Result<Attach, ValueError> {
     match s {
         "shmem" => Ok(Attach::Shmem),
         "bar" => Ok(Attach::Bar),
         "numa" => Ok(Attach::Numa),
-        _ => Err(format!("'{s}' is not one of shmem, bar, numa")),
+        _ => Err(ValueError::NotOneOf(s.into(), "shmem, bar, numa")),
     }
 }
 
@@ -178,18 +219,14 @@ pub struct Args {
 
 impl Args {
     /// What the parser cannot check alone: combinations of arguments.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ArgsError> {
         if self.fd.is_some() && self.socket_mode == SocketMode::Client {
-            return Err(
-                "--fd is a listening socket: it does not go with --socket-mode client".into(),
-            );
+            return Err(ArgsError::FdWithClient);
         }
         if self.attach == Attach::Shmem && !self.memory_size.is_power_of_two() {
-            return Err(format!(
-                "--attach shmem needs a power-of-two --memory-size (QEMU makes it a whole BAR): \
-                 {} is not; use {} or --attach bar",
+            return Err(ArgsError::ShmemSize(
                 qemu_size(self.memory_size),
-                qemu_size(self.memory_size.next_power_of_two())
+                qemu_size(self.memory_size.next_power_of_two()),
             ));
         }
         Ok(())
@@ -233,7 +270,7 @@ fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, ValueError> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -242,25 +279,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(format!("unknown size suffix in '{s}' (use K, M, G or T)")),
+                _ => return Err(ValueError::SizeSuffix(s.into())),
             };
             (&s[..i], m)
         }
         _ => (s, 1),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (examples: 268435456, 256M, 4G)"))?;
+    let n: u64 = num.parse().map_err(|_| ValueError::NotASize(s.into()))?;
     n.checked_mul(mult)
-        .ok_or_else(|| format!("size '{s}' is too large"))
+        .ok_or_else(|| ValueError::SizeTooLarge(s.into()))
 }
 
 /// A group name or number, as a gid.
-fn parse_group(s: &str) -> Result<libc::gid_t, String> {
+fn parse_group(s: &str) -> Result<libc::gid_t, ValueError> {
     if let Ok(gid) = s.parse::<libc::gid_t>() {
         return Ok(gid);
     }
-    let name = std::ffi::CString::new(s).map_err(|_| format!("'{s}' is not a group name"))?;
+    let name = std::ffi::CString::new(s).map_err(|_| ValueError::NotAGroupName(s.into()))?;
     let mut buf = vec![0 as libc::c_char; 16384];
     // SAFETY: group is plain data; getgrnam_r writes at most buf.len() bytes into buf and
     // sets `found` to null or to `group`.
@@ -276,15 +311,13 @@ fn parse_group(s: &str) -> Result<libc::gid_t, String> {
         );
         (rc == 0 && !found.is_null()).then_some(group.gr_gid)
     };
-    gid.ok_or_else(|| format!("no group named '{s}'"))
+    gid.ok_or_else(|| ValueError::NoSuchGroup(s.into()))
 }
 
-fn parse_queue_size(s: &str) -> Result<u16, String> {
-    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+fn parse_queue_size(s: &str) -> Result<u16, ValueError> {
+    let n: u32 = s.parse().map_err(|_| ValueError::NotANumber(s.into()))?;
     if n == 0 || n > 32768 || !n.is_power_of_two() {
-        return Err(format!(
-            "queue size {n} must be a power of two from 1 to 32768"
-        ));
+        return Err(ValueError::QueueSize(n));
     }
     Ok(n as u16)
 }
@@ -300,7 +333,7 @@ pub fn wants_capabilities(args: impl Iterator<Item = String>) -> bool {
 }
 
 /// Checks that `fd` is a listening unix stream socket (`--fd`) and keeps it from workers.
-pub fn listening_socket(fd: i32) -> Result<std::os::unix::net::UnixListener, String> {
+pub fn listening_socket(fd: i32) -> Result<std::os::unix::net::UnixListener, ArgsError> {
     let opt = |name: libc::c_int| -> Option<libc::c_int> {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -320,7 +353,7 @@ pub fn listening_socket(fd: i32) -> Result<std::os::unix::net::UnixListener, Str
         && opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
         && opt(libc::SO_ACCEPTCONN) == Some(1);
     if !ok {
-        return Err(format!("--fd {fd} is not a listening unix stream socket"));
+        return Err(ArgsError::NotAListener(fd));
     }
     // SAFETY: fcntl on a descriptor we were given; no memory is involved.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
@@ -354,9 +387,9 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// The QEMU arguments that attach this device, as (option, value) pairs.
-pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, String> {
+pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
     let Some(socket_path) = &args.socket_path else {
-        return Err("--print-qemu-args needs --socket-path (QEMU's chardev path)".into());
+        return Err(ArgsError::NoSocketPath);
     };
     let n = args.index;
     let slot = 0x10 + n;
@@ -453,6 +486,12 @@ pub fn render_qemu_args(pairs: &[(String, String)]) -> String {
 mod tests {
     use super::*;
 
+    /// Arguments with socket path `s` and memory path `m`, then `more`.
+    fn with(more: &[&str]) -> Args {
+        let base = ["cxl-accel", "--socket-path", "s", "--memory-path", "m"];
+        Args::parse_from(base.iter().chain(more))
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("256M"), Ok(256 << 20));
@@ -487,27 +526,9 @@ mod tests {
             text.contains("ivshmem-plain,id=cxlacc1-bar,memdev=cxlacc1-mem,bus=pcie.0,addr=0x11.1")
         );
         assert!(text.contains("memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on"));
-        let none = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--guest-ram",
-            "none",
-        ]);
+        let none = with(&["--guest-ram", "none"]);
         assert!(!render_qemu_args(&qemu_args(&none).unwrap()).contains("memfd"));
-        let numa = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--attach",
-            "numa",
-            "--index",
-            "1",
-        ]);
+        let numa = with(&["--attach", "numa", "--index", "1"]);
         let text = render_qemu_args(&qemu_args(&numa).unwrap());
         assert!(text.contains("-numa node,nodeid=0,memdev=cxl-guest-ram"));
         assert!(text.contains("-numa node,nodeid=2,memdev=cxlacc1-mem"));
@@ -517,9 +538,9 @@ mod tests {
 
     #[test]
     fn shmem_is_one_function_and_the_default() {
-        let args = Args::parse_from(["cxl-accel", "--socket-path", "s", "--memory-path", "m"]);
-        assert_eq!(args.attach, Attach::Shmem);
-        let text = render_qemu_args(&qemu_args(&args).unwrap());
+        let default = with(&[]);
+        assert_eq!(default.attach, Attach::Shmem);
+        let text = render_qemu_args(&qemu_args(&default).unwrap());
         assert!(text.contains("bus=pcie.0,addr=0x10.0"));
         assert!(!text.contains("multifunction"));
         assert!(!text.contains("ivshmem"));
@@ -529,28 +550,10 @@ mod tests {
         );
         assert!(text.contains("-machine q35,memory-backend=cxl-guest-ram"));
         // QEMU makes the region a whole BAR, whose size is a power of two.
-        let odd = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--memory-size",
-            "96M",
-        ]);
-        let e = odd.check().unwrap_err();
+        let odd = with(&["--memory-size", "96M"]);
+        let e = odd.check().unwrap_err().to_string();
         assert!(e.contains("power-of-two") && e.contains("128M"), "{e}");
-        let bar = Args::parse_from([
-            "cxl-accel",
-            "--socket-path",
-            "s",
-            "--memory-path",
-            "m",
-            "--memory-size",
-            "96M",
-            "--attach",
-            "bar",
-        ]);
+        let bar = with(&["--memory-size", "96M", "--attach", "bar"]);
         assert!(bar.check().is_ok());
     }
 }

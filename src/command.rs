@@ -59,11 +59,58 @@ pub enum Command {
 pub const MIN_PAGE_SIZE: u32 = 4096;
 pub const MAX_PAGE_SIZE: u32 = 2 << 20;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
+/// A request's header, read once when the request arrives and passed on with it: for
+/// ordering (fences), for the tag its answer echoes, and to decode the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Header {
     pub opcode: u16,
     pub flags: u16,
+    /// 0 unless the header is whole.
     pub tag: u64,
+    /// The whole header was there. A shorter request keeps whatever opcode and flags bytes
+    /// it has (for ordering and error events) but its answer names no opcode or tag.
+    pub whole: bool,
+}
+
+impl Header {
+    pub fn read(bytes: &[u8]) -> Header {
+        let word = |i: usize| {
+            bytes
+                .get(i..i + 2)
+                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        let mut h = Header {
+            opcode: word(0),
+            flags: word(2),
+            ..Default::default()
+        };
+        if let Some(b) = bytes.get(..std::mem::size_of::<CmdHdr>()) {
+            let mut whole = CmdHdr::default();
+            whole.as_mut_slice().copy_from_slice(b);
+            h.tag = whole.tag;
+            h.whole = true;
+        }
+        h
+    }
+
+    /// The opcode an answer names: none for a cut-short header.
+    pub fn answered_opcode(&self) -> u16 {
+        if self.whole {
+            self.opcode
+        } else {
+            0
+        }
+    }
+
+    /// Waits for everything submitted before it (FENCE itself does, as the flag does).
+    pub fn fenced(&self) -> bool {
+        self.flags & FLAG_FENCE != 0 || self.opcode == OP_FENCE
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub hdr: Header,
     pub cmd: Command,
 }
 
@@ -115,6 +162,14 @@ impl Cursor<'_> {
         Ok(v)
     }
 
+    /// A list of `n` segments that may not be empty.
+    fn some_sges(&mut self, n: u32) -> Result<Vec<Sge>, Status> {
+        if n == 0 {
+            return Err(Status::Invalid);
+        }
+        self.sges(n)
+    }
+
     fn addrs(&mut self, n: u32) -> Result<Vec<u64>, Status> {
         self.need(n as usize * 8)?;
         (0..n).map(|_| self.read::<u64>()).collect()
@@ -139,26 +194,26 @@ fn valid_space(space: u16) -> Result<(), Status> {
 }
 
 pub fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
-    let mut c = Cursor { buf: bytes, pos: 0 };
-    let hdr: CmdHdr = c.read().map_err(|status| DecodeError {
-        opcode: 0,
-        tag: 0,
-        status,
-        detail: 0,
-    })?;
+    decode_with(Header::read(bytes), bytes)
+}
+
+/// Decodes a request whose header `hdr` was read from `bytes` already.
+pub fn decode_with(hdr: Header, bytes: &[u8]) -> Result<Request, DecodeError> {
     let err = |status| DecodeError {
-        opcode: hdr.opcode,
+        opcode: hdr.answered_opcode(),
         tag: hdr.tag,
         status,
         detail: 0,
     };
+    if !hdr.whole {
+        return Err(err(Status::Truncated));
+    }
+    let mut c = Cursor {
+        buf: bytes,
+        pos: std::mem::size_of::<CmdHdr>(),
+    };
     let cmd = decode_payload(hdr.opcode, &mut c).map_err(err)?;
-    Ok(Request {
-        opcode: hdr.opcode,
-        flags: hdr.flags,
-        tag: hdr.tag,
-        cmd,
-    })
+    Ok(Request { hdr, cmd })
 }
 
 fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
@@ -186,22 +241,16 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         }
         OP_FILL => {
             let p: Fill = c.read()?;
-            if p.nr_dst == 0 {
-                return Err(Status::Invalid);
-            }
             Command::Fill {
                 pattern: p.pattern,
-                dst: c.sges(p.nr_dst)?,
+                dst: c.some_sges(p.nr_dst)?,
             }
         }
         OP_CHECKSUM => {
             let p: Checksum = c.read()?;
-            if p.nr_src == 0 {
-                return Err(Status::Invalid);
-            }
             Command::Checksum {
                 seed: p.seed,
-                src: c.sges(p.nr_src)?,
+                src: c.some_sges(p.nr_src)?,
             }
         }
         OP_ATOMIC => {
@@ -256,22 +305,16 @@ fn decode_payload(opcode: u16, c: &mut Cursor) -> Result<Command, Status> {
         OP_SIGNAL => Command::Signal {
             value: c.read::<Signal>()?.value,
         },
-        OP_ALLOC => {
-            let p: Alloc = c.read()?;
-            Command::Alloc {
-                size: p.size,
-                align: p.align,
-            }
-        }
         OP_FREE => Command::Free {
             id: c.read::<Free>()?.id,
         },
+        OP_ALLOC => {
+            let Alloc { size, align } = c.read()?;
+            Command::Alloc { size, align }
+        }
         OP_EXPORT => {
-            let p: Export = c.read()?;
-            Command::Export {
-                id: p.id,
-                uuid: p.uuid,
-            }
+            let Export { id, uuid } = c.read()?;
+            Command::Export { id, uuid }
         }
         OP_UNEXPORT => Command::Unexport {
             uuid: c.read::<Unexport>()?.uuid,
@@ -381,7 +424,7 @@ mod tests {
     fn decodes_every_opcode() {
         let s = sge(SPACE_DEVMEM, 0, 8);
         let r = decode(&copy(7, &[s], &[s])).unwrap();
-        assert_eq!(r.tag, 7);
+        assert_eq!(r.hdr.tag, 7);
         assert!(matches!(r.cmd, Command::Copy { .. }));
         assert!(matches!(
             decode(&fill(1, 5, &[s])).unwrap().cmd,
@@ -392,7 +435,7 @@ mod tests {
             Command::Checksum { seed: 9, .. }
         ));
         for op in [OP_NOP, OP_IDENTIFY, OP_STATS, OP_FENCE] {
-            assert_eq!(decode(&hdr(op, 0, 0)).unwrap().opcode, op);
+            assert_eq!(decode(&hdr(op, 0, 0)).unwrap().hdr.opcode, op);
         }
     }
 
@@ -405,6 +448,21 @@ mod tests {
             assert_eq!(status(&full[..cut]), Status::Truncated, "cut at {cut}");
         }
         assert_eq!(status(&hdr(OP_ALLOC, 0, 0)), Status::Truncated);
+    }
+
+    #[test]
+    fn a_cut_short_header_keeps_opcode_and_flags_but_names_nothing() {
+        let full = hdr(OP_FENCE, FLAG_FENCE, 5);
+        let h = Header::read(&full[..4]);
+        assert_eq!(
+            (h.opcode, h.flags, h.tag, h.whole),
+            (OP_FENCE, FLAG_FENCE, 0, false)
+        );
+        assert!(h.fenced());
+        assert_eq!(h.answered_opcode(), 0);
+        assert_eq!(Header::read(&full[..1]), Header::default());
+        let h = Header::read(&full);
+        assert_eq!((h.answered_opcode(), h.tag, h.whole), (OP_FENCE, 5, true));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
-use crate::{files, sigbus};
+use crate::files::{self, FileError};
+use crate::sigbus;
 use std::os::fd::AsRawFd;
 
 /// How a daemon holds its memory file.
@@ -44,49 +45,45 @@ impl FileId {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DevmemError {
-    Open(PathBuf, io::Error),
+    #[error("cannot open memory file {}: {source}", .path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error(
+        "memory file {} is {actual} bytes but --memory-size asks for {wanted}; \
+         pass --memory-size {actual} or remove the file",
+        .path.display()
+    )]
     WrongSize {
         path: PathBuf,
         actual: u64,
         wanted: u64,
     },
-    Resize(PathBuf, io::Error),
-    Map(PathBuf, String),
+    #[error("cannot size memory file {}: {source}", .path.display())]
+    Resize { path: PathBuf, source: io::Error },
+    #[error("cannot map memory file {}: {source}", .path.display())]
+    Map { path: PathBuf, source: MapError },
+    #[error(
+        "memory size {0} must be a non-zero multiple of 2 MiB (the guest maps it in 2 MiB sections)"
+    )]
     BadSize(u64),
-    /// Not ours to use (a link, another user's file, locked, no space), with the message.
-    Refused(String),
+    /// Not ours to use (a link, another user's file, locked, no space).
+    #[error(transparent)]
+    Refused(#[from] FileError),
 }
 
-impl std::fmt::Display for DevmemError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DevmemError::Open(p, e) => write!(f, "cannot open memory file {}: {e}", p.display()),
-            DevmemError::WrongSize {
-                path,
-                actual,
-                wanted,
-            } => write!(
-                f,
-                "memory file {} is {actual} bytes but --memory-size asks for {wanted}; \
-                 pass --memory-size {actual} or remove the file",
-                path.display()
-            ),
-            DevmemError::Resize(p, e) => {
-                write!(f, "cannot size memory file {}: {e}", p.display())
-            }
-            DevmemError::Map(p, e) => write!(f, "cannot map memory file {}: {e}", p.display()),
-            DevmemError::Refused(e) => write!(f, "{e}"),
-            DevmemError::BadSize(s) => write!(
-                f,
-                "memory size {s} must be a non-zero multiple of 2 MiB (the guest maps it in 2 MiB sections)"
-            ),
-        }
-    }
+/// Why a sized file cannot be mapped as device memory.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error("{0}")]
+    Stat(io::Error),
+    #[error("{0} bytes do not fit this host's address space")]
+    TooLarge(u64),
+    #[error("{0}")]
+    Mmap(vm_memory::mmap::MmapRegionError),
+    #[error(transparent)]
+    Sigbus(#[from] sigbus::TableFull),
 }
-
-impl std::error::Error for DevmemError {}
 
 /// The device's own memory, mapped shared.
 pub struct DeviceMemory {
@@ -114,18 +111,22 @@ impl DeviceMemory {
         if size == 0 || !size.is_multiple_of(DEVMEM_ALIGN) {
             return Err(DevmemError::BadSize(size));
         }
-        let file =
-            files::open_private(path, "memory file", access.group).map_err(DevmemError::Refused)?;
+        let file = files::open_private(path, "memory file", access.group)?;
         if access.lock {
-            files::lock_exclusive(&file, path, "memory file").map_err(DevmemError::Refused)?;
+            files::lock_exclusive(&file, path, "memory file")?;
         }
         let actual = file
             .metadata()
-            .map_err(|e| DevmemError::Open(path.to_owned(), e))?
+            .map_err(|source| DevmemError::Open {
+                path: path.to_owned(),
+                source,
+            })?
             .len();
         if actual == 0 {
-            file.set_len(size)
-                .map_err(|e| DevmemError::Resize(path.to_owned(), e))?;
+            file.set_len(size).map_err(|source| DevmemError::Resize {
+                path: path.to_owned(),
+                source,
+            })?;
         } else if actual != size {
             return Err(DevmemError::WrongSize {
                 path: path.to_owned(),
@@ -133,17 +134,20 @@ impl DeviceMemory {
                 wanted: size,
             });
         }
-        files::allocate(&file, size, path, "memory file").map_err(DevmemError::Refused)?;
-        Self::from_file(file, size).map_err(|e| DevmemError::Map(path.to_owned(), e))
+        files::allocate(&file, size, path, "memory file")?;
+        Self::from_file(file, size).map_err(|source| DevmemError::Map {
+            path: path.to_owned(),
+            source,
+        })
     }
 
     /// Maps an already sized file (for example a memfd in tests).
-    pub fn from_file(file: File, size: u64) -> Result<DeviceMemory, String> {
-        let id = FileId::of(&file).map_err(|e| e.to_string())?;
-        let len = usize::try_from(size).map_err(|e| e.to_string())?;
+    pub fn from_file(file: File, size: u64) -> Result<DeviceMemory, MapError> {
+        let id = FileId::of(&file).map_err(MapError::Stat)?;
+        let len = usize::try_from(size).map_err(|_| MapError::TooLarge(size))?;
         let fd = file.as_raw_fd();
         let region =
-            MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(|e| e.to_string())?;
+            MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(MapError::Mmap)?;
         let guard = sigbus::register(region.as_ptr(), len, fd)?;
         Ok(DeviceMemory {
             _sigbus: guard,

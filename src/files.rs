@@ -5,7 +5,71 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why one of the daemon's files cannot be used. `what` names the file ("memory file").
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{what} {} is a symbolic link; refusing to follow it (name the file itself)", .path.display())]
+    Link { what: &'static str, path: PathBuf },
+    #[error("cannot open {what} {}: {source}", .path.display())]
+    Open {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot stat {what} {}: {source}", .path.display())]
+    Stat {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {} is not a regular file; refusing to use it", .path.display())]
+    NotRegular { what: &'static str, path: PathBuf },
+    #[error(
+        "{what} {} belongs to uid {uid}, not to this daemon's user (uid {me}); refusing to use it",
+        .path.display()
+    )]
+    Stranger {
+        what: &'static str,
+        path: PathBuf,
+        uid: u32,
+        me: u32,
+    },
+    #[error("cannot give {what} {} to group {gid}: {source}", .path.display())]
+    Group {
+        what: &'static str,
+        path: PathBuf,
+        gid: libc::gid_t,
+        source: std::io::Error,
+    },
+    #[error("cannot set the mode of {what} {}: {source}", .path.display())]
+    Mode {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} size {len} too large")]
+    TooLarge { what: &'static str, len: u64 },
+    #[error("cannot allocate {len} bytes for {what} {}: {source}", .path.display())]
+    Allocate {
+        what: &'static str,
+        path: PathBuf,
+        len: u64,
+        source: std::io::Error,
+    },
+    #[error(
+        "{what} {} is locked by another running cxl-accel: two daemons must not share one device",
+        .path.display()
+    )]
+    Locked { what: &'static str, path: PathBuf },
+    #[error("cannot lock {what} {}: {source}", .path.display())]
+    Lock {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
 
 /// Who besides the daemon's user may open a file: nobody (mode 0600), or the members of
 /// one group (0660; `--socket-group`, for a QEMU running as another user).
@@ -22,7 +86,7 @@ fn mode(group: Group) -> u32 {
 /// Opens `path` read-write, creating it when missing. `what` names it in errors ("memory
 /// file"). A symbolic link, anything but a regular file, or a file of another user is
 /// refused; an existing file gets the mode (and group) it would have been created with.
-pub fn open_private(path: &Path, what: &str, group: Group) -> Result<File, String> {
+pub fn open_private(path: &Path, what: &'static str, group: Group) -> Result<File, FileError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -32,49 +96,57 @@ pub fn open_private(path: &Path, what: &str, group: Group) -> Result<File, Strin
         // O_NONBLOCK: a FIFO put in our way must not block the open; it is refused below.
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => format!(
-                "{what} {} is a symbolic link; refusing to follow it (name the file itself)",
-                path.display()
-            ),
-            _ => format!("cannot open {what} {}: {e}", path.display()),
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP) => FileError::Link {
+                what,
+                path: path.into(),
+            },
+            _ => FileError::Open {
+                what,
+                path: path.into(),
+                source,
+            },
         })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
+    let meta = file.metadata().map_err(|source| FileError::Stat {
+        what,
+        path: path.into(),
+        source,
+    })?;
     if !meta.file_type().is_file() {
-        return Err(format!(
-            "{what} {} is not a regular file; refusing to use it",
-            path.display()
-        ));
+        return Err(FileError::NotRegular {
+            what,
+            path: path.into(),
+        });
     }
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
-        return Err(format!(
-            "{what} {} belongs to uid {}, not to this daemon's user (uid {me}); refusing to use it",
-            path.display(),
-            meta.uid()
-        ));
+        return Err(FileError::Stranger {
+            what,
+            path: path.into(),
+            uid: meta.uid(),
+            me,
+        });
     }
     if let Some(gid) = group.filter(|&g| g != meta.gid()) {
         // SAFETY: fchown on a descriptor we own; -1 leaves the owner as it is.
         if unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) } != 0 {
-            return Err(format!(
-                "cannot give {what} {} to group {gid}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
+            return Err(FileError::Group {
+                what,
+                path: path.into(),
+                gid,
+                source: std::io::Error::last_os_error(),
+            });
         }
     }
     if meta.mode() & 0o7777 != mode(group) {
         // SAFETY: fchmod on a descriptor we own.
         if unsafe { libc::fchmod(file.as_raw_fd(), mode(group)) } != 0 {
-            return Err(format!(
-                "cannot set the mode of {what} {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
+            return Err(FileError::Mode {
+                what,
+                path: path.into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
     }
     Ok(file)
@@ -82,16 +154,17 @@ pub fn open_private(path: &Path, what: &str, group: Group) -> Result<File, Strin
 
 /// Gives the first `len` bytes of `file` real storage, so that a full file system (tmpfs)
 /// is an error here and not a SIGBUS at the first write to a page.
-pub fn allocate(file: &File, len: u64, path: &Path, what: &str) -> Result<(), String> {
-    let len = libc::off_t::try_from(len).map_err(|_| format!("{what} size {len} too large"))?;
+pub fn allocate(file: &File, len: u64, path: &Path, what: &'static str) -> Result<(), FileError> {
+    let off = libc::off_t::try_from(len).map_err(|_| FileError::TooLarge { what, len })?;
     // SAFETY: posix_fallocate on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, off) };
     if rc != 0 {
-        return Err(format!(
-            "cannot allocate {len} bytes for {what} {}: {}",
-            path.display(),
-            std::io::Error::from_raw_os_error(rc)
-        ));
+        return Err(FileError::Allocate {
+            what,
+            path: path.into(),
+            len,
+            source: std::io::Error::from_raw_os_error(rc),
+        });
     }
     Ok(())
 }
@@ -99,21 +172,18 @@ pub fn allocate(file: &File, len: u64, path: &Path, what: &str) -> Result<(), St
 /// Takes the "a daemon owns this" lock on `file`; it lasts while the open file lives.
 /// Only the daemon's user (and the group it names) can open the file, so nobody else can
 /// hold the lock.
-pub fn lock_exclusive(file: &File, path: &Path, what: &str) -> Result<(), String> {
+pub fn lock_exclusive(file: &File, path: &Path, what: &'static str) -> Result<(), FileError> {
     // SAFETY: flock on a file descriptor we own; no memory is involved.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc == 0 {
         return Ok(());
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Err(format!(
-            "{what} {} is locked by another running cxl-accel: two daemons must not share \
-             one device",
-            path.display()
-        ));
+    let source = std::io::Error::last_os_error();
+    let path = path.into();
+    if source.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(FileError::Locked { what, path });
     }
-    Err(format!("cannot lock {what} {}: {err}", path.display()))
+    Err(FileError::Lock { what, path, source })
 }
 
 #[cfg(test)]
@@ -134,9 +204,13 @@ mod tests {
         assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
         let link = dir.join("link");
         std::os::unix::fs::symlink(&f, &link).unwrap();
-        let e = open_private(&link, "test file", None).unwrap_err();
+        let e = open_private(&link, "test file", None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("symbolic link"), "{e}");
-        let e = open_private(&dir, "test file", None).unwrap_err();
+        let e = open_private(&dir, "test file", None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("cannot open") || e.contains("not a regular"),
             "{e}"
@@ -144,7 +218,9 @@ mod tests {
         // One lock per open file: a second open of the same file cannot take it.
         lock_exclusive(&file, &f, "test file").unwrap();
         let again = open_private(&f, "test file", None).unwrap();
-        let e = lock_exclusive(&again, &f, "test file").unwrap_err();
+        let e = lock_exclusive(&again, &f, "test file")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("locked by another running cxl-accel"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

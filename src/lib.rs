@@ -1,15 +1,26 @@
 //! cxl-accel: an emulated CXL Type-2 style accelerator for QEMU guests.
 //!
-//! Layout: [`protocol`] is the wire format; [`device`] (with [`devmem`], [`allocator`],
-//! [`command`], [`engine`], [`dispatch`]) is the transport-independent device model;
-//! [`backend`] adapts it to vhost-user; [`server`] runs the socket; [`cli`] is the command line.
+//! Module map:
+//! - wire format: [`protocol`].
+//! - device model, transport-independent: [`device`] (with [`devmem`], [`allocator`],
+//!   [`command`], [`engine`], [`dispatch`]) and the crash-safe [`state`] file (counters and
+//!   the allocator's log).
+//! - ring layer, no vhost-user type: [`ring`] turns descriptor chains into requests and
+//!   answers into used entries, with its journal ([`ring::journal`]); the backend and the
+//!   `chain` fuzz target both use it. [`resume`] takes rings over after a crash.
+//! - vhost-user transport: [`backend`] (the adapter), [`announcer`] (the backend-channel
+//!   thread), [`server`] (the socket).
+//! - host side: [`files`], [`sigbus`], [`sandbox`], [`supervisor`] and [`workers`]
+//!   (`--supervise`), [`cli`] (the command line).
+//!
+//! Each module has its own error enum; `main.rs` prints any of them as one line.
 
 pub mod allocator;
+pub mod announcer;
 pub mod backend;
 pub mod cli;
 pub mod command;
 pub mod control;
-pub mod crc32c;
 pub mod ctl;
 pub mod device;
 pub mod devmem;
@@ -19,6 +30,8 @@ pub mod faults;
 pub mod files;
 pub mod metrics;
 pub mod protocol;
+pub mod resume;
+pub mod ring;
 pub mod sandbox;
 pub mod server;
 pub mod sigbus;

@@ -57,12 +57,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn fail(msg: &str) -> ExitCode {
-    eprintln!("cxl-accel: {msg}");
+fn fail(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("cxl-accel: {e}");
     ExitCode::FAILURE
 }
 
-fn run(args: Args) -> Result<(), String> {
+/// The daemon's own errors; every module's error is boxed with them and printed as one line.
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("cannot start DMA engines: {0}")]
+    Engines(std::io::Error),
+    #[error("cannot block termination signals")]
+    BlockSignals,
+    #[error("cannot start signal thread: {0}")]
+    SignalThread(std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn run(args: Args) -> Result<()> {
     cxl_accel::sandbox::prepare(args.seccomp);
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
@@ -83,8 +96,7 @@ fn run(args: Args) -> Result<(), String> {
         lock: !worker,
         group: args.socket_group,
     };
-    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
-        .map_err(|e| e.to_string())?;
+    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
     let (state, restored) =
         StateFile::open(&args.state_path(), devmem.id(), devmem.size(), !worker)?;
     log::info!("state {}: {}", args.state_path().display(), restored.note);
@@ -96,10 +108,7 @@ fn run(args: Args) -> Result<(), String> {
         ..Default::default()
     };
     let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
-    let dispatcher = Arc::new(
-        Dispatcher::new(args.dma_threads as usize)
-            .map_err(|e| format!("cannot start DMA engines: {e}"))?,
-    );
+    let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
     let mut listener = match (args.worker_fd, args.socket_mode) {
         // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
         (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
@@ -150,8 +159,7 @@ fn run(args: Args) -> Result<(), String> {
         args.queue_size,
         sessions,
         args.resume,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     if worker && end == server::SessionEnd::Refused {
         // Tells the supervisor to end the front-end's session rather than replay to a new
         // worker the message this one refused.
@@ -161,7 +169,7 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
-fn supervise(args: Args) -> Result<(), String> {
+fn supervise(args: Args) -> Result<()> {
     cxl_accel::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
@@ -179,8 +187,7 @@ fn supervise(args: Args) -> Result<(), String> {
         lock: true,
         group: args.socket_group,
     };
-    let _devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)
-        .map_err(|e| e.to_string())?;
+    let _devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
     let _lock = cxl_accel::state::lock(&args.state_path())?;
     let front = match args.socket_mode {
         SocketMode::Server => supervisor::FrontEnd::Listen(match args.fd {
@@ -204,15 +211,12 @@ fn supervise(args: Args) -> Result<(), String> {
         .skip(1)
         .filter(|a| a != "--supervise")
         .collect();
-    supervisor::run(
-        front,
-        supervisor::WorkerSpec {
-            args: worker_args,
-            worker_socket,
-            control,
-        },
-        args.seccomp,
-    )
+    let spec = supervisor::WorkerSpec {
+        args: worker_args,
+        worker_socket,
+        control,
+    };
+    Ok(supervisor::run(front, spec, args.seccomp)?)
 }
 
 mod signals {
@@ -227,7 +231,7 @@ mod signals {
 
     /// Blocks SIGTERM/SIGINT in every thread and exits cleanly from a dedicated one.
     /// Device memory lives in the shared file, so there is nothing else to save.
-    pub fn exit_on_termination(remove: Vec<&'static CStr>) -> Result<(), String> {
+    pub fn exit_on_termination(remove: Vec<&'static CStr>) -> Result<(), super::Error> {
         // SAFETY: sigset_t is plain data; the libc calls only fill and apply it, and this
         // runs before the worker threads that inherit the mask are created.
         let set = unsafe {
@@ -236,7 +240,7 @@ mod signals {
             libc::sigaddset(&mut set, libc::SIGTERM);
             libc::sigaddset(&mut set, libc::SIGINT);
             if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-                return Err("cannot block termination signals".into());
+                return Err(super::Error::BlockSignals);
             }
             set
         };
@@ -279,13 +283,13 @@ mod signals {
                     }
                 }
                 // Shared-memory attach: the guest stops seeing memory of a device that is gone.
-                cxl_accel::backend::unmap_before_exit();
+                cxl_accel::announcer::unmap_before_exit();
                 for s in remove {
                     cxl_accel::sandbox::remove(s);
                 }
                 std::process::exit(0);
             })
-            .map_err(|e| format!("cannot start signal thread: {e}"))?;
+            .map_err(super::Error::SignalThread)?;
         Ok(())
     }
 }

@@ -138,18 +138,31 @@ pub fn remove(path: &'static CStr) {
     unsafe { libc::syscall(libc::SYS_unlink, path.as_ptr()) };
 }
 
-fn cond(arg: u8, len: Len, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
+/// Why a seccomp filter cannot be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("seccomp: {0}")]
+    Rule(#[from] seccompiler::BackendError),
+    #[error("seccomp: unsupported architecture: {0:?}")]
+    Arch(seccompiler::BackendError),
+    #[error("seccomp: {0}")]
+    Install(#[from] seccompiler::Error),
+    #[error("seccomp: cannot install the SIGSYS handler")]
+    Handler,
 }
 
-fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
-    SeccompRule::new(conds).map_err(|e| format!("seccomp: {e}"))
+fn cond(arg: u8, len: Len, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
+    Ok(SeccompCondition::new(arg, len, op, value)?)
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SandboxError> {
+    Ok(SeccompRule::new(conds)?)
 }
 
 /// The calls allowed only with some arguments.
-fn narrowed(profile: Profile) -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
+fn narrowed(profile: Profile) -> Result<Vec<(i64, Vec<SeccompRule>)>, SandboxError> {
     use SeccompCmpOp::{Eq, MaskedEq};
-    let no_exec = || -> Result<Vec<SeccompRule>, String> {
+    let no_exec = || -> Result<Vec<SeccompRule>, SandboxError> {
         Ok(vec![rule(vec![cond(
             2,
             Len::Dword,
@@ -210,19 +223,15 @@ fn compile(
     rules: BTreeMap<i64, Vec<SeccompRule>>,
     mismatch: SeccompAction,
     matched: SeccompAction,
-) -> Result<BpfProgram, String> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| format!("seccomp: unsupported architecture: {e:?}"))?;
-    let filter =
-        SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| format!("seccomp: {e}"))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))
+) -> Result<BpfProgram, SandboxError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(SandboxError::Arch)?;
+    let filter = SeccompFilter::new(rules, mismatch, matched, arch)?;
+    Ok(filter.try_into()?)
 }
 
 /// The filters for `profile`: the allow list, and one that answers `clone3` with ENOSYS
 /// (a filter takes the strictest answer of all that are installed).
-fn programs(mode: Mode, profile: Profile) -> Result<Vec<BpfProgram>, String> {
+fn programs(mode: Mode, profile: Profile) -> Result<Vec<BpfProgram>, SandboxError> {
     let own = if profile.relay { RELAY } else { ALLOWED };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = COMMON
         .iter()
@@ -268,7 +277,7 @@ pub enum Scope {
 }
 
 /// Installs the filters for `profile` on the threads of `scope`.
-pub fn apply(mode: Mode, profile: Profile, scope: Scope) -> Result<(), String> {
+pub fn apply(mode: Mode, profile: Profile, scope: Scope) -> Result<(), SandboxError> {
     if mode == Mode::Off {
         return Ok(());
     }
@@ -278,8 +287,7 @@ pub fn apply(mode: Mode, profile: Profile, scope: Scope) -> Result<(), String> {
         match scope {
             Scope::Process => seccompiler::apply_filter_all_threads(p),
             Scope::ThisThread => seccompiler::apply_filter(p),
-        }
-        .map_err(|e| format!("seccomp: {e}"))?;
+        }?;
     }
     Ok(())
 }
@@ -309,9 +317,9 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     }
 }
 
-fn install_sigsys_reporter() -> Result<(), String> {
+fn install_sigsys_reporter() -> Result<(), SandboxError> {
     if !install_handler(libc::SIGSYS, on_sigsys) {
-        return Err("seccomp: cannot install the SIGSYS handler".into());
+        return Err(SandboxError::Handler);
     }
     Ok(())
 }
@@ -424,14 +432,16 @@ mod tests {
             connects: false,
             relay: true,
         };
-        // SAFETY (all calls below): plain system calls on constants or our own stack.
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let inet = || unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0).min(0) + 1 };
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let unix = || unsafe { (libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0) as i32 };
         assert_eq!(verdict(client, inet), REFUSED);
         assert_eq!(verdict(client, unix), 0);
         assert_eq!(verdict(daemon, unix), REFUSED);
         let exec = || (map(libc::PROT_READ | libc::PROT_EXEC) == libc::MAP_FAILED) as i32;
         let data = || (map(libc::PROT_READ | libc::PROT_WRITE) == libc::MAP_FAILED) as i32;
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let to_exec = || unsafe {
             libc::mprotect(
                 map(libc::PROT_READ),
@@ -444,11 +454,13 @@ mod tests {
         assert_eq!(verdict(daemon, exec), REFUSED);
         assert_eq!(verdict(daemon, to_exec), REFUSED);
         assert_eq!(verdict(daemon, data), 0);
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let nonblocking = || unsafe {
             let mut on: libc::c_int = 1;
             libc::ioctl(0, libc::FIONBIO, &mut on);
             0
         };
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let other_ioctl = || unsafe {
             let mut ws: libc::winsize = std::mem::zeroed();
             libc::ioctl(0, libc::TIOCGWINSZ, &mut ws);
@@ -457,25 +469,31 @@ mod tests {
         assert_eq!(verdict(daemon, nonblocking), 0);
         assert_eq!(verdict(daemon, other_ioctl), REFUSED);
         // A process (fork) is refused; clone3 answers ENOSYS so glibc uses clone.
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let fork = || unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) as i32 };
         assert_eq!(verdict(daemon, fork), REFUSED);
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let clone3 = || unsafe {
             let r = libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize);
             (r != -1 || *libc::__errno_location() != libc::ENOSYS) as i32
         };
         assert_eq!(verdict(daemon, clone3), 0);
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let unlink =
             || unsafe { libc::syscall(libc::SYS_unlink, c"/nonexistent".as_ptr()) as i32 + 1 };
         assert_eq!(verdict(daemon, unlink), REFUSED);
         // The relay: no event loop, no files, its worker's exit only through a pidfd.
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let epoll = || unsafe { libc::epoll_create1(0).min(0) + 1 };
         assert_eq!(verdict(relay, epoll), REFUSED);
         assert_eq!(verdict(relay, unix), REFUSED);
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let wait_pid = || unsafe {
             let mut i: libc::siginfo_t = std::mem::zeroed();
             libc::waitid(libc::P_PID, 1, &mut i, libc::WEXITED | libc::WNOHANG);
             0
         };
+        // SAFETY: a plain system call on constants or our own stack, as the test intends.
         let wait_pidfd = || unsafe {
             let mut i: libc::siginfo_t = std::mem::zeroed();
             libc::waitid(libc::P_PIDFD, 1000, &mut i, libc::WEXITED | libc::WNOHANG);

@@ -18,14 +18,56 @@ use crate::device::Device;
 use crate::dispatch::Dispatcher;
 use crate::files::Group;
 
+/// Why the socket cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot check {}: {source}", .path.display())]
+    Check { path: PathBuf, source: io::Error },
+    #[error(
+        "{} exists and is not a socket; refusing to replace it (choose another socket path)",
+        .0.display()
+    )]
+    NotSocket(PathBuf),
+    #[error(
+        "socket {} is in use by a running process; stop it or choose another --socket-path",
+        .0.display()
+    )]
+    InUse(PathBuf),
+    #[error("cannot remove stale socket {}: {source}", .path.display())]
+    RemoveStale { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot tell whether socket {} is in use ({source}); refusing to replace it",
+        .path.display()
+    )]
+    Unknown { path: PathBuf, source: io::Error },
+    #[error("cannot listen on {}: {source}", .path.display())]
+    Listen { path: PathBuf, source: io::Error },
+    #[error("cannot give the socket to group {gid}: {source}")]
+    Group { gid: libc::gid_t, source: io::Error },
+    /// What could not be done ("set the socket's mode"), and why.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, io::Error),
+    #[error("cannot {0}: {1}")]
+    Session(&'static str, vhost_user_backend::Error),
+    #[error("socket path is not UTF-8")]
+    NotUtf8,
+}
+
+fn listen_error(path: &Path, source: io::Error) -> ServerError {
+    ServerError::Listen {
+        path: path.into(),
+        source,
+    }
+}
+
 /// Binds the socket, refusing to steal one that a live daemon serves; private to the
 /// daemon's user (0600), or to it and `group` (0660).
-pub fn bind(path: &Path, group: Group) -> Result<Listener, String> {
+pub fn bind(path: &Path, group: Group) -> Result<Listener, ServerError> {
     bind_std(path, group).map(Listener::from)
 }
 
 /// [`bind`], as a plain listener.
-pub fn bind_std(path: &Path, group: Group) -> Result<UnixListener, String> {
+pub fn bind_std(path: &Path, group: Group) -> Result<UnixListener, ServerError> {
     remove_stale(path)?;
     // Made and given its mode in a directory only we can enter, then moved into place:
     // nobody can connect before the mode is right.
@@ -42,37 +84,38 @@ pub fn bind_std(path: &Path, group: Group) -> Result<UnixListener, String> {
 
 /// Removes a socket left by a crashed daemon. Anything else at `path` (a file, a link, a
 /// socket a process serves) is an error: a mistyped path must not destroy a user's file.
-fn remove_stale(path: &Path) -> Result<(), String> {
+fn remove_stale(path: &Path) -> Result<(), ServerError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("cannot check {}: {e}", path.display())),
+        Err(source) => {
+            return Err(ServerError::Check {
+                path: path.into(),
+                source,
+            })
+        }
     };
     if !meta.file_type().is_socket() {
-        return Err(format!(
-            "{} exists and is not a socket; refusing to replace it (choose another socket path)",
-            path.display()
-        ));
+        return Err(ServerError::NotSocket(path.into()));
     }
     match UnixStream::connect(path) {
-        Ok(_) => Err(format!(
-            "socket {} is in use by a running process; stop it or choose another --socket-path",
-            path.display()
-        )),
+        Ok(_) => Err(ServerError::InUse(path.into())),
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
             log::info!("removing stale socket {}", path.display());
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))
+            std::fs::remove_file(path).map_err(|source| ServerError::RemoveStale {
+                path: path.into(),
+                source,
+            })
         }
-        Err(e) => Err(format!(
-            "cannot tell whether socket {} is in use ({e}); refusing to replace it",
-            path.display()
-        )),
+        Err(source) => Err(ServerError::Unknown {
+            path: path.into(),
+            source,
+        }),
     }
 }
 
 /// A new directory next to `path` that only the daemon's user can enter.
-fn private_dir(path: &Path) -> Result<PathBuf, String> {
+fn private_dir(path: &Path) -> Result<PathBuf, ServerError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -83,35 +126,30 @@ fn private_dir(path: &Path) -> Result<PathBuf, String> {
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(format!("cannot listen on {}: {e}", path.display()));
-            }
+            Err(e) => return Err(listen_error(path, e)),
         }
     }
-    Err(format!(
-        "cannot listen on {}: {}",
-        path.display(),
-        last.map_or_else(String::new, |e| e.to_string())
-    ))
+    let last = last.unwrap_or_else(|| io::ErrorKind::AlreadyExists.into());
+    Err(listen_error(path, last))
 }
 
-fn bind_in(made: &Path, path: &Path, group: Group) -> Result<UnixListener, String> {
-    let listener = UnixListener::bind(made)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+fn bind_in(made: &Path, path: &Path, group: Group) -> Result<UnixListener, ServerError> {
+    let listener = UnixListener::bind(made).map_err(|e| listen_error(path, e))?;
     if let Some(gid) = group {
         std::os::unix::fs::chown(made, None, Some(gid))
-            .map_err(|e| format!("cannot give the socket to group {gid}: {e}"))?;
+            .map_err(|source| ServerError::Group { gid, source })?;
     }
     let mode = if group.is_some() { 0o660 } else { 0o600 };
     std::fs::set_permissions(made, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot set the socket's mode: {e}"))?;
+        .map_err(|e| ServerError::Io("set the socket's mode", e))?;
     Ok(listener)
 }
 
-fn rename_no_replace(from: &Path, to: &Path) -> Result<(), String> {
+fn rename_no_replace(from: &Path, to: &Path) -> Result<(), ServerError> {
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
     let (Some(f), Some(t)) = (c(from), c(to)) else {
-        return Err(format!("cannot listen on {}: NUL in path", to.display()));
+        let nul = io::Error::new(io::ErrorKind::InvalidInput, "NUL in path");
+        return Err(listen_error(to, nul));
     };
     // SAFETY: renameat2 with two valid C strings; no memory is kept.
     let rc = unsafe {
@@ -124,11 +162,7 @@ fn rename_no_replace(from: &Path, to: &Path) -> Result<(), String> {
         )
     };
     if rc != 0 {
-        return Err(format!(
-            "cannot listen on {}: {}",
-            to.display(),
-            io::Error::last_os_error()
-        ));
+        return Err(listen_error(to, io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -148,7 +182,7 @@ pub fn serve(
     dispatcher: Arc<Dispatcher>,
     queue_size: u16,
     max_sessions: Option<usize>,
-) -> io::Result<()> {
+) -> Result<(), ServerError> {
     serve_endpoint(
         Endpoint::Listen(listener),
         device,
@@ -176,10 +210,11 @@ pub fn serve_endpoint(
     queue_size: u16,
     max_sessions: Option<usize>,
     resume: bool,
-) -> io::Result<SessionEnd> {
+) -> Result<SessionEnd, ServerError> {
     let mut sessions = 0;
     let mut end = SessionEnd::Disconnected;
-    let announcer = crate::backend::Announcer::start()?;
+    let announcer = crate::announcer::Announcer::start()
+        .map_err(|e| ServerError::Io("start the backend-channel thread", e))?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
         let backend = Arc::new(CxlBackend::with_resume(
@@ -194,11 +229,11 @@ pub fn serve_endpoint(
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
-        .map_err(|e| io::Error::other(format!("cannot create vhost-user daemon: {e}")))?;
+        .map_err(|e| ServerError::Session("create vhost-user daemon", e))?;
         match &mut endpoint {
             Endpoint::Listen(listener) => daemon
                 .start(listener)
-                .map_err(|e| io::Error::other(format!("cannot accept a connection: {e}")))?,
+                .map_err(|e| ServerError::Session("accept a connection", e))?,
             Endpoint::Connect(path) => connect(&mut daemon, path)?,
         }
         log::info!("front-end connected");
@@ -231,7 +266,7 @@ pub fn serve_endpoint(
 
 /// Connects to the front-end's socket, waiting for it to appear (QEMU restarting, or not
 /// started yet).
-fn connect<T>(daemon: &mut VhostUserDaemon<T>, path: &Path) -> io::Result<()>
+fn connect<T>(daemon: &mut VhostUserDaemon<T>, path: &Path) -> Result<(), ServerError>
 where
     T: vhost_user_backend::VhostUserBackend + Clone + 'static,
     T::Bitmap: vhost_user_backend::bitmap::BitmapReplace
@@ -241,9 +276,7 @@ where
         + Sync,
     T::Vring: Clone + Send + Sync,
 {
-    let p = path
-        .to_str()
-        .ok_or_else(|| io::Error::other("socket path is not UTF-8"))?;
+    let p = path.to_str().ok_or(ServerError::NotUtf8)?;
     let mut said = false;
     loop {
         match daemon.start_client(p) {

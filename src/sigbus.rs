@@ -64,9 +64,14 @@ impl Drop for Guard {
     }
 }
 
+/// Every slot for a mapping is taken.
+#[derive(Debug, thiserror::Error)]
+#[error("more than {SLOTS} memory regions in use")]
+pub struct TableFull;
+
 /// Registers `len` bytes mapped at `start` from the file `fd`: a fault there is
 /// recovered. Fails only when every slot is taken.
-pub fn register(start: *const u8, len: usize, fd: std::os::fd::RawFd) -> Result<Guard, String> {
+pub fn register(start: *const u8, len: usize, fd: std::os::fd::RawFd) -> Result<Guard, TableFull> {
     INSTALL.call_once(install);
     let page = page_size(fd);
     let _w = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,7 +79,7 @@ pub fn register(start: *const u8, len: usize, fd: std::os::fd::RawFd) -> Result<
         .iter()
         .position(|s| s.len.load(Ordering::Acquire) == 0)
     else {
-        return Err(format!("more than {SLOTS} memory regions in use"));
+        return Err(TableFull);
     };
     TABLE[i].start.store(start as usize, Ordering::Relaxed);
     TABLE[i].page.store(page, Ordering::Relaxed);

@@ -51,7 +51,17 @@ pub enum End {
     Died,
 }
 
-type Request = (bool, Sender<Result<Worker, String>>);
+/// Why a worker cannot be started.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("the launcher is gone")]
+    LauncherGone,
+    /// What could not be done ("start a worker"), and why.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, io::Error),
+}
+
+type Request = (bool, Sender<Result<Worker, WorkerError>>);
 
 /// The relay's handle on the launcher.
 pub struct Launcher {
@@ -71,12 +81,12 @@ pub fn launcher() -> (Launcher, Requests) {
 
 impl Launcher {
     /// Starts a worker (`resume`: it continues a connection an earlier worker served).
-    pub fn start_worker(&self, resume: bool) -> Result<Worker, String> {
+    pub fn start_worker(&self, resume: bool) -> Result<Worker, WorkerError> {
         let (reply, answer) = channel();
         self.tx
             .send((resume, reply))
-            .map_err(|_| "the launcher is gone")?;
-        answer.recv().map_err(|_| "the launcher is gone")?
+            .map_err(|_| WorkerError::LauncherGone)?;
+        answer.recv().map_err(|_| WorkerError::LauncherGone)?
     }
 }
 
@@ -89,12 +99,12 @@ impl Requests {
     }
 }
 
-fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, String> {
+fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, WorkerError> {
     // Queued in the listener's backlog; the worker accepts it as its front-end.
     let conn = UnixStream::connect(&spec.worker_socket)
-        .map_err(|e| format!("cannot connect to the worker socket: {e}"))?;
+        .map_err(|e| WorkerError::Io("connect to the worker socket", e))?;
     let fd = workers.as_raw_fd();
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find our executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| WorkerError::Io("find our executable", e))?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).arg("--worker-fd").arg(fd.to_string());
     let control = spec.control.as_ref().map(|l| l.as_raw_fd());
@@ -120,7 +130,7 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
     }
     let child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start a worker: {e}"))?;
+        .map_err(|e| WorkerError::Io("start a worker", e))?;
     let pid = child.id();
     // SAFETY: pidfd_open on our own child, not yet reaped (only its pidfd will reap it).
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
@@ -130,7 +140,7 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
-        return Err(format!("cannot watch the worker: {e}"));
+        return Err(WorkerError::Io("watch the worker", e));
     }
     // SAFETY: pidfd_open returned a new descriptor that nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::*;
+use crc32c::crc32c_append as crc32c;
 use cxl_accel::command::encode::*;
-use cxl_accel::crc32c::crc32c;
 use cxl_accel::protocol::*;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
+use crc32c::crc32c_append as crc32c;
 use cxl_accel::command::encode::*;
-use cxl_accel::crc32c::crc32c;
 use cxl_accel::protocol::*;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 

@@ -1,8 +1,8 @@
-//! Descriptor chains from a hostile driver, handled by the daemon's own code: a split
-//! virtqueue in a small guest memory, chains taken with `virtio_queue::Queue`, each turned
-//! into a request by `ChainRequest::parse`, executed by the device model, answered over its
-//! writable descriptors by `write_out` and returned with `add_used`, in the order and with
-//! the checks of `process_commands`, `complete` and `publish` in src/backend.rs.
+//! Descriptor chains from a hostile driver, handled by the daemon's own ring layer
+//! (src/ring/): a split virtqueue in a small guest memory, chains taken and journaled by
+//! `ring::take`, executed and answered by `ring::answer`, returned by `ring::publish`, and
+//! the queue looked at again as `ring::Rearm` says, as the daemon's `process_commands` does
+//! (there on the DMA engines, here one chain at a time).
 //!
 //! Input: a 16-byte header, then an image copied into guest memory at GPA 0 and again at
 //! `HIGH` (everything else is zero):
@@ -23,19 +23,17 @@
 //! anywhere, loop, chain into indirect tables, or name heads outside the ring.
 #![no_main]
 
-#[path = "memfd.rs"]
-mod memfd;
+#[path = "world.rs"]
+mod world;
 
-use memfd::memfd;
 use std::sync::OnceLock;
+use world::World;
 
-use cxl_accel::backend::{chain_error_reply, write_out, ChainRequest};
-use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
-use cxl_accel::protocol::{CmdHdr, Resp, Status, EVENT_ERROR, MAX_REQUEST, OP_RESET, QUEUE_CMD};
-use cxl_accel::state::Origin;
+use cxl_accel::protocol::{CmdHdr, Status, MAX_REQUEST, OP_RESET};
+use cxl_accel::ring::{self, ChainRequest};
 use libfuzzer_sys::fuzz_target;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use std::sync::atomic::AtomicBool;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 /// Guest RAM: two adjacent 64 KiB regions at 0 (rings and buffers may straddle them) and
@@ -51,25 +49,15 @@ const MAX_QUEUE_SIZE: u16 = 32768;
 const MAX_CHAINS: usize = 64;
 const HEADER: usize = 16;
 
-struct World {
-    device: Device,
-    mem: GuestMemoryMmap,
-}
-
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let dm = DeviceMemory::from_file(memfd(DEVMEM), DEVMEM).unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[
             (GuestAddress(0), REGION),
             (GuestAddress(REGION as u64), REGION),
             (GuestAddress(HIGH), REGION),
-        ])
-        .unwrap();
-        World {
-            device: Device::new(DeviceConfig::default(), dm),
-            mem,
-        }
+        ]);
+        World::new(DEVMEM, mem.unwrap())
     })
 }
 
@@ -96,45 +84,23 @@ fn reset(w: &World, image: &[u8]) {
     assert_eq!(reply.resp.status, Status::Ok as u32);
 }
 
-/// What `complete` in src/backend.rs does with a request before it returns the chain:
-/// execute it only when the response can be delivered, then write the reply. Returns the
-/// bytes written.
-fn complete(w: &World, req: &ChainRequest, origin: Origin) -> u32 {
-    let (device, mem) = (&w.device, &w.mem);
+/// What the fuzzer checks of each answer, beyond "no panic".
+fn check(req: &ChainRequest, answer: &ring::Answer) {
     assert!(req.bytes.len() <= MAX_REQUEST as usize);
-    let room: u64 = req.writable.iter().map(|&(_, l)| l as u64).sum();
-    let resp_len = std::mem::size_of::<Resp>() as u64;
-    let answerable = room >= resp_len
-        && req
-            .writable
-            .iter()
-            .all(|&(a, l)| mem.check_range(GuestAddress(a), l as usize));
-    if !answerable {
-        let (opcode, _) = Device::request_opcode_flags(&req.bytes);
-        device.reject(format_args!("no usable response buffer"));
-        device.post_event(EVENT_ERROR, opcode as u64, Status::BadChain as u64);
-        return 0;
-    }
-    let mut reply = match req.error {
-        None => device.execute_from(mem, &req.bytes, Some(origin)),
-        Some(status) => {
-            assert_ne!(status, Status::Ok);
-            chain_error_reply(status, &req.bytes)
-        }
+    let Some(reply) = &answer.reply else {
+        assert_eq!(answer.written, 0);
+        return;
     };
     let status = Status::from_u32(reply.resp.status).expect("a known status");
     if req.error.is_some() {
         assert_ne!(status, Status::Ok, "a malformed chain was answered OK");
     }
-    if room < resp_len + reply.payload.len() as u64 {
-        reply.payload.clear();
-        reply.resp.status = Status::BadChain as u32;
-    }
-    let data = reply.bytes();
-    let written = write_out(mem, &req.writable, &data);
     // Every writable range was checked and there is room: the whole reply arrives.
-    assert_eq!(written as usize, data.len(), "reply cut short");
-    written
+    assert_eq!(
+        answer.written as usize,
+        reply.bytes().len(),
+        "reply cut short"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -169,11 +135,9 @@ fuzz_target!(|data: &[u8]| {
     queue.set_event_idx(flags & 1 != 0);
     queue.set_ready(true);
 
-    let (mem, journal) = (&w.mem, w.device.state());
-    let size = queue.size();
-    let (mut taken, mut idle) = (0, 0);
-    // process_commands: take chains until the ring is empty and stays empty once
-    // notifications are enabled again, or until passes keep finding nothing.
+    let (mem, journal) = (&w.mem, w.device.state().journal());
+    let never = AtomicBool::new(false);
+    let (mut taken, mut rearm) = (0, ring::Rearm::default());
     'kicks: loop {
         let _ = queue.disable_notification(mem);
         let taken_before = taken;
@@ -181,47 +145,26 @@ fuzz_target!(|data: &[u8]| {
             if taken == MAX_CHAINS {
                 break 'kicks;
             }
-            let pos = queue.next_avail();
             // One chain at a time: a reply written over the ring (legal for a hostile
             // driver's buffers) is seen by the next chain, as with the daemon's engines.
-            let chain = match queue.iter(mem) {
-                Ok(mut it) => it.next(),
+            let mut got = None;
+            match ring::take(&mut queue, mem, journal, 1, |req, origin| {
+                got = Some((req, origin))
+            }) {
+                Ok(_) => {}
                 Err(_) => break 'kicks,
-            };
-            let Some(chain) = chain else { break };
+            }
+            let Some((req, origin)) = got else { break };
             taken += 1;
-            let req = ChainRequest::parse(&chain, mem);
-            let origin = Origin {
-                head: req.head,
-                nonce: journal.next_nonce(),
-            };
-            journal.begin(
-                QUEUE_CMD,
-                req.head,
-                size,
-                pos,
-                origin.nonce,
-                req.tag(),
-                req.writable.first().copied().unwrap_or((0, 0)),
-            );
-            let written = complete(w, &req, origin);
-            // publish
-            let slot = queue.next_used();
-            journal.completing(req.head, slot, written);
-            let ok = queue.add_used(mem, req.head, written).is_ok();
-            journal.release(req.head);
-            if ok && queue.event_idx_enabled() {
-                let _ = queue.needs_notification(mem);
+            let answer = ring::answer(&w.device, mem, &req, origin, &never);
+            check(&req, &answer);
+            if ring::publish(&mut queue, mem, journal, req.head, answer.written) {
+                let event_idx = queue.event_idx_enabled();
+                ring::needs_signal(&mut queue, mem, event_idx);
             }
         }
-        match queue.enable_notification(mem) {
-            Ok(true) => {
-                idle = if taken == taken_before { idle + 1 } else { 0 };
-                if idle < 2 {
-                    continue;
-                }
-                break;
-            }
+        match rearm.after_pass(&mut queue, mem, taken - taken_before) {
+            Ok(true) => continue,
             _ => break,
         }
     }

@@ -2,14 +2,12 @@
 //! memories: a status for everything, no panic, and failed commands change nothing.
 #![no_main]
 
-#[path = "memfd.rs"]
-mod memfd;
+#[path = "world.rs"]
+mod world;
 
-use memfd::memfd;
 use std::sync::OnceLock;
+use world::{memfd, World};
 
-use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
 use cxl_accel::protocol::Status;
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
@@ -17,27 +15,17 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMma
 const RAM: u64 = 64 << 10;
 const DEVMEM: u64 = 64 << 10;
 
-struct World {
-    device: Device,
-    mem: GuestMemoryMmap,
-}
-
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let dm = DeviceMemory::from_file(memfd(DEVMEM), DEVMEM).unwrap();
         let regions = [0u64, 0x1_0000_0000]
             .into_iter()
             .map(|gpa| {
-                let r =
-                    MmapRegion::from_file(FileOffset::new(memfd(RAM), 0), RAM as usize).unwrap();
-                GuestRegionMmap::new(r, GuestAddress(gpa)).unwrap()
+                let r = MmapRegion::from_file(FileOffset::new(memfd(RAM), 0), RAM as usize);
+                GuestRegionMmap::new(r.unwrap(), GuestAddress(gpa)).unwrap()
             })
             .collect();
-        World {
-            device: Device::new(DeviceConfig::default(), dm),
-            mem: GuestMemoryMmap::from_regions(regions).unwrap(),
-        }
+        World::new(DEVMEM, GuestMemoryMmap::from_regions(regions).unwrap())
     })
 }
 

@@ -1,0 +1,340 @@
+//! The ring journal, in the state file: where each ring stood and which requests were
+//! taken from the command queue but not yet returned, with what is known of their
+//! outcome. A daemon that replaces a dead one reads it to carry on (see `crate::resume`).
+
+use std::sync::atomic::Ordering;
+
+use crate::protocol::{Resp, Status};
+use crate::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
+
+/// Largest queue the journal can describe (the virtio maximum).
+pub const MAX_QUEUE: usize = 32768;
+
+// Layout, in 8-byte words from the journal's start: a block of words per ring, then an
+// entry per descriptor head.
+const QUEUE_WORDS: usize = 16;
+const QUEUES: usize = 0;
+const Q_VALID: usize = 0;
+const Q_NEXT_AVAIL: usize = 1;
+const Q_DESC: usize = 2;
+const Q_AVAIL: usize = 3;
+const Q_USED: usize = 4;
+const Q_SIZE: usize = 5;
+const INFLIGHT: usize = 384;
+const ENTRY_WORDS: usize = 8;
+const E_STATE: usize = 0;
+const E_NONCE: usize = 1;
+const E_TAG: usize = 2;
+const E_RESP_GPA: usize = 3;
+/// resp_len (32 bits) | avail position << 32 | used slot << 48
+const E_PACKED: usize = 4;
+/// ANSWERED: status | detail << 32, result0, result1. COMPLETING: bytes written.
+const E_RESP: usize = 5;
+/// The journal's length in words.
+pub(crate) const WORDS: usize = INFLIGHT + MAX_QUEUE * ENTRY_WORDS;
+
+/// Journal entry states.
+const FREE: u64 = 0;
+/// Taken from the ring; outcome unknown.
+const RUNNING: u64 = 1;
+/// A state-changing command took effect; its response is recorded.
+const ANSWERED: u64 = 2;
+/// The response is in guest memory; the used-ring entry is being published.
+const COMPLETING: u64 = 3;
+
+/// The request a command came from, so a state change and its answer are logged together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub head: u16,
+    pub nonce: u64,
+}
+
+/// Ring addresses a journal belongs to: a restored journal is used only for the same ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingId {
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    pub size: u16,
+}
+
+/// A request that was taken from the command queue and not returned when the previous
+/// daemon died.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub head: u16,
+    pub tag: u64,
+    pub resp_gpa: u64,
+    pub resp_len: u32,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing is known: answer INTERRUPTED.
+    Unknown,
+    /// The command took effect with this response.
+    Answered(Resp),
+    /// The response is in guest memory (this many bytes); publish it unless already done.
+    Completing { used_slot: u16, written: u32 },
+}
+
+/// The journal part of a state file.
+#[derive(Clone, Copy)]
+pub struct Journal<'a> {
+    file: &'a StateFile,
+}
+
+impl StateFile {
+    pub fn journal(&self) -> Journal<'_> {
+        Journal { file: self }
+    }
+}
+
+impl Journal<'_> {
+    fn load(&self, i: usize) -> u64 {
+        self.file.load(i)
+    }
+
+    fn store(&self, i: usize, v: u64) {
+        self.file.store(i, v)
+    }
+
+    fn queue_word(q: usize, w: usize) -> usize {
+        JOURNAL + QUEUES + q * QUEUE_WORDS + w
+    }
+
+    fn entry(head: u16, w: usize) -> usize {
+        JOURNAL + INFLIGHT + head as usize * ENTRY_WORDS + w
+    }
+
+    /// A fresh nonce for a request taken from the ring (unique across restarts).
+    pub fn next_nonce(&self) -> u64 {
+        self.file.word(H_NONCE).fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The ring `q` the journal describes now (from the front-end's set-up).
+    pub fn set_ring(&self, q: usize, ring: RingId, next_avail: u16) {
+        self.store(Self::queue_word(q, Q_VALID), 0);
+        self.store(Self::queue_word(q, Q_DESC), ring.desc);
+        self.store(Self::queue_word(q, Q_AVAIL), ring.avail);
+        self.store(Self::queue_word(q, Q_USED), ring.used);
+        self.store(Self::queue_word(q, Q_SIZE), ring.size as u64);
+        self.store(Self::queue_word(q, Q_NEXT_AVAIL), next_avail as u64);
+        self.store(Self::queue_word(q, Q_VALID), 1);
+    }
+
+    /// Where the previous daemon stopped taking requests from ring `q`, if it is this ring.
+    pub fn ring_position(&self, q: usize, ring: RingId) -> Option<u16> {
+        if self.load(Self::queue_word(q, Q_VALID)) != 1 {
+            return None;
+        }
+        let same = self.load(Self::queue_word(q, Q_DESC)) == ring.desc
+            && self.load(Self::queue_word(q, Q_AVAIL)) == ring.avail
+            && self.load(Self::queue_word(q, Q_USED)) == ring.used
+            && self.load(Self::queue_word(q, Q_SIZE)) == ring.size as u64;
+        same.then(|| self.load(Self::queue_word(q, Q_NEXT_AVAIL)) as u16)
+    }
+
+    /// A request is taken from avail position `pos`. Recorded before the position moves on.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin(
+        &self,
+        q: usize,
+        head: u16,
+        size: u16,
+        pos: u16,
+        nonce: u64,
+        tag: u64,
+        resp: (u64, u32),
+    ) {
+        // A head outside the ring is answered by nobody (add_used refuses it); only the
+        // position moves on.
+        if head < size && (head as usize) < MAX_QUEUE {
+            self.store(Self::entry(head, E_NONCE), nonce);
+            self.store(Self::entry(head, E_TAG), tag);
+            self.store(Self::entry(head, E_RESP_GPA), resp.0);
+            self.store(
+                Self::entry(head, E_PACKED),
+                resp.1 as u64 | (pos as u64) << 32,
+            );
+            self.store(Self::entry(head, E_STATE), RUNNING);
+        }
+        self.store(
+            Self::queue_word(q, Q_NEXT_AVAIL),
+            pos.wrapping_add(1) as u64,
+        );
+    }
+
+    /// A state change made by request `o` took effect with this response.
+    pub(crate) fn answered(&self, o: Origin, resp: &Resp) {
+        if o.head as usize >= MAX_QUEUE || self.load(Self::entry(o.head, E_NONCE)) != o.nonce {
+            return;
+        }
+        let (s, r0, r1, _) = resp_words(resp);
+        self.store(Self::entry(o.head, E_RESP), s);
+        self.store(Self::entry(o.head, E_RESP + 1), r0);
+        self.store(Self::entry(o.head, E_RESP + 2), r1);
+        self.store(Self::entry(o.head, E_STATE), ANSWERED);
+    }
+
+    /// The response (`written` bytes) is in guest memory; the used entry goes to `used_slot`.
+    pub fn completing(&self, head: u16, used_slot: u16, written: u32) {
+        if head as usize >= MAX_QUEUE {
+            return;
+        }
+        let packed = self.load(Self::entry(head, E_PACKED)) & 0x0000_ffff_ffff_ffff;
+        self.store(
+            Self::entry(head, E_PACKED),
+            packed | (used_slot as u64) << 48,
+        );
+        self.store(Self::entry(head, E_RESP), written as u64);
+        self.store(Self::entry(head, E_STATE), COMPLETING);
+    }
+
+    /// The request is back with the driver.
+    pub fn release(&self, head: u16) {
+        if (head as usize) < MAX_QUEUE {
+            self.store(Self::entry(head, E_STATE), FREE);
+        }
+    }
+
+    /// The front-end stopped ring `q`: nothing in it is ours to answer any more.
+    pub fn clear_ring(&self, q: usize) {
+        self.store(Self::queue_word(q, Q_VALID), 0);
+        // Rings may have any size up to the maximum; only entries in use are written.
+        for head in 0..MAX_QUEUE {
+            if self.load(Self::entry(head as u16, E_STATE)) != FREE {
+                self.release(head as u16);
+            }
+        }
+    }
+
+    /// Requests the previous daemon took from ring `q` (taken before avail position
+    /// `next_avail`) and did not return.
+    pub fn pending(&self, size: u16, next_avail: u16) -> Vec<Pending> {
+        let answers = self.file.logged_answers();
+        let mut out = Vec::new();
+        for head in 0..(size as usize).min(MAX_QUEUE) {
+            let head = head as u16;
+            let state = self.load(Self::entry(head, E_STATE));
+            if state == FREE {
+                continue;
+            }
+            let packed = self.load(Self::entry(head, E_PACKED));
+            let pos = (packed >> 32) as u16;
+            // Recorded but the position never moved past it: it is still in the ring
+            // and will be taken again.
+            if pos.wrapping_sub(next_avail) as i16 >= 0 {
+                self.release(head);
+                continue;
+            }
+            let nonce = self.load(Self::entry(head, E_NONCE));
+            let outcome = match state {
+                ANSWERED => Outcome::Answered(resp_from(
+                    self.load(Self::entry(head, E_TAG)),
+                    self.load(Self::entry(head, E_RESP)),
+                    self.load(Self::entry(head, E_RESP + 1)),
+                    self.load(Self::entry(head, E_RESP + 2)),
+                )),
+                COMPLETING => Outcome::Completing {
+                    used_slot: (packed >> 48) as u16,
+                    written: self.load(Self::entry(head, E_RESP)) as u32,
+                },
+                _ => match answers.get(&nonce) {
+                    Some(r) => Outcome::Answered(*r),
+                    None => Outcome::Unknown,
+                },
+            };
+            out.push(Pending {
+                head,
+                tag: self.load(Self::entry(head, E_TAG)),
+                resp_gpa: self.load(Self::entry(head, E_RESP_GPA)),
+                resp_len: packed as u32,
+                outcome,
+            });
+        }
+        out
+    }
+}
+
+/// The response for a request whose outcome is unknown.
+pub fn interrupted(tag: u64) -> Resp {
+    Resp {
+        tag,
+        status: Status::Interrupted as u32,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::Allocator;
+    use crate::state::tests::ok;
+    use crate::state::Mutation;
+    use std::collections::BTreeMap;
+
+    const SIZE: u64 = 64 << 20;
+
+    #[test]
+    fn the_journal_tells_what_each_request_in_flight_needs() {
+        let file = StateFile::anonymous(SIZE).unwrap();
+        let s = file.journal();
+        let ring = RingId {
+            desc: 0x1000,
+            avail: 0x2000,
+            used: 0x3000,
+            size: 8,
+        };
+        s.set_ring(0, ring, 10);
+        let mut a = Allocator::new(SIZE);
+        // Head 1: running, unknown outcome. Head 2: an allocation that took effect.
+        // Head 3: being published. Head 4: journaled but the position never moved past
+        // it (still in the ring). Head 5: answered through the log only.
+        s.begin(0, 1, 8, 10, 101, 1, (0x9000, 32));
+        s.begin(0, 2, 8, 11, 102, 2, (0x9100, 32));
+        let b = a.alloc(4096, 0).unwrap();
+        let m = Mutation::alloc(&b);
+        file.record(
+            &a,
+            m,
+            Some(Origin {
+                head: 2,
+                nonce: 102,
+            }),
+            &ok(b.id),
+        );
+        s.begin(0, 3, 8, 12, 103, 3, (0x9200, 32));
+        s.completing(3, 5, 32);
+        s.begin(0, 5, 8, 13, 105, 5, (0x9300, 32));
+        s.begin(0, 4, 8, 14, 104, 4, (0x9400, 32));
+        s.store(Journal::queue_word(0, Q_NEXT_AVAIL), 14);
+        file.note_logged_answer(105, ok(55));
+        // A head beyond the ring is never journaled.
+        s.begin(0, 9, 8, 14, 109, 9, (0x9500, 32));
+        assert_eq!(s.ring_position(0, ring), Some(15));
+        s.store(Journal::queue_word(0, Q_NEXT_AVAIL), 14);
+        assert_eq!(s.ring_position(0, RingId { size: 16, ..ring }), None);
+        let p = s.pending(8, 14);
+        let by_head: BTreeMap<u16, Outcome> = p.iter().map(|p| (p.head, p.outcome)).collect();
+        assert_eq!(by_head.len(), 4, "{p:?}");
+        assert_eq!(by_head[&1], Outcome::Unknown);
+        assert_eq!(by_head[&2], Outcome::Answered(Resp { tag: 2, ..ok(b.id) }));
+        assert_eq!(
+            by_head[&3],
+            Outcome::Completing {
+                used_slot: 5,
+                written: 32
+            }
+        );
+        assert_eq!(by_head[&5], Outcome::Answered(ok(55)));
+        assert_eq!(p.iter().find(|p| p.head == 1).unwrap().tag, 1);
+        // Released entries are gone; a stopped ring forgets everything.
+        s.release(1);
+        assert_eq!(s.pending(8, 14).len(), 3);
+        s.clear_ring(0);
+        assert!(s.pending(8, 14).is_empty());
+        assert_eq!(s.ring_position(0, ring), None);
+    }
+}

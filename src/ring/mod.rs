@@ -1,0 +1,77 @@
+//! The ring layer: descriptor chains turned into requests for the device model, answers
+//! turned into used entries, and the journal that lets a successor carry on after a
+//! crash. It works on `virtio_queue::Queue` and guest memory only, with no vhost-user
+//! type: the vhost-user backend (`crate::backend`) and the `chain` fuzz target both
+//! drive it, the one with threads and locks, the other in a loop.
+//!
+//! One request's way: [`take`] reads a chain ([`ChainRequest::parse`], which reads the
+//! header once) and journals it; [`answer`] executes it and writes the reply; [`publish`]
+//! returns the chain as a used entry; [`needs_signal`] says whether to interrupt the
+//! driver; [`Rearm`] decides whether the queue must be looked at again.
+
+mod chain;
+mod events;
+pub mod journal;
+mod requests;
+#[cfg(test)]
+mod tests;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+pub use chain::{write_out, ChainRequest};
+pub use events::deliver as deliver_events;
+pub use journal::{Journal, Origin, MAX_QUEUE};
+pub use requests::{answer, publish, take, Answer};
+
+/// Why a queue cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Kicks may arrive before the queue is set up: nothing to do yet.
+    #[error("the queue is not ready")]
+    NotReady,
+    #[error("command queue unusable: {0}")]
+    Unusable(virtio_queue::Error),
+    /// The index counts entries that cannot be read (a ring outside guest memory) or that
+    /// our own notification-flag writes move (overlapping rings): looping would spin.
+    #[error("command queue unusable: its index shows requests that cannot be taken")]
+    Stuck,
+}
+
+/// Whether the driver wants an interrupt for what was just returned (always, unless
+/// EVENT_IDX says otherwise).
+pub fn needs_signal(queue: &mut Queue, mem: &GuestMemoryMmap, event_idx: bool) -> bool {
+    !event_idx || queue.needs_notification(mem).unwrap_or(true)
+}
+
+/// Ends the passes over a queue: notifications are enabled again after each, and a
+/// driver that published meanwhile gets another pass.
+#[derive(Default)]
+pub struct Rearm {
+    /// Passes in a row that took nothing although the ring index showed more.
+    idle: u32,
+}
+
+impl Rearm {
+    /// After a pass that took `taken` requests: Ok(true) to look again, Ok(false) when the
+    /// queue is empty and will be kicked, [`Error::Stuck`] after two passes in a row
+    /// that took nothing from an index that shows more.
+    pub fn after_pass(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+        taken: usize,
+    ) -> Result<bool, Error> {
+        match queue.enable_notification(mem) {
+            Ok(true) => {
+                self.idle = if taken == 0 { self.idle + 1 } else { 0 };
+                if self.idle < 2 {
+                    Ok(true)
+                } else {
+                    Err(Error::Stuck)
+                }
+            }
+            _ => Ok(false),
+        }
+    }
+}

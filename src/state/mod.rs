@@ -1,0 +1,325 @@
+//! Crash-safe device state: a small file next to the memory file, mapped shared, so that a
+//! daemon killed at any instruction leaves a consistent record for the one that replaces it.
+//!
+//! It holds the device counters, the allocator's log ([`alloc_log`]: a snapshot plus a
+//! write-ahead log of allocations, frees and exports) and the command queue's journal
+//! ([`crate::ring::journal`]: where the queue stood and which requests were taken but not
+//! yet returned). Every multi-word record is written first and made valid by one 8-byte
+//! store last, so a torn record is never read. The kernel's page cache keeps the stores
+//! when the process dies; surviving a host crash is out of scope (nothing is fsynced on
+//! the command path).
+
+pub mod alloc_log;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
+
+use crate::allocator::{Buffer, GRANULE};
+use crate::devmem::FileId;
+use crate::files::{self, FileError};
+use crate::protocol::{Resp, STAT_COUNT};
+use crate::ring::journal;
+use alloc_log::LogCursor;
+pub use alloc_log::Mutation;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"CXLASTA1");
+const VERSION: u64 = 1;
+
+// Layout, in 8-byte words: header, counters, the ring journal, the allocator's log.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_DEV: usize = 2;
+const H_INO: usize = 3;
+const H_SIZE: usize = 4;
+const H_PID: usize = 5;
+/// 0: no snapshot, 1 or 2: the valid snapshot slot.
+const H_ACTIVE: usize = 6;
+/// The last nonce given to a request taken from a ring.
+pub(crate) const H_NONCE: usize = 7;
+const COUNTERS: usize = 64;
+/// Where the ring journal starts.
+pub(crate) const JOURNAL: usize = 128;
+/// Where the allocator's log starts.
+const LOG: usize = JOURNAL + journal::WORDS;
+
+/// What was found in the file at start-up.
+#[derive(Debug)]
+pub struct Restored {
+    pub buffers: Vec<Buffer>,
+    pub next_id: u64,
+    pub note: String,
+}
+
+/// Why the state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot map state: {0}")]
+    Anonymous(vm_memory::mmap::MmapRegionError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("cannot stat {}: {source}", .path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot size state file {}: {source}", .path.display())]
+    Size {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot duplicate {}: {source}", .path.display())]
+    Duplicate {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot map state file {}: {source}", .path.display())]
+    Map {
+        path: PathBuf,
+        source: vm_memory::mmap::MmapRegionError,
+    },
+}
+
+pub struct StateFile {
+    map: MmapRegion,
+    path: Option<PathBuf>,
+    max_buffers: usize,
+    cursor: Mutex<LogCursor>,
+    /// Keeps the file open (and the lock, if taken) for the daemon's life.
+    _file: Option<File>,
+}
+
+fn words_for(devmem_size: u64) -> usize {
+    LOG + alloc_log::words((devmem_size / GRANULE) as usize)
+}
+
+impl StateFile {
+    /// State kept in memory only (tests, fuzzing): same code paths, nothing survives.
+    pub fn anonymous(devmem_size: u64) -> Result<StateFile, StateError> {
+        let len = words_for(devmem_size) * 8;
+        let map = MmapRegion::new(len).map_err(StateError::Anonymous)?;
+        let s = StateFile::with_map(map, None, None, devmem_size);
+        // A new anonymous mapping is all zeros already.
+        s.stamp(FileId { dev: 0, ino: 0 }, devmem_size);
+        Ok(s)
+    }
+
+    /// Opens (or creates) the state file for the memory file `id` of `size` bytes.
+    /// `lock`: take the exclusive lock that says "a daemon owns this device" (a worker
+    /// restarted by its supervisor runs under the supervisor's lock and passes false).
+    /// Returns the state and what was restored from it.
+    pub fn open(
+        path: &Path,
+        id: FileId,
+        size: u64,
+        lock: bool,
+    ) -> Result<(StateFile, Restored), StateError> {
+        let file = if lock {
+            self::lock(path)?
+        } else {
+            open_file(path)?
+        };
+        let len = (words_for(size) * 8) as u64;
+        let at = || path.to_path_buf();
+        let on_disk = file
+            .metadata()
+            .map_err(|source| StateError::Stat { path: at(), source })?
+            .len();
+        if on_disk != len {
+            // Another device size (or a new file): nothing in it applies.
+            file.set_len(0)
+                .and_then(|_| file.set_len(len))
+                .map_err(|source| StateError::Size { path: at(), source })?;
+        }
+        files::allocate(&file, len, path, "state file")?;
+        let copy = file
+            .try_clone()
+            .map_err(|source| StateError::Duplicate { path: at(), source })?;
+        let map = MmapRegion::from_file(FileOffset::new(copy, 0), len as usize)
+            .map_err(|source| StateError::Map { path: at(), source })?;
+        let s = StateFile::with_map(map, Some(path.to_path_buf()), Some(file), size);
+        let restored = s.restore(id, size);
+        Ok((s, restored))
+    }
+
+    fn with_map(
+        map: MmapRegion,
+        path: Option<PathBuf>,
+        file: Option<File>,
+        size: u64,
+    ) -> StateFile {
+        StateFile {
+            map,
+            path,
+            max_buffers: (size / GRANULE) as usize,
+            cursor: Mutex::new(LogCursor::new()),
+            _file: file,
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    pub(crate) fn word(&self, i: usize) -> &AtomicU64 {
+        // Every index is computed from the fixed layout within the mapped length.
+        self.map
+            .get_atomic_ref::<AtomicU64>(i * 8)
+            .expect("state word inside the mapping")
+    }
+
+    pub(crate) fn load(&self, i: usize) -> u64 {
+        self.word(i).load(Ordering::Acquire)
+    }
+
+    pub(crate) fn store(&self, i: usize, v: u64) {
+        self.word(i).store(v, Ordering::Release)
+    }
+
+    /// Clears the file and stamps it with the memory file's identity.
+    fn format(&self, id: FileId, size: u64) {
+        self.store(H_MAGIC, 0);
+        for i in 1..LOG + alloc_log::LOG_WORDS {
+            if self.load(i) != 0 {
+                self.store(i, 0);
+            }
+        }
+        self.stamp(id, size);
+    }
+
+    /// Writes the header of an otherwise zeroed file; valid from the magic on.
+    fn stamp(&self, id: FileId, size: u64) {
+        self.store(H_VERSION, VERSION);
+        self.store(H_DEV, id.dev);
+        self.store(H_INO, id.ino);
+        self.store(H_SIZE, size);
+        self.store(H_PID, std::process::id() as u64);
+        self.store(H_MAGIC, MAGIC);
+    }
+
+    fn restore(&self, id: FileId, size: u64) -> Restored {
+        let empty = |note: String| Restored {
+            buffers: Vec::new(),
+            next_id: 1,
+            note,
+        };
+        if self.load(H_MAGIC) != MAGIC {
+            self.format(id, size);
+            return empty("new state file".into());
+        }
+        if self.load(H_VERSION) != VERSION
+            || self.load(H_DEV) != id.dev
+            || self.load(H_INO) != id.ino
+            || self.load(H_SIZE) != size
+        {
+            self.format(id, size);
+            return empty("state file belonged to another memory file; started empty".into());
+        }
+        let writer = self.load(H_PID);
+        self.store(H_PID, std::process::id() as u64);
+        match self.read_allocator() {
+            Ok(back) => {
+                let (buffers, next_id) = (back.buffers, back.next_id);
+                let mut c = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+                c.seq = back.seq;
+                c.next = back.next;
+                c.spare = if self.load(H_ACTIVE) == 1 { 2 } else { 1 };
+                c.answers = back.answers;
+                let note = format!(
+                    "{} buffers restored (state written by pid {writer})",
+                    buffers.len()
+                );
+                Restored {
+                    buffers,
+                    next_id,
+                    note,
+                }
+            }
+            Err(e) => {
+                let counters: Vec<u64> = (0..STAT_COUNT).map(|i| self.load(COUNTERS + i)).collect();
+                self.format(id, size);
+                for (i, v) in counters.into_iter().enumerate() {
+                    self.store(COUNTERS + i, v);
+                }
+                empty(format!("allocator state unreadable ({e}); started empty"))
+            }
+        }
+    }
+
+    /// Device counters, kept in the file so they survive a restart.
+    pub fn counter(&self, i: usize) -> &AtomicU64 {
+        assert!(i < 32, "counter index");
+        self.word(COUNTERS + i)
+    }
+}
+
+/// Takes the "a daemon owns this device" lock on the state file (a supervisor holds it
+/// for its workers), so two daemons cannot share one state either. The lock lasts as long
+/// as the returned file is open.
+pub fn lock(path: &Path) -> Result<File, FileError> {
+    let file = open_file(path)?;
+    files::lock_exclusive(&file, path, "state file")?;
+    Ok(file)
+}
+
+/// The state file is the daemon's alone: mode 0600, never through a link.
+fn open_file(path: &Path) -> Result<File, FileError> {
+    files::open_private(path, "state file", None)
+}
+
+/// A response as log and journal words: status | detail << 32, result0, result1, tag.
+pub(crate) fn resp_words(r: &Resp) -> (u64, u64, u64, u64) {
+    (
+        r.status as u64 | (r.detail as u64) << 32,
+        r.result0,
+        r.result1,
+        r.tag,
+    )
+}
+
+/// The inverse of [`resp_words`].
+pub(crate) fn resp_from(tag: u64, status_detail: u64, result0: u64, result1: u64) -> Resp {
+    Resp {
+        tag,
+        status: status_detail as u32,
+        detail: (status_detail >> 32) as u32,
+        result0,
+        result1,
+    }
+}
+
+impl StateFile {
+    /// Answers the allocator's log held at start-up, by nonce (for the ring journal).
+    pub(crate) fn logged_answers(&self) -> BTreeMap<u64, Resp> {
+        self.cursor
+            .lock()
+            .map(|c| c.answers.clone())
+            .unwrap_or_default()
+    }
+
+    /// Test hook: an answer as if found in the log at start-up.
+    #[cfg(test)]
+    pub(crate) fn note_logged_answer(&self, nonce: u64, resp: Resp) {
+        if let Ok(mut c) = self.cursor.lock() {
+            c.answers.insert(nonce, resp);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A successful response with `result0`, as the log and journal tests record.
+    pub(crate) fn ok(result0: u64) -> Resp {
+        Resp {
+            tag: 9,
+            result0,
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! `--supervise`: the device runs in a worker process; this small parent holds the
+//! front-end's connection and restarts a worker that dies, without the front-end noticing.
+//!
+//! Why a parent and not the front-end's reconnect: QEMU 10.2's vhost-user-base devices (the
+//! test device included) clean up their vhost state on disconnect and never initialise it
+//! again, so a reconnect after a backend crash aborts QEMU. Here the connection never drops.
+//!
+//! The parent relays vhost-user messages both ways and keeps the ones that define the
+//! session (features, memory table, ring set-up, backend channel) with their file
+//! descriptors. A new worker gets them replayed, takes the rings over from the journal in
+//! the state file (see `state.rs`) and answers what was in flight. Data never passes
+//! through the parent: kicks, calls and guest memory go straight to the worker.
+
+mod message;
+mod recording;
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use vhost::vhost_user::message::FrontendReq;
+
+use crate::sandbox;
+use crate::workers::{End, Launcher};
+pub use crate::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
+pub use message::{recv_message, send_message, Message};
+pub use recording::Recording;
+
+/// A worker that fails by itself this soon after starting counts towards a crash loop.
+/// (A request that crashes the device cannot cause one: the next worker answers it
+/// INTERRUPTED instead of running it again. SIGKILL, from an operator or the OOM killer,
+/// never counts.)
+const SHORT_LIFE: Duration = Duration::from_secs(1);
+/// Consecutive short-lived workers before the supervisor gives up.
+const CRASH_LOOP: u32 = 5;
+
+/// Why the supervisor stops.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("worker socket: {0}")]
+    WorkerSocket(crate::server::ServerError),
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
+    #[error("the relay thread panicked")]
+    RelayPanicked,
+    /// What failed ("poll"), and why.
+    #[error("{0}: {1}")]
+    Io(&'static str, io::Error),
+    #[error(transparent)]
+    Worker(#[from] crate::workers::WorkerError),
+}
+
+fn keep_error(e: io::Error) -> SupervisorError {
+    SupervisorError::Io("cannot keep a descriptor", e)
+}
+
+/// How the supervisor reaches the front-end.
+pub enum FrontEnd {
+    Listen(UnixListener),
+    Connect(PathBuf),
+}
+
+/// Serves front-end connections forever: a relay thread, under the seccomp filter
+/// `seccomp` (the relay's own list), relays the front-end's messages; this thread starts
+/// the workers, outside the filter.
+pub fn run(
+    front: FrontEnd,
+    spec: WorkerSpec,
+    seccomp: sandbox::Mode,
+) -> Result<(), SupervisorError> {
+    // Private (0600) from the start: only our own workers connect to it.
+    let workers = crate::server::bind_std(&spec.worker_socket, None)
+        .map_err(SupervisorError::WorkerSocket)?;
+    let (launcher, requests) = crate::workers::launcher();
+    let relay = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let profile = sandbox::Profile {
+                connects: matches!(front, FrontEnd::Connect(_)),
+                relay: true,
+            };
+            sandbox::apply(seccomp, profile, sandbox::Scope::ThisThread)?;
+            if seccomp != sandbox::Mode::Off {
+                log::info!("supervisor: seccomp filter installed on the relay ({seccomp:?})");
+            }
+            serve(front, &launcher)
+        })
+        .map_err(|e| SupervisorError::Io("cannot start the relay thread", e))?;
+    requests.serve(&spec, &workers);
+    let _ = std::fs::remove_file(&spec.worker_socket);
+    relay.join().unwrap_or(Err(SupervisorError::RelayPanicked))
+}
+
+fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), SupervisorError> {
+    loop {
+        let qemu = match &front {
+            FrontEnd::Listen(l) => l
+                .accept()
+                .map(|(s, _)| s)
+                .map_err(|e| SupervisorError::Io("cannot accept a connection", e))?,
+            FrontEnd::Connect(path) => connect_retrying(path),
+        };
+        log::info!("supervisor: front-end connected");
+        let end = session(&qemu, launcher)?;
+        log::info!("supervisor: {end}");
+    }
+}
+
+fn connect_retrying(path: &Path) -> UnixStream {
+    let mut said = false;
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return s,
+            Err(e) => {
+                if !said {
+                    log::info!("waiting for the front-end at {} ({e})", path.display());
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Relays one front-end connection; returns why it ended.
+fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorError> {
+    let mut rec = Recording::default();
+    let mut worker = launcher.start_worker(false)?;
+    // A request the worker has not answered yet: resent to a replacement.
+    let mut pending: Option<Message> = None;
+    let mut restarts = 0u32;
+    let mut short_lived = 0u32;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: qemu.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: worker.conn.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polls two descriptors we own, described by a live array.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(SupervisorError::Io("poll", e));
+        }
+        let mut worker_died = false;
+        if fds[1].revents != 0 {
+            match recv_message(worker.conn.as_fd()) {
+                Ok(Some(reply)) => {
+                    log::debug!(
+                        "supervisor: worker -> front-end: request {} flags {:#x}",
+                        reply.request(),
+                        reply.flags()
+                    );
+                    if reply.is_reply() {
+                        if let Some(p) = pending.take() {
+                            if p.kind() == Some(FrontendReq::GET_VRING_BASE) {
+                                rec.ring_stopped(p.ring());
+                            }
+                        }
+                    }
+                    if let Err(e) = send_message(qemu.as_fd(), &reply) {
+                        worker.stop();
+                        return Ok(format!("front-end gone ({e})"));
+                    }
+                }
+                Ok(None) | Err(_) => worker_died = true,
+            }
+        }
+        if !worker_died && fds[0].revents != 0 {
+            match recv_message(qemu.as_fd()) {
+                Ok(Some(m)) => {
+                    log::debug!(
+                        "supervisor: front-end -> worker: request {} flags {:#x}, {} fds",
+                        m.request(),
+                        m.flags(),
+                        m.fds.len()
+                    );
+                    rec.note(&m).map_err(keep_error)?;
+                    if m.expects_reply() {
+                        pending = Some(m.try_clone().map_err(keep_error)?);
+                    }
+                    if send_message(worker.conn.as_fd(), &m).is_err() {
+                        worker_died = true;
+                    }
+                }
+                Ok(None) => {
+                    worker.stop();
+                    return Ok("front-end disconnected".into());
+                }
+                Err(e) => {
+                    worker.stop();
+                    return Ok(format!("front-end connection failed: {e}"));
+                }
+            }
+        }
+        if !worker_died {
+            continue;
+        }
+        // A worker whose connection failed may still be alive (it will not be used again).
+        let mut ended_by_us = false;
+        loop {
+            let lived = worker.started.elapsed();
+            let (status, mut end) = worker.reap();
+            if ended_by_us {
+                // Killed for failing its replay: a failure of its own, not an operator's.
+                end = End::Died;
+            }
+            if end == End::Refused {
+                return Ok(
+                    "the worker refused a front-end message; session ended (not replayed)".into(),
+                );
+            }
+            short_lived = if lived < SHORT_LIFE && end != End::Killed {
+                short_lived + 1
+            } else {
+                0
+            };
+            if short_lived >= CRASH_LOOP {
+                // Whatever keeps killing workers came with this session: end it, and serve
+                // the next front-end afresh.
+                return Ok(format!(
+                    "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
+                     (last: {status}); session ended"
+                ));
+            }
+            restarts += 1;
+            log::warn!(
+                "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
+                 set-up messages",
+                lived.as_secs_f64(),
+                rec.len()
+            );
+            if short_lived > 1 {
+                std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
+            }
+            worker = launcher.start_worker(true)?;
+            // The request the dead worker owed an answer: replay the rest, then ask again.
+            if let Some(p) = &pending {
+                rec.forget(p);
+            }
+            let replayed = rec
+                .replay(worker.conn.as_fd(), worker.pidfd())
+                .and_then(|_| {
+                    rec.kick_all();
+                    match &pending {
+                        Some(p) => {
+                            rec.note(p)?;
+                            send_message(worker.conn.as_fd(), p)
+                        }
+                        None => Ok(()),
+                    }
+                });
+            match replayed {
+                Ok(()) => break,
+                Err(e) => {
+                    // A worker that died or hangs before it took the set-up is replaced at
+                    // once: its connection may never report anything.
+                    log::warn!("supervisor: replay to the new worker failed: {e}");
+                    worker.kill();
+                    ended_by_us = true;
+                }
+            }
+        }
+    }
+}
