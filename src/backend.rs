@@ -256,7 +256,11 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
             // Submitted under the vring lock, so that a queue stop (which takes the lock
             // first) always sees them in flight.
             let queue = state.get_queue_mut();
-            match ring::take(queue, snapshot, s.journal(), room, |req, origin| {
+            match ring::take(queue, snapshot, s.journal(), room, |mut req, origin| {
+                // Faults are counted in ring order, whatever order the engines run in.
+                if req.error.is_none() {
+                    req.fault = s.device.faults().decide(req.hdr.opcode);
+                }
                 submit(s, req, origin, vrings, table.clone())
             }) {
                 Ok(n) => n,

@@ -52,14 +52,15 @@ impl Device {
         origin: Option<Origin>,
     ) -> Reply {
         let hdr = Header::read(bytes);
-        self.execute_cancellable(guest, hdr, bytes, origin, &crate::engine::NEVER)
+        let fault = self.faults.decide(hdr.opcode);
+        self.execute_cancellable(guest, hdr, bytes, origin, &crate::engine::NEVER, fault)
     }
 
     /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
     /// front-end stops the queue). Only data commands (COPY, FILL, CHECKSUM, COPY_PAGES,
     /// repeated ATOMIC) stop part-way, which leaves their destination undefined as the
     /// status says; state changes are not interruptible and complete or do not start.
-    /// `hdr` was read from `bytes` when the request arrived.
+    /// `hdr` was read from `bytes` when the request arrived, and `fault` decided then.
     pub fn execute_cancellable(
         &self,
         guest: &GuestMemoryMmap,
@@ -67,6 +68,7 @@ impl Device {
         bytes: &[u8],
         origin: Option<Origin>,
         cancel: &std::sync::atomic::AtomicBool,
+        fault: Option<Action>,
     ) -> Reply {
         self.add_stat(STAT_COMMANDS, 1);
         self.metrics.started();
@@ -79,7 +81,7 @@ impl Device {
                     ..Default::default()
                 };
                 reply.resp.tag = req.hdr.tag;
-                match self.faults.decide(req.hdr.opcode) {
+                match fault {
                     _ if !self.faults.wait_unstalled(&cancelled) => {
                         reply.resp.status = Status::Interrupted as u32;
                     }

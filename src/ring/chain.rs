@@ -21,6 +21,8 @@ pub struct ChainRequest {
     pub error: Option<Status>,
     /// Writable descriptors (address, length) for the response.
     pub writable: Vec<(u64, u32)>,
+    /// An injected fault, decided when the request was taken (in ring order).
+    pub fault: Option<crate::faults::Action>,
 }
 
 impl ChainRequest {
@@ -61,6 +63,7 @@ impl ChainRequest {
             bytes,
             error,
             writable,
+            fault: None,
         }
     }
 

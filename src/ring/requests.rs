@@ -94,7 +94,9 @@ pub fn answer(
     }
     let faults = sigbus::faults();
     let mut reply = match req.error {
-        None => device.execute_cancellable(mem, req.hdr, &req.bytes, Some(origin), cancel),
+        None => {
+            device.execute_cancellable(mem, req.hdr, &req.bytes, Some(origin), cancel, req.fault)
+        }
         Some(status) => {
             device.reject(format_args!(
                 "malformed descriptor chain (head {}): {}",
