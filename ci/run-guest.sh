@@ -28,6 +28,10 @@
 #                        (id cxlaccN-port), so that "device_del cxlaccN" unplugs it:
 #                        q35's pcie.0 takes no hot-unplug. device_del of function 0
 #                        (cxlaccN) ejects the whole slot, cxlaccN-bar included
+#   --switch             put every device behind one PCIe switch (a root port, an
+#                        x3130 upstream port, an xio3130 downstream port per device):
+#                        the topology in which the kernel's PCI P2PDMA lets two
+#                        devices reach each other by bus address (7.x)
 #   --daemon PATH        daemon binary (default: target/release/cxl-accel)
 #   --daemon-arg ARG     extra daemon argument (repeatable)
 #   --log FILE           also save the console (then the daemon logs) to FILE
@@ -78,6 +82,7 @@ KEEP=0
 QUIET=0
 MONITOR=
 HOTPLUG=0
+SWITCH=0
 MK_ARGS=()
 QEMU_EXTRA=()
 DAEMON_EXTRA=()
@@ -101,6 +106,7 @@ while [ $# -gt 0 ]; do
     --qemu-arg) need "$@"; QEMU_EXTRA+=("$2"); shift 2 ;;
     --monitor) need "$@"; MONITOR=$2; shift 2 ;;
     --hotplug) HOTPLUG=1; shift ;;
+    --switch) SWITCH=1; shift ;;
     --daemon) need "$@"; DAEMON=$2; shift 2 ;;
     --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
@@ -114,6 +120,7 @@ done
 
 [[ "$DEVICES" =~ ^[0-9]+$ ]] || die "run-guest: --devices wants a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "run-guest: --timeout wants seconds"
+[ "$HOTPLUG$SWITCH" != 11 ] || die "run-guest: --hotplug and --switch exclude each other"
 case "$ATTACH" in auto | shmem | bar | numa) ;; *) die "run-guest: --attach must be auto, shmem, bar or numa" ;; esac
 case "$ACCEL" in
 tcg) CPU=max ;;
@@ -246,7 +253,28 @@ start_daemon() {
     mapfile -d '' args < <(printf '%s' "$out" | split_args)
     [ "${#args[@]}" -gt 0 ] || die "run-guest: daemon $i printed no QEMU arguments"
     [ "$HOTPLUG" = 0 ] || hotplug_slot "$i" args
+    [ "$SWITCH" = 0 ] || switch_port "$i" args
     DEV_ARGS+=("${args[@]}")
+}
+
+# --switch: moves the functions of device i from its slot of pcie.0 to
+# downstream port cxlacc<i>-down of one switch (made before the first device).
+switch_port() { # i name-of-args-array
+    local i=$1 k done='' re='bus=pcie\.0,addr=(0x[0-9a-fA-F]+)\.([0-7])'
+    local -n a=$2
+    for k in "${!a[@]}"; do
+        if [[ "${a[$k]}" =~ $re ]]; then
+            a[k]=${a[$k]/"${BASH_REMATCH[0]}"/bus=cxlacc$i-down,addr=0x0.${BASH_REMATCH[2]}}
+            done=y
+        fi
+    done
+    [ -n "$done" ] || die "run-guest: --switch: no bus=pcie.0,addr=... in daemon $i's QEMU arguments"
+    a=(-device "xio3130-downstream,id=cxlacc$i-down,bus=cxl-switch-up,chassis=$((20 + i)),slot=$((i + 1))"
+        "${a[@]}")
+    if [ "$i" = 0 ]; then
+        a=(-device "pcie-root-port,id=cxl-switch-rp,bus=pcie.0,addr=0xf.0,chassis=19,slot=0"
+            -device "x3130-upstream,id=cxl-switch-up,bus=cxl-switch-rp" "${a[@]}")
+    fi
 }
 
 # --hotplug: moves the functions of device i from slot S of pcie.0 (which
