@@ -9,6 +9,7 @@
 
 #include <linux/dma-buf.h>
 #include <linux/fs.h>
+#include <linux/hmm.h>
 #include <linux/memremap.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -23,6 +24,45 @@
 #if defined(CXLA_HAVE_P2P_PROVIDER) && IS_ENABLED(CONFIG_PCI_P2PDMA)
 #define CXLA_P2P_PROVIDER
 #endif
+
+/*
+ * Device-private transparent huge pages (7.x): migrate_vma moves a 2 MiB
+ * folio whole, and the pagemap is told when the kernel splits one.
+ */
+#if defined(CXLA_HAVE_MIGRATE_COMPOUND) && defined(CONFIG_DEVICE_PRIVATE) && \
+	defined(CONFIG_TRANSPARENT_HUGEPAGE)
+#define CXLA_PRIVATE_THP
+#define CXLA_THP_NR	HPAGE_PMD_NR
+#endif
+
+/*
+ * hmm_range_fault(), corrected: it fills the entries of a device-private
+ * PMD with the folio's pfns counted from where the range starts, not from
+ * the PMD (7.3), so a range that begins inside the 2 MiB gets the wrong
+ * pages. The folio is 2 MiB aligned: each entry's page follows from its
+ * address.
+ */
+static inline int cxla_hmm_range_fault(struct hmm_range *range)
+{
+	int ret = hmm_range_fault(range);
+#ifdef CXLA_PRIVATE_THP
+	unsigned long i, h, pfn, n = (range->end - range->start) >> PAGE_SHIFT;
+
+	for (i = 0; !ret && i < n; i++) {
+		h = range->hmm_pfns[i];
+		if (!(h & HMM_PFN_VALID) ||
+		    hmm_pfn_to_map_order(h) < HPAGE_PMD_ORDER)
+			continue;
+		pfn = h & ~HMM_PFN_FLAGS;
+		if (!is_device_private_page(pfn_to_page(pfn)))
+			continue;
+		pfn = ALIGN_DOWN(pfn, HPAGE_PMD_NR) +
+		      (((range->start >> PAGE_SHIFT) + i) & (HPAGE_PMD_NR - 1));
+		range->hmm_pfns[i] = (h & HMM_PFN_FLAGS) | pfn;
+	}
+#endif
+	return ret;
+}
 
 /* symbol namespaces are string literals from 6.13 */
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)

@@ -206,7 +206,7 @@ static void cxla_evict_scan(struct cxla_mig_ctx *x,
 
 	for (tries = 0; tries < 8; tries++) {
 		range.notifier_seq = mmu_interval_read_begin(mni);
-		ret = hmm_range_fault(&range);
+		ret = cxla_hmm_range_fault(&range);
 		if (ret != -EBUSY)
 			break;
 	}

@@ -161,7 +161,7 @@ static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
 			}
 			range.notifier_seq = mmu_interval_read_begin(&dm->notifier);
 			mmap_read_lock(mm);
-			ret = hmm_range_fault(&range);
+			ret = cxla_hmm_range_fault(&range);
 			mmap_read_unlock(mm);
 			if (ret == -EBUSY)
 				continue;
@@ -500,7 +500,7 @@ static int cxla_dmirror_snapshot(struct cxla_dmirror *dm,
 		do {
 			range.notifier_seq = mmu_interval_read_begin(&mni);
 			mmap_read_lock(mm);
-			ret = hmm_range_fault(&range);
+			ret = cxla_hmm_range_fault(&range);
 			mmap_read_unlock(mm);
 		} while (ret == -EBUSY ||
 			 (!ret && mmu_interval_read_retry(&mni, range.notifier_seq)));

@@ -118,6 +118,59 @@ static bool cxla_mig_ours(struct cxla_mig_ctx *x, struct page *page)
  * Where the pages found in a window go. Fills x->xp[] (source, space) and
  * returns how many move; counts the others in x->res.
  */
+#ifdef CXLA_PRIVATE_THP
+/*
+ * A 2 MiB folio (or hole) offered whole (MIGRATE_PFN_COMPOUND): compound
+ * windows are one aligned 2 MiB, so it is the window's only entry, and its
+ * 512 pages are copied as one group. To the device: a system THP or a
+ * hole; to RAM: one of our private folios.
+ */
+static unsigned long cxla_mig_select_huge(struct cxla_mig_ctx *x,
+					  const struct migrate_vma *args)
+{
+	struct cxla_dev *cd = x->mig->cd;
+	struct cxl_accel_migrate *res = x->res;
+	unsigned long s = args->src[0], pfn, j;
+	struct page *sp = migrate_pfn_to_page(s);
+	bool to_dev = x->mode == CXLA_MIG_TO_DEV;
+
+	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+	if (!(s & MIGRATE_PFN_MIGRATE)) {
+		res->busy += CXLA_THP_NR;
+		return 0;
+	}
+	if (to_dev && sp && !PageAnon(sp)) {
+		res->refused += CXLA_THP_NR;
+		return 0;
+	}
+	if (!to_dev && (!sp || !cxla_page_is_priv(cd, sp))) {
+		res->busy += CXLA_THP_NR;
+		return 0;
+	}
+	pfn = sp ? page_to_pfn(sp) : 0;
+	for (j = 0; j < CXLA_THP_NR; j++) {
+		struct cxla_xpage *e = &x->xp[j];
+
+		memset(e, 0, sizeof(*e));
+		e->idx = j;
+		if (to_dev) {
+			e->spage = sp ? pfn_to_page(pfn + j) : NULL;
+			e->zero = !sp;
+			e->src = sp ? page_to_phys(e->spage) : 0;
+			e->sspace = CXLA_SPACE_GPA;
+			e->dspace = CXLA_SPACE_DEVMEM;
+		} else {
+			e->spage = cxla_priv_backing(pfn_to_page(pfn + j));
+			e->src = page_to_phys(e->spage) - cd->devmem_gpa;
+			e->sspace = CXLA_SPACE_DEVMEM;
+			e->dspace = CXLA_SPACE_GPA;
+		}
+	}
+	x->huge = true;
+	return CXLA_THP_NR;
+}
+#endif
+
 static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 				     struct vm_area_struct *vma,
 				     const struct migrate_vma *args)
@@ -126,6 +179,14 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 	struct cxl_accel_migrate *res = x->res;
 	bool to_dev = x->mode == CXLA_MIG_TO_DEV;
 	unsigned long i, nx = 0;
+
+	x->huge = false;
+	x->huge_dst = NULL;
+#ifdef CXLA_PRIVATE_THP
+	if (x->compound && args->npages == CXLA_THP_NR &&
+	    (args->src[0] & MIGRATE_PFN_COMPOUND))
+		return cxla_mig_select_huge(x, args);
+#endif
 
 	for (i = 0; i < args->npages; i++) {
 		unsigned long s = args->src[i];
@@ -222,10 +283,83 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 	return nx;
 }
 
+static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
+					struct vm_area_struct *vma,
+					unsigned long start, unsigned long nx,
+					int *err);
+
+#ifdef CXLA_PRIVATE_THP
+/*
+ * Destination of a 2 MiB group: one folio (a private 2 MiB folio backed by
+ * a whole pool chunk, or a RAM THP), else 512 single pages and the kernel
+ * splits the source; all 512 or none (the kernel takes no part of a group).
+ */
+static unsigned long cxla_mig_dst_huge(struct cxla_mig_ctx *x,
+				       struct vm_area_struct *vma,
+				       unsigned long start, unsigned long nx,
+				       int *err)
+{
+	struct cxla_dev *cd = x->mig->cd;
+	struct folio *folio = NULL;
+	struct page *head, *first;
+	unsigned long j, got;
+
+	x->huge_dst = NULL;
+	if (x->mode == CXLA_MIG_TO_DEV) {
+		head = cxla_priv_get_huge(cd, &first);
+		if (head) {
+			folio = page_folio(head);
+			for (j = 0; j < nx; j++) {
+				struct cxla_xpage *e = &x->xp[j];
+
+				e->dpage = pfn_to_page(page_to_pfn(head) + j);
+				e->dstore = pfn_to_page(page_to_pfn(first) + j);
+				e->dst = page_to_phys(e->dstore) - cd->devmem_gpa;
+			}
+		}
+	} else {
+		folio = vma_alloc_folio(GFP_TRANSHUGE_LIGHT | __GFP_NOWARN,
+					HPAGE_PMD_ORDER, vma, start);
+		if (folio) {
+			folio_lock(folio);
+			for (j = 0; j < nx; j++) {
+				x->xp[j].dpage = folio_page(folio, j);
+				x->xp[j].dst = page_to_phys(x->xp[j].dpage);
+			}
+		}
+	}
+	if (folio) {
+		x->huge_dst = folio;
+		return nx;
+	}
+	got = cxla_mig_dst_pages(x, vma, start, nx, err);
+	if (got == nx)
+		return nx;
+	for (j = 0; j < got; j++) {
+		unlock_page(x->xp[j].dpage);
+		put_page(x->xp[j].dpage);
+	}
+	x->res->busy += got;
+	return 0;
+}
+#endif
+
 /* Destination pages for the nx pages selected, locked, refcount 1. */
 static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
 				  struct vm_area_struct *vma,
 				  unsigned long start, unsigned long nx, int *err)
+{
+#ifdef CXLA_PRIVATE_THP
+	if (x->huge)
+		return cxla_mig_dst_huge(x, vma, start, nx, err);
+#endif
+	return cxla_mig_dst_pages(x, vma, start, nx, err);
+}
+
+static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
+					struct vm_area_struct *vma,
+					unsigned long start, unsigned long nx,
+					int *err)
 {
 	struct cxla_mig *mig = x->mig;
 	struct cxl_accel_migrate *res = x->res;
@@ -281,12 +415,78 @@ static unsigned long cxla_mig_dst(struct cxla_mig_ctx *x,
  * with cpu_fallback (eviction, CPU faults), also by the CPU (into new
  * pages), since device memory is still mapped in the kernel.
  */
+#ifdef CXLA_PRIVATE_THP
+/*
+ * A 2 MiB group's copy: one failed piece fails the group, whose destination
+ * a quarantined command may still write. To RAM with cpu_fallback, the CPU
+ * copies all of it into 512 new pages (the kernel splits the source).
+ */
+static int cxla_mig_copy_huge(struct cxla_mig_ctx *x,
+			      const struct migrate_vma *args, unsigned long nx)
+{
+	unsigned long i, failed = 0;
+	struct page *dp;
+	int ret = 0;
+
+	if (x->dma)
+		ret = cxla_xcopy(x->mig, x->xp, nx, x->timeout_ms, x->intr);
+	for (i = 0; i < nx; i++)
+		failed += !x->dma || x->xp[i].failed;
+	if (!failed)
+		return ret;
+	if (x->huge_dst) {
+		folio_unlock(x->huge_dst);
+		folio_put(x->huge_dst);
+		x->huge_dst = NULL;
+	} else {
+		for (i = 0; i < nx; i++) {
+			unlock_page(x->xp[i].dpage);
+			put_page(x->xp[i].dpage);
+		}
+	}
+	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+	if (!x->cpu_fallback || x->mode == CXLA_MIG_TO_DEV)
+		goto busy;
+	for (i = 0; i < nx; i++) {
+		dp = alloc_page(GFP_HIGHUSER_MOVABLE | __GFP_NOWARN);
+		if (!dp)
+			break;
+		lock_page(dp);
+		x->xp[i].dpage = dp;
+	}
+	if (i < nx) {
+		while (i--) {
+			unlock_page(x->xp[i].dpage);
+			put_page(x->xp[i].dpage);
+		}
+		goto busy;
+	}
+	for (i = 0; i < nx; i++) {
+		struct cxla_xpage *e = &x->xp[i];
+
+		copy_highpage(e->dpage, e->spage);
+		e->failed = false;
+		args->dst[e->idx] = migrate_pfn(page_to_pfn(e->dpage));
+	}
+	x->cpu_copied += nx;
+	return ret;
+busy:
+	x->res->busy += nx;
+	return ret;
+}
+#endif
+
 static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 			 unsigned long nx)
 {
 	struct cxla_mig *mig = x->mig;
 	unsigned long i;
 	int ret = 0;
+
+#ifdef CXLA_PRIVATE_THP
+	if (x->huge)
+		return cxla_mig_copy_huge(x, args, nx);
+#endif
 
 	if (x->dma)
 		ret = cxla_xcopy(mig, x->xp, nx, x->timeout_ms, x->intr);
@@ -352,6 +552,10 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 			 MIGRATE_VMA_SELECT_DEVICE_COHERENT,
 		.fault_page = x->fault_page,
 	};
+#ifdef CXLA_PRIVATE_THP
+	if (x->compound)
+		args.flags |= MIGRATE_VMA_SELECT_COMPOUND;
+#endif
 	unsigned long i, nx, moved = 0, before = x->cpu_copied;
 	int ret, err = 0;
 
@@ -363,9 +567,25 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 	nx = cxla_mig_dst(x, vma, start, nx, &err);
 	for (i = 0; i < nx; i++)
 		args.dst[x->xp[i].idx] = migrate_pfn(page_to_pfn(x->xp[i].dpage));
+#ifdef CXLA_PRIVATE_THP
+	if (x->huge_dst) {	/* one folio: the group's first entry names it */
+		memset(args.dst, 0, args.npages * sizeof(*args.dst));
+		args.dst[0] = migrate_pfn(folio_pfn(x->huge_dst)) |
+			      MIGRATE_PFN_COMPOUND;
+	}
+#endif
 	ret = cxla_mig_copy(x, &args, nx);
 
 	migrate_vma_pages(&args);
+#ifdef CXLA_PRIVATE_THP
+	if (x->huge_dst) {
+		if (args.src[0] & MIGRATE_PFN_MIGRATE)
+			moved = nx;
+		else
+			res->busy += nx;	/* the kernel kept the old folio */
+		nx = 0;
+	}
+#endif
 	for (i = 0; i < nx; i++) {
 		struct cxla_xpage *e = &x->xp[i];
 
@@ -458,7 +678,9 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	struct cxla_dev *cd = mig->cd;
 	struct cxl_accel_migrate *res = x->res;
 	bool to_dev = x->mode == CXLA_MIG_TO_DEV;
-	unsigned long addr, next, win = CXLA_MIG_WINDOW << PAGE_SHIFT;
+	/* compound windows are one aligned 2 MiB: a folio offered whole fills it */
+	unsigned long addr, next, win = x->compound ? SZ_2M :
+					CXLA_MIG_WINDOW << PAGE_SHIFT;
 	struct vm_area_struct *vma;
 	int ret = 0;
 
@@ -540,6 +762,9 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev)
 	if (!mig->coherent)
 		return -EOPNOTSUPP;	/* NUMA mode: move_pages()/mbind() */
 	x.priv = m.flags & CXL_ACCEL_MIGRATE_PRIVATE;
+#ifdef CXLA_PRIVATE_THP
+	x.compound = x.priv && to_dev;	/* 2 MiB folios go whole */
+#endif
 	if (x.priv && !cd->priv)
 		return -EOPNOTSUPP;	/* no CONFIG_DEVICE_PRIVATE */
 	if (!current->mm)

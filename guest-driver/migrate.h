@@ -155,6 +155,9 @@ struct cxla_mig_ctx {
 	bool cpu_fallback;	/* to RAM: the CPU copies what the device failed */
 	bool local_only;	/* to RAM: only this device's pages */
 	bool system_only;	/* to the device: only from system RAM */
+	bool compound;		/* 2 MiB folios may move whole (private THP) */
+	bool huge;		/* this window is one 2 MiB folio or hole */
+	struct folio *huge_dst;	/* its destination folio, or NULL: 512 pages */
 	struct cxl_accel_migrate *res;	/* counters */
 	u64 cpu_copied;		/* pages the CPU copied */
 };
@@ -169,6 +172,7 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page);
 unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 			    struct page **pages, int *err);
 unsigned long cxla_pool_shrink(struct cxla_mig *mig);
+struct page *cxla_pool_get_chunk(struct cxla_mig *mig);
 unsigned long cxla_pool_mapped(struct cxla_mig *mig);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);
 int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
@@ -219,6 +223,9 @@ void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
 unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
 			    struct page **pages, struct page **backing,
 			    int *err);
+#ifdef CXLA_PRIVATE_THP
+struct page *cxla_priv_get_huge(struct cxla_dev *cd, struct page **first);
+#endif
 #else
 static inline int cxla_priv_init(struct cxla_dev *cd) { return 0; }
 static inline void cxla_priv_teardown(struct cxla_dev *cd) { }

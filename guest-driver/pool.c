@@ -198,8 +198,11 @@ static unsigned long cxla_pool_take(struct cxla_mig *mig, unsigned long n,
 	return got;
 }
 
-/* Add a chunk: ALLOC a device buffer and take its pages over. */
-static int cxla_pool_grow(struct cxla_mig *mig)
+/*
+ * Add a chunk: ALLOC a device buffer and take its pages over. Unless
+ * whole, only when no page is free (else someone else grew it).
+ */
+static int cxla_pool_grow(struct cxla_mig *mig, bool whole)
 {
 	struct cxla_dev *cd = mig->cd;
 	struct cxla_chunk *c;
@@ -209,7 +212,7 @@ static int cxla_pool_grow(struct cxla_mig *mig)
 	int ret = 0;
 
 	mutex_lock(&mig->grow_lock);
-	if (READ_ONCE(mig->pages_free))
+	if (!whole && READ_ONCE(mig->pages_free))
 		goto out;		/* someone else grew it */
 	if (READ_ONCE(mig->closed) || READ_ONCE(cd->dead)) {
 		ret = -ENODEV;
@@ -275,13 +278,58 @@ unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 		got += cxla_pool_take(mig, n - got, pages + got);
 		if (got == n)
 			break;
-		ret = cxla_pool_grow(mig);
+		ret = cxla_pool_grow(mig, false);
 		if (ret) {
 			*err = ret;
 			break;
 		}
 	}
 	return got;
+}
+
+/*
+ * A whole free chunk: 512 contiguous pool pages (locked, refcount 1), the
+ * backing of a 2 MiB private folio. Grows the pool for one if need be;
+ * NULL when device memory has no 2 MiB left.
+ */
+struct page *cxla_pool_get_chunk(struct cxla_mig *mig)
+{
+	struct cxla_chunk *c, *found;
+	unsigned long flags, i;
+	int tries;
+
+	for (tries = 0; tries < 2; tries++) {
+		found = NULL;
+		spin_lock_irqsave(&mig->lock, flags);
+		list_for_each_entry(c, &mig->chunks, node) {
+			if (c->live && c->nfree == CXLA_CHUNK_PAGES) {
+				found = c;
+				break;
+			}
+		}
+		if (found && !mig->closed) {
+			bitmap_zero(found->free, CXLA_CHUNK_PAGES);
+			found->nfree = 0;
+			mig->pages_free -= CXLA_CHUNK_PAGES;
+			mig->pages_used += CXLA_CHUNK_PAGES;
+			for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+				pfn_to_page(found->first_pfn + i)->zone_device_data =
+					found->buf;
+		} else {
+			found = NULL;
+		}
+		spin_unlock_irqrestore(&mig->lock, flags);
+		if (found) {
+			atomic_long_add(CXLA_CHUNK_PAGES, &mig->cd->pages_live);
+			for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+				cxla_zone_device_page_init(pfn_to_page(found->first_pfn + i),
+							   &mig->cd->pgmap);
+			return pfn_to_page(found->first_pfn);
+		}
+		if (READ_ONCE(mig->closed) || cxla_pool_grow(mig, true))
+			break;
+	}
+	return NULL;
 }
 
 static void cxla_chunk_destroy(struct cxla_chunk *c)

@@ -62,9 +62,19 @@ void *cxla_priv_owner(struct cxla_dev *cd)
 	return cd->priv;
 }
 
+/*
+ * The pool page holding a private page's data. A 2 MiB private folio has a
+ * whole pool chunk (512 contiguous pages) as its backing, named by the
+ * head: a tail's own zone_device_data overlays folio fields.
+ */
 struct page *cxla_priv_backing(struct page *page)
 {
-	return page->zone_device_data;
+	struct folio *folio = page_folio(page);
+	struct page *first = folio->page.zone_device_data;
+
+	if (!folio_test_large(folio) || !first)
+		return page->zone_device_data;
+	return pfn_to_page(page_to_pfn(first) + folio_page_idx(folio, page));
 }
 
 unsigned long cxla_priv_used(struct cxla_dev *cd)
@@ -139,20 +149,89 @@ unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
 	return got;
 }
 
-/* The last reference to a private page went: its backing goes back too. */
+#ifdef CXLA_PRIVATE_THP
+static bool cxla_private_thp = true;
+module_param_named(private_thp, cxla_private_thp, bool, 0644);
+MODULE_PARM_DESC(private_thp,
+		 "Move 2 MiB transparent huge pages to private device memory whole (off: the kernel splits them)");
+
+/*
+ * A 2 MiB private folio, locked with refcount 1, backed by a whole pool
+ * chunk (*first: 512 contiguous pool pages, each holding a reference for
+ * the folio). NULL when there is none to be had: the caller splits.
+ */
+struct page *cxla_priv_get_huge(struct cxla_dev *cd, struct page **first)
+{
+	struct cxla_priv *pv = cd->priv;
+	unsigned long bit, i;
+	struct page *head;
+
+	if (!pv || !READ_ONCE(cxla_private_thp))
+		return NULL;
+	*first = cxla_pool_get_chunk(cd->mig);
+	if (!*first)
+		return NULL;
+	spin_lock(&pv->lock);
+	/* naturally aligned, as a PMD mapping needs */
+	for (bit = 0; bit + CXLA_THP_NR <= pv->npages; bit += CXLA_THP_NR)
+		if (find_next_zero_bit(pv->free, bit + CXLA_THP_NR, bit) >=
+		    bit + CXLA_THP_NR)
+			break;
+	if (bit + CXLA_THP_NR > pv->npages) {
+		spin_unlock(&pv->lock);
+		for (i = 0; i < CXLA_THP_NR; i++)
+			put_page(pfn_to_page(page_to_pfn(*first) + i));
+		return NULL;
+	}
+	bitmap_clear(pv->free, bit, CXLA_THP_NR);
+	pv->used += CXLA_THP_NR;
+	spin_unlock(&pv->lock);
+	for (i = 0; i < CXLA_THP_NR; i++)	/* storage, not migration pages */
+		unlock_page(pfn_to_page(page_to_pfn(*first) + i));
+	/* aligned: never the tail of an earlier folio */
+	head = pfn_to_page(pv->first_pfn + bit);
+	zone_device_folio_init(page_folio(head), &pv->pgmap, HPAGE_PMD_ORDER);
+	head->zone_device_data = *first;
+	return head;
+}
+
+/*
+ * The kernel splits a 2 MiB private folio (a partial unmap, mprotect or a
+ * migration that could not keep it whole): each new folio gets its share
+ * of the backing chunk, and what the kernel leaves to us.
+ */
+static void cxla_priv_folio_split(struct folio *head, struct folio *tail)
+{
+	struct page *first = head->page.zone_device_data;
+
+	if (!tail)		/* done: the head keeps the chunk's first page */
+		return;
+	tail->pgmap = head->pgmap;
+	tail->mapping = head->mapping;
+	tail->page.zone_device_data = first ?
+		pfn_to_page(page_to_pfn(first) + folio_pfn(tail) - folio_pfn(head)) :
+		NULL;
+}
+#endif
+
+/*
+ * The last reference to a private folio went: its pfns and its backing go
+ * back (all 512 of a 2 MiB folio).
+ */
 static void cxla_priv_page_free(struct page *page)
 {
 	struct cxla_priv *pv = cxla_page_priv(page);
+	unsigned long n = folio_nr_pages(page_folio(page)), i, flags;
 	struct page *backing = page->zone_device_data;
-	unsigned long flags;
 
 	page->zone_device_data = NULL;
 	spin_lock_irqsave(&pv->lock, flags);
-	__set_bit(page_to_pfn(page) - pv->first_pfn, pv->free);
-	pv->used--;
+	bitmap_set(pv->free, page_to_pfn(page) - pv->first_pfn, n);
+	pv->used -= n;
 	spin_unlock_irqrestore(&pv->lock, flags);
 	if (backing)
-		put_page(backing);
+		for (i = 0; i < n; i++)
+			put_page(pfn_to_page(page_to_pfn(backing) + i));
 }
 
 CXLA_DECLARE_PAGEMAP_FREE(cxla_priv_page_free)
@@ -163,6 +242,37 @@ CXLA_DECLARE_PAGEMAP_FREE(cxla_priv_page_free)
  * with the mmap_lock held: takes no lock that a migration ioctl holds
  * while it waits for the mmap_lock.
  */
+#ifdef CXLA_PRIVATE_THP
+/* A CPU access to a PMD-mapped 2 MiB private folio: all of it comes back. */
+static vm_fault_t cxla_priv_fault_huge(struct vm_fault *vmf)
+{
+	struct cxla_priv *pv = cxla_page_priv(vmf->page);
+	struct cxla_dev *cd = pv->cd;
+	unsigned long start = ALIGN_DOWN(vmf->address, HPAGE_PMD_SIZE);
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = cd->mig,
+		.mode = CXLA_MIG_TO_RAM,
+		.priv = true,
+		.compound = true,
+		.fault_page = vmf->page,
+		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
+				    CXLA_MIG_MAX_TIMEOUT_MS),
+		.dma = !READ_ONCE(cd->stopped),
+		.cpu_fallback = true,
+		.res = &res,
+	};
+	int ret;
+
+	if (cxla_mig_ctx_alloc(&x, CXLA_THP_NR))
+		return VM_FAULT_OOM;
+	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
+	ret = cxla_mig_window(&x, vmf->vma, start, start + HPAGE_PMD_SIZE);
+	cxla_mig_ctx_free(&x);
+	return ret ? VM_FAULT_SIGBUS : 0;
+}
+#endif
+
 static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
 {
 	struct cxla_priv *pv = cxla_page_priv(vmf->page);
@@ -188,6 +298,11 @@ static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
 		.res = &res,
 	};
 
+#ifdef CXLA_PRIVATE_THP
+	/* a PMD maps it (no pte): the folio moves whole */
+	if (folio_test_large(page_folio(vmf->page)) && !vmf->pte)
+		return cxla_priv_fault_huge(vmf);
+#endif
 	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
 	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
 		return VM_FAULT_SIGBUS;
@@ -198,6 +313,9 @@ static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
 static const struct dev_pagemap_ops cxla_priv_ops = {
 	CXLA_PAGEMAP_FREE(cxla_priv_page_free),
 	.migrate_to_ram = cxla_priv_migrate_to_ram,
+#ifdef CXLA_PRIVATE_THP
+	.folio_split = cxla_priv_folio_split,
+#endif
 };
 
 /* Probe, after device memory: a private page for every device page. */

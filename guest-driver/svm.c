@@ -372,7 +372,7 @@ static int cxla_mirror_resolve(struct cxla_mirror *m, unsigned long start,
 			return -EINTR;
 		range.notifier_seq = mmu_interval_read_begin(&m->notifier);
 		mmap_read_lock(mm);
-		ret = hmm_range_fault(&range);
+		ret = cxla_hmm_range_fault(&range);
 		mmap_read_unlock(mm);
 		s->faults++;
 		atomic64_inc(&mig->stat[CXLA_MS_SVM_FAULTS]);
@@ -740,7 +740,7 @@ long cxla_ioc_snapshot(struct cxla_file *cf, void __user *arg)
 			}
 			range.notifier_seq = mmu_interval_read_begin(&m->notifier);
 			mmap_read_lock(mm);
-			ret = hmm_range_fault(&range);
+			ret = cxla_hmm_range_fault(&range);
 			mmap_read_unlock(mm);
 			if (ret == -EBUSY)
 				continue;

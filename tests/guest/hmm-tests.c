@@ -2980,6 +2980,126 @@ static int test_private_migrate(struct ctx *c)
 	return PASS;
 }
 
+/* The driver's private_thp parameter: set it (when v >= 0); returns its value or -1. */
+static int private_thp(int v)
+{
+	const char *path = "/sys/module/cxl_accel/parameters/private_thp";
+	char buf[8] = "";
+	FILE *f;
+
+	if (v >= 0) {
+		f = fopen(path, "w");
+		if (!f)
+			return -1;
+		fputs(v ? "1" : "0", f);
+		fclose(f);
+	}
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = 0;
+	fclose(f);
+	return buf[0] == 'Y' || buf[0] == '1';
+}
+
+/*
+ * 2 MiB of THP to private memory: whole (a device-private PMD, SNAPSHOT
+ * says HUGE) or, with private_thp off, split by the kernel into 512 pages.
+ * A CPU access brings back what the device holds the way it was moved.
+ */
+static int private_thp_run(struct ctx *c, bool whole)
+{
+	size_t len = 4 * MiB, n = len / PG, huge, back;
+	uint8_t *p = map_aligned(len, 2 * MiB), f[1024];
+	struct cxl_accel_hmm_info h0, h1;
+	struct cxl_accel_migrate m;
+	uint32_t crc, want;
+	int ret = FAIL;
+
+	NEED_PRIVATE();
+	if (private_thp(-1) < 0) {
+		DETAIL("the kernel has no device-private huge pages (7.x has them)");
+		return SKIP;
+	}
+	CHECK(p, "mmap");
+	if (madvise(p, len, MADV_HUGEPAGE))
+		FAILF("MADV_HUGEPAGE: %s", strerror(errno));
+	fill_pages(p, len, 311);
+	want = crc32c(0, p, len);
+	OK(snapshot(c->fd, p, len, f));
+	huge = count_pages(f, n, CXL_ACCEL_SNAP_HUGE | CXL_ACCEL_SNAP_WRITE, 0);
+	if (huge != n) {
+		DETAIL("%zu of %zu pages PMD-mapped (transparent_hugepage: %s)",
+		       huge, n, thp_mode());
+		munmap(p, len);
+		return SKIP;
+	}
+	CHECK(private_thp(whole) == whole, "cannot set private_thp");
+	if (cxla_migrate_flags(c->fd, p, len, true, PRIV, &m)) {
+		DETAIL("MIGRATE_TO_DEV: %s", strerror(errno));
+		goto out;
+	}
+	if (m.migrated != n) {
+		DETAIL("migrated %llu of %zu (busy %llu, no space %llu)",
+		       (unsigned long long)m.migrated, n,
+		       (unsigned long long)m.busy,
+		       (unsigned long long)m.no_space);
+		goto out;
+	}
+	if (snapshot(c->fd, p, len, f))
+		goto out;
+	huge = count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_HUGE,
+			   CXL_ACCEL_SNAP_PRESENT);
+	if (private_pages(c->fd, p, len) != (long)n || huge != (whole ? n : 0)) {
+		DETAIL("after migration: %ld private pages, %zu of them in device PMDs (want %zu, %zu)",
+		       private_pages(c->fd, p, len), huge, n, whole ? n : 0);
+		goto out;
+	}
+	if (svm_crc(c->fd, p, len, &crc) || crc != want) {
+		DETAIL("device crc32c %#x, want %#x", crc, want);
+		goto out;
+	}
+	/* one CPU read in the second 2 MiB */
+	if (cxla_hmm_info(c->fd, &h0) || check_pages_at(p + 3 * MiB, 768, PG, 311) >= 0 ||
+	    cxla_hmm_info(c->fd, &h1)) {
+		DETAIL("CPU read of page 768");
+		goto out;
+	}
+	back = n - private_pages(c->fd, p, len);
+	if (h1.cpu_faults - h0.cpu_faults != 1 || back != (whole ? 512 : 1)) {
+		DETAIL("a CPU read brought back %zu pages in %llu faults (want %d in 1)",
+		       back, (unsigned long long)(h1.cpu_faults - h0.cpu_faults),
+		       whole ? 512 : 1);
+		goto out;
+	}
+	if (cxla_migrate_flags(c->fd, p, len, false, PRIV, &m) ||
+	    check_pages(p, len, 311) >= 0) {
+		DETAIL("data after the way back");
+		goto out;
+	}
+	DETAIL(whole ?
+	       "4 MiB of THP to private device memory as two 2 MiB folios (device PMDs), device crc32c right in place; a CPU read brought 2 MiB back in one fault; data right" :
+	       "private_thp off: the kernel split 4 MiB of THP into 1024 private pages (no PMD); a CPU read brought one page back; data right");
+	ret = PASS;
+out:
+	private_thp(1);
+	munmap(p, len);
+	if (ret == PASS)
+		PRIVATE_IDLE(c->fd);
+	return ret;
+}
+
+static int test_private_thp(struct ctx *c)
+{
+	return private_thp_run(c, true);
+}
+
+static int test_private_thp_split(struct ctx *c)
+{
+	return private_thp_run(c, false);
+}
+
 /* A CPU access to a private page faults it back to RAM, one page at a time. */
 static int test_private_cpu_fault(struct ctx *c)
 {
@@ -3268,6 +3388,8 @@ static const struct test tests[] = {
 	T(private_exit_evict),
 	T(private_svm_write),
 	T(private_exclusive_atomic),
+	T(private_thp),
+	T(private_thp_split),
 	TP(private_peer),
 	TP(peer_read),
 	TP(peer_migrate),
