@@ -674,6 +674,27 @@ static void cxla_devmem_wait_pages(struct cxla_dev *cd)
 }
 
 /*
+ * Removal, once every buffer was given back to the device: the driver's
+ * own references on their pages go (the pages return as nobody else holds
+ * them).
+ */
+static void cxla_devmem_drop_buf_pages(struct cxla_dev *cd)
+{
+	struct cxla_buf *buf;
+	unsigned long i;
+
+	mutex_lock(&cd->buf_lock);
+	list_for_each_entry(buf, &cd->bufs, node) {
+		if (!buf->pages_held)
+			continue;
+		buf->pages_held = false;
+		for (i = 0; i < buf->npages; i++)
+			put_page(cxla_buf_page(buf, i));
+	}
+	mutex_unlock(&cd->buf_lock);
+}
+
+/*
  * Removal: pins that end soon get a moment; module unload waits for every
  * page (page_free() is module code).
  */
@@ -699,6 +720,8 @@ void cxla_devmem_before_reset(struct cxla_dev *cd)
 {
 	if (!(cd->features & CXLA_F_SHMEM) || !cd->pgmap_live)
 		return;
+	/* ours do not count: what is left is held by others */
+	cxla_devmem_drop_buf_pages(cd);
 	cxla_mig_teardown(cd);
 	cxla_devmem_wait_grace(cd);
 	if (atomic_long_read(&cd->pages_live))
@@ -716,19 +739,7 @@ void cxla_devmem_before_reset(struct cxla_dev *cd)
  */
 bool cxla_devmem_teardown(struct cxla_dev *cd)
 {
-	struct cxla_buf *buf;
-	unsigned long i;
-
-	mutex_lock(&cd->buf_lock);
-	list_for_each_entry(buf, &cd->bufs, node) {
-		if (!buf->pages_held)
-			continue;
-		buf->pages_held = false;
-		for (i = 0; i < buf->npages; i++)
-			put_page(cxla_buf_page(buf, i));
-	}
-	mutex_unlock(&cd->buf_lock);
-
+	cxla_devmem_drop_buf_pages(cd);
 	if (!cd->pgmap_live)
 		return false;
 	if (!(cd->features & CXLA_F_SHMEM))	/* else before the reset */

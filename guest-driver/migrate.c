@@ -525,6 +525,49 @@ static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 	return ret;
 }
 
+#ifdef CONFIG_DEVICE_PRIVATE
+/*
+ * How many pages of [start, end) are this device's private pages already.
+ * A migration to private memory selects system and coherent pages only
+ * (one pagemap owner per migrate_vma), so ours come back as not selected,
+ * like busy ones: a second look, selecting ours and moving nothing, tells
+ * them apart.
+ */
+static unsigned long cxla_mig_own_private(struct cxla_mig_ctx *x,
+					  struct vm_area_struct *vma,
+					  unsigned long start, unsigned long end)
+{
+	struct cxla_dev *cd = x->mig->cd;
+	struct migrate_vma args = {
+		.vma = vma,
+		.start = start,
+		.end = end,
+		.src = x->src,
+		.dst = x->dst,
+		.pgmap_owner = cxla_priv_owner(cd),
+		.flags = MIGRATE_VMA_SELECT_DEVICE_PRIVATE,
+	};
+	unsigned long i, n = 0;
+	struct page *p;
+
+#ifdef CXLA_PRIVATE_THP
+	if (x->compound)	/* else the look would split our folios */
+		args.flags |= MIGRATE_VMA_SELECT_COMPOUND;
+#endif
+	if (migrate_vma_setup(&args))
+		return 0;
+	for (i = 0; i < args.npages; i++) {
+		args.dst[i] = 0;
+		p = migrate_pfn_to_page(args.src[i]);
+		if (p && cxla_page_is_priv(cd, p))
+			n += folio_nr_pages(page_folio(p));
+	}
+	migrate_vma_pages(&args);
+	migrate_vma_finalize(&args);
+	return n;
+}
+#endif
+
 /*
  * Migrate one window [start, end) of one vma; mmap_lock is held for
  * reading. Updates the counters of x->res.
@@ -557,6 +600,7 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		args.flags |= MIGRATE_VMA_SELECT_COMPOUND;
 #endif
 	unsigned long i, nx, moved = 0, before = x->cpu_copied;
+	u64 __maybe_unused busy = res->busy;
 	int ret, err = 0;
 
 	ret = migrate_vma_setup(&args);
@@ -598,6 +642,15 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		moved++;
 	}
 	migrate_vma_finalize(&args);
+#ifdef CONFIG_DEVICE_PRIVATE
+	if (x->priv && x->mode == CXLA_MIG_TO_DEV && res->busy > busy) {
+		u64 own = min_t(u64, res->busy - busy,
+				cxla_mig_own_private(x, vma, start, end));
+
+		res->busy -= own;
+		res->already += own;
+	}
+#endif
 
 	res->migrated += moved;
 	switch (x->mode) {

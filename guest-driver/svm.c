@@ -334,6 +334,46 @@ static void cxla_mirror_store(struct cxla_mirror *m, unsigned long start,
 }
 
 /*
+ * A device write may not land in a private page of ours that the CPU maps
+ * read-only (shared after fork, or mprotect): hmm_range_fault() does not
+ * fault this device's own private pages, whatever the access. Such pages
+ * go back to RAM first; the next look faults them writable (copy on
+ * write) or refuses the write (-EPERM). Returns whether there were any.
+ */
+static bool cxla_svm_readonly_private(struct cxla_mirror *m,
+				      unsigned long start, unsigned int npages,
+				      const unsigned long *pfns)
+{
+	struct cxla_dev *cd = m->cd;
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = cd->mig,
+		.mode = CXLA_MIG_TO_RAM,
+		.priv = true,
+		.intr = true,
+		.dma = true,
+		.cpu_fallback = true,
+		.res = &res,
+		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
+				    CXLA_MIG_MAX_TIMEOUT_MS),
+	};
+	unsigned int i;
+
+	for (i = 0; i < npages; i++)
+		if ((pfns[i] & (HMM_PFN_VALID | HMM_PFN_WRITE)) == HMM_PFN_VALID &&
+		    cxla_page_is_priv(cd, hmm_pfn_to_page(pfns[i])))
+			break;
+	if (i == npages)
+		return false;
+	if (!cxla_mig_ctx_alloc(&x, npages)) {
+		cxla_migrate_range(&x, m->notifier.mm, start,
+				   start + ((unsigned long)npages << PAGE_SHIFT));
+		cxla_mig_ctx_free(&x);
+	}
+	return true;
+}
+
+/*
  * Resolve [start, start + npages) for the device: from the mirror, else
  * with hmm_range_fault(). Returns with the mirror lock held and the pfns
  * valid until it is dropped.
@@ -383,6 +423,10 @@ static int cxla_mirror_resolve(struct cxla_mirror *m, unsigned long start,
 		}
 		if (ret)
 			return ret;
+		if (write && cxla_svm_readonly_private(m, start, npages, pfns)) {
+			s->retries++;
+			continue;
+		}
 		mutex_lock(&m->lock);
 		if (!mmu_interval_read_retry(&m->notifier, range.notifier_seq))
 			break;
