@@ -20,6 +20,12 @@
  *   FIXTURE_VARIANT_ADD_DEFAULT(mig, coherent) { .flags = 0 };   "migrate"
  *   FIXTURE_VARIANT_ADD(mig, private) { .flags = PRIV };          "migrate.private"
  *
+ * FIXTURE_ALIAS(peer, dev) is another fixture with the data of dev (its own
+ * set-up and variants), FIXTURE_PEER(peer) marks one whose tests need -P,
+ * FIXTURE_APPLIES(fx) says whether its tests run without -t (e.g. by the
+ * device's mode). CXLA_PROGRAM() names the program, its default prefix,
+ * the alarm and a prologue run before the first test.
+ *
  * In a test, "c" is the fixture data and "variant" the variant (NULL for a
  * fixture without variants). A test returns PASS, FAIL or SKIP and says why
  * with DETAIL() (CHECK, OK and EXPECT_ERR fail with a message). Each test
