@@ -677,15 +677,28 @@ CXLA_TEST_F(dev, mirror)
 }
 
 /* mprotect takes write access away from the mirror too */
-CXLA_TEST_F(dev, mprotect_mirror)
+CXLA_TEST_F(mig, mprotect_mirror)
 {
 	size_t len = 32 * PG;
 	uint8_t *p = map_anon(len);
 	uint64_t pat = 0xabababababababab;
+	struct cxl_accel_migrate m;
+	uint8_t f[32];
 
 	CHECK(p, "mmap");
 	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	if (PRIVATE) {
+		/* the private variant: mprotect of device-private entries */
+		OK(MIGRATE(c->fd, p, len, true, &m));
+		CHECK(m.migrated == len / PG, "migrated %llu", (unsigned long long)m.migrated);
+	}
 	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
+	if (PRIVATE) {
+		OK(snapshot(c->fd, p, len, f));
+		CHECK(count_pages(f, 32, CXL_ACCEL_SNAP_LOCAL,
+				  CXL_ACCEL_SNAP_WRITE | CXL_ACCEL_SNAP_PRESENT) == 32,
+		      "after mprotect: %#x, want private read-only", f[0]);
+	}
 	pat = 0x5555555555555555;
 	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
 		   EPERM);
@@ -694,8 +707,9 @@ CXLA_TEST_F(dev, mprotect_mirror)
 	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	CHECK(p[0] == 0x55 && p[len - 1] == 0x55, "fill after PROT_WRITE");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("device write through the mirror; mprotect(PROT_READ) -> -EPERM, memory unchanged; writable again -> ok");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("device write through the mirror; %smprotect(PROT_READ) -> -EPERM, memory unchanged; writable again -> ok",
+	       PRIVATE ? "pages made private, read-only by mprotect; " : "");
 	return PASS;
 }
 
@@ -793,18 +807,24 @@ CXLA_TEST_F(dev, svm_timeout_fork)
 	return PASS;
 }
 
-CXLA_TEST_F(dev, fork_child_private)
+CXLA_TEST_F(mig, fork_child_private)
 {
 	size_t len = 64 * PG;
 	uint8_t *p = map_anon(len);
 	uint32_t crc0, crc;
 	int status, pipefd[2];
 	char msg[200] = "";
+	struct cxl_accel_migrate m;
 	pid_t pid;
 
 	CHECK(p, "mmap");
 	fill_pages(p, len, 21);
 	crc0 = crc32c(0, p, len);
+	if (PRIVATE) {
+		/* the private variant: the pages are the device's at the fork */
+		OK(MIGRATE(c->fd, p, len, true, &m));
+		CHECK(m.migrated == len / PG, "migrated %llu", (unsigned long long)m.migrated);
+	}
 	OK(svm_crc(c->fd, p, len, &crc));	/* the parent has a mirror */
 	CHECK(crc == crc0, "parent crc");
 	CHECK(!pipe(pipefd), "pipe");
@@ -837,8 +857,9 @@ CXLA_TEST_F(dev, fork_child_private)
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc0, "parent device crc after the child");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("child read through the inherited and its own fd, device-wrote 8 pages (COW); parent unchanged for CPU and device");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%schild read through the inherited and its own fd, device-wrote 8 pages (COW); parent unchanged for CPU and device",
+	       PRIVATE ? "private pages at the fork: " : "");
 	return PASS;
 }
 
@@ -1045,7 +1066,7 @@ CXLA_TEST_F(mig, migrate)
 	      "the device read moved private pages");
 	/* again: nothing to do */
 	OK(MIGRATE(c->fd, p, len, true, &m));
-	CHECK(m.migrated == 0 && (PRIVATE || m.already == n),
+	CHECK(m.migrated == 0 && m.already == n,
 	      "second migration: %llu moved, %llu already, %llu busy",
 	      (unsigned long long)m.migrated, (unsigned long long)m.already,
 	      (unsigned long long)m.busy);
@@ -2161,7 +2182,7 @@ static int stress_child(FIXTURE_DATA(dev) *c, uint32_t flags, uint8_t *p,
 	return 0;
 }
 
-CXLA_TEST_F(dev, stress)
+CXLA_TEST_F(mig, stress)
 {
 	const int nproc = 3;
 	size_t npages = 512, len = npages * PG, pg;
@@ -2179,12 +2200,12 @@ CXLA_TEST_F(dev, stress)
 	for (pg = 0; pg < npages; pg++)
 		memset(p + pg * PG, 0xa5 ^ (int)pg, PG);
 	/* the initial pages are shared COW by all processes */
-	OK(cxla_migrate(c->fd, p, len, true, NULL));
+	OK(MIGRATE(c->fd, p, len, true, NULL));
 	OK(cxla_hmm_info(c->fd, &h1));
 	for (i = 0; i < nproc; i++) {
 		pids[i] = fork();
 		if (!pids[i])
-			_exit(stress_child(c, 0, p, npages, i, msgs[i]));
+			_exit(stress_child(c, variant->flags, p, npages, i, msgs[i]));
 	}
 	for (i = 0; i < nproc; i++) {
 		waitpid(pids[i], &status, 0);
@@ -2200,9 +2221,9 @@ CXLA_TEST_F(dev, stress)
 	OK(cxla_hmm_info(c->fd, &h2));
 	CHECK(h2.copy_failures == h1.copy_failures, "%llu failed copy commands",
 	      (unsigned long long)(h2.copy_failures - h1.copy_failures));
-	POOL_IDLE(c->fd);
-	DETAIL("%d processes x (migrator, CPU writer, device filler/reader) on COW-shared 2 MiB for %d s, data verified twice each; e.g. %s",
-	       nproc, stress_secs, msgs[0]);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%d processes x (%s migrator, CPU writer, device filler/reader) on COW-shared 2 MiB for %d s, data verified twice each; e.g. %s",
+	       nproc, PRIVATE ? "private" : "coherent", stress_secs, msgs[0]);
 	return PASS;
 }
 
