@@ -17,4 +17,5 @@ make -s -C tests/guest >/dev/null
 exec "$HERE/run-guest.sh" --attach numa --socket-mode client --devices 2 --timeout 600 \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
     --add tests/guest/out/hmm-tests:/bin/ --add tests/guest/out/hmm-bench:/bin/ \
+    --add tests/guest/guest-lib.sh:/cxl/guest-lib.sh \
     --script tests/guest/run-numa.sh "$@"

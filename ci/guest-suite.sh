@@ -23,6 +23,7 @@ ADD=()
 for f in tests/guest/out/* tests/guest/stress-guest.sh; do
     ADD+=(--add "$f:/bin/")
 done
+ADD+=(--add tests/guest/guest-lib.sh:/cxl/guest-lib.sh)	# the scripts' helpers
 exec "$HERE/run-guest.sh" --devices 2 --quiet --timeout 1200 \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
     "${ADD[@]}" --script tests/guest/run-all.sh "$@"

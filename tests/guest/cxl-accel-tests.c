@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * cxl-accel guest tests: a table of named tests, each run in its own child
- * process with a fresh file descriptor (so a crash or a leak in one test
- * cannot spoil the next), printing one line per test:
+ * cxl-accel guest tests of the device's commands, memory and files, on the
+ * harness of cxla_harness.h: each test in its own child process with a fresh
+ * file descriptor (so a crash or a leak in one test cannot spoil the next),
+ * one line per test:
  *
- *   RESULT <name> PASS|FAIL <detail>
+ *   RESULT <prefix><name> PASS|FAIL <detail>
  *
  * Usage: cxl-accel-tests [-d /dev/cxl-accelN] [-p prefix] [-t name]... [-l]
+ *        cxl-accel-tests --stall SECS DEV         (run-stall.sh)
  *        cxl-accel-tests --hold /dev/cxl-accelN   (helper for the unbind test)
  *        cxl-accel-tests --multi                  (tests across all devices)
  *        cxl-accel-tests --restart SECS DEV       (commands while the host kills the daemon)
@@ -22,23 +24,30 @@
 #include <sched.h>
 #include <sys/wait.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define KiB		1024ULL
 #define MiB		(1024 * KiB)
 #define TEST_TIMEOUT_S	240
 
-struct ctx {
-	const char *path;
-	int fd;
-	struct cxl_accel_identify id;
-	char *detail;		/* shared with the parent */
+/* every test: the device (-d), opened and identified */
+FIXTURE(dev) {
+	CXLA_DEVS;
 };
 
+FIXTURE_SETUP(dev)
+{
+	return cxla_open_devs(&c->devs, CXLA_NO_PEER);
+}
 
 static int page_size;
 
-static uint64_t dev_free(struct ctx *c)
+CXLA_CTOR(init_page_size)
+{
+	page_size = getpagesize();
+}
+
+static uint64_t dev_free(FIXTURE_DATA(dev) *c)
 {
 	struct cxl_accel_identify id;
 
@@ -49,7 +58,7 @@ static uint64_t dev_free(struct ctx *c)
 
 /* ------------------------------------------------------------ basics */
 
-static int test_identify(struct ctx *c)
+CXLA_TEST_F(dev, identify)
 {
 	struct cxl_accel_identify *id = &c->id;
 
@@ -75,7 +84,7 @@ static int test_identify(struct ctx *c)
 	return PASS;
 }
 
-static int test_crc_known(struct ctx *c)
+CXLA_TEST_F(dev, crc_known)
 {
 	static const char msg[] = "123456789";
 	uint32_t crc, crc2;
@@ -94,7 +103,7 @@ static int test_crc_known(struct ctx *c)
 
 /* ----------------------------------------------- coherence, device memory */
 
-static int test_devmem_cpu_write_dev_checksum(struct ctx *c)
+CXLA_TEST_F(dev, devmem_cpu_write_dev_checksum)
 {
 	struct cxl_accel_alloc a;
 	uint32_t crc;
@@ -116,7 +125,7 @@ static int test_devmem_cpu_write_dev_checksum(struct ctx *c)
 	return PASS;
 }
 
-static int test_devmem_dev_fill_cpu_read(struct ctx *c)
+CXLA_TEST_F(dev, devmem_dev_fill_cpu_read)
 {
 	const uint64_t pat = 0x0123456789abcdefULL;
 	const size_t off = 13, len = 500000;
@@ -140,7 +149,7 @@ static int test_devmem_dev_fill_cpu_read(struct ctx *c)
 	return PASS;
 }
 
-static int test_ram_cpu_write_dev_checksum(struct ctx *c)
+CXLA_TEST_F(dev, ram_cpu_write_dev_checksum)
 {
 	size_t len = 3 * MiB + 5;
 	uint8_t *buf = malloc(len + 5);
@@ -156,7 +165,7 @@ static int test_ram_cpu_write_dev_checksum(struct ctx *c)
 	return PASS;
 }
 
-static int test_ram_dev_fill_cpu_read(struct ctx *c)
+CXLA_TEST_F(dev, ram_dev_fill_cpu_read)
 {
 	const uint64_t pat = 0xfeedfacecafebeefULL;
 	size_t len = 2 * MiB, i;
@@ -172,7 +181,7 @@ static int test_ram_dev_fill_cpu_read(struct ctx *c)
 	return PASS;
 }
 
-static int test_copy_roundtrip(struct ctx *c)
+CXLA_TEST_F(dev, copy_roundtrip)
 {
 	size_t len = 16 * MiB + 123;
 	uint8_t *src = malloc(len + 16), *dst = malloc(len + 16);
@@ -198,7 +207,7 @@ static int test_copy_roundtrip(struct ctx *c)
 	return PASS;
 }
 
-static int test_copy_dev_to_dev(struct ctx *c)
+CXLA_TEST_F(dev, copy_dev_to_dev)
 {
 	struct cxl_accel_alloc a, b;
 	uint8_t *pa, *pb;
@@ -219,7 +228,7 @@ static int test_copy_dev_to_dev(struct ctx *c)
 }
 
 /* Pointers into an mmap of device memory are valid "user memory" too. */
-static int test_copy_mmap_pointer(struct ctx *c)
+CXLA_TEST_F(dev, copy_mmap_pointer)
 {
 	size_t len = 1 * MiB;
 	struct cxl_accel_alloc a;
@@ -271,7 +280,7 @@ static void *atomic_thread(void *arg)
 	return NULL;
 }
 
-static int race_atomics(struct ctx *c, uint64_t *word, struct cxl_accel_mem target,
+static int race_atomics(FIXTURE_DATA(dev) *c, uint64_t *word, struct cxl_accel_mem target,
 			const char *where)
 {
 	const uint64_t n = 1000000;
@@ -310,7 +319,7 @@ static int race_atomics(struct ctx *c, uint64_t *word, struct cxl_accel_mem targ
 	return PASS;
 }
 
-static int test_atomics_devmem(struct ctx *c)
+CXLA_TEST_F(dev, atomics_devmem)
 {
 	struct cxl_accel_alloc a;
 	uint64_t *p;
@@ -321,7 +330,7 @@ static int test_atomics_devmem(struct ctx *c)
 	return race_atomics(c, p + 8, cxla_dev(a.handle, 64), "device memory");
 }
 
-static int test_atomics_ram(struct ctx *c)
+CXLA_TEST_F(dev, atomics_ram)
 {
 	uint64_t *p;
 
@@ -330,7 +339,7 @@ static int test_atomics_ram(struct ctx *c)
 	return race_atomics(c, p + 3, cxla_user(p + 3), "system RAM");
 }
 
-static int test_atomic_ops(struct ctx *c)
+CXLA_TEST_F(dev, atomic_ops)
 {
 	struct cxl_accel_atomic r;
 	struct cxl_accel_alloc a;
@@ -404,7 +413,7 @@ static void *mp_cpu_reader(void *arg)
 	return NULL;
 }
 
-static int mp_dev_to_cpu(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+static int mp_dev_to_cpu(FIXTURE_DATA(dev) *c, struct mp *m, struct cxl_accel_mem flag,
 			 struct cxl_accel_mem payload, const char *where)
 {
 	pthread_t th;
@@ -447,7 +456,7 @@ static void *mp_cpu_writer(void *arg)
 	return NULL;
 }
 
-static int mp_cpu_to_dev(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+static int mp_cpu_to_dev(FIXTURE_DATA(dev) *c, struct mp *m, struct cxl_accel_mem flag,
 			 struct cxl_accel_mem payload, const char *where)
 {
 	uint64_t *expect = malloc(MP_PAYLOAD);
@@ -488,11 +497,11 @@ static int mp_cpu_to_dev(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
 	return PASS;
 }
 
-typedef int mp_fn(struct ctx *c, struct mp *m, struct cxl_accel_mem flag,
+typedef int mp_fn(FIXTURE_DATA(dev) *c, struct mp *m, struct cxl_accel_mem flag,
 		  struct cxl_accel_mem payload, const char *where);
 
 /* a message-passing test, the flag and the payload in device memory or system RAM */
-static int msgpass(struct ctx *c, mp_fn *run, bool devmem)
+static int msgpass(FIXTURE_DATA(dev) *c, mp_fn *run, bool devmem)
 {
 	struct cxl_accel_alloc a;
 	uint64_t ack = 0;
@@ -517,22 +526,22 @@ static int msgpass(struct ctx *c, mp_fn *run, bool devmem)
 	return run(c, &m, cxla_user(p), cxla_user(p + 4096), "system RAM");
 }
 
-static int test_msgpass_dev_to_cpu_devmem(struct ctx *c)
+CXLA_TEST_F(dev, msgpass_dev_to_cpu_devmem)
 {
 	return msgpass(c, mp_dev_to_cpu, true);
 }
 
-static int test_msgpass_dev_to_cpu_ram(struct ctx *c)
+CXLA_TEST_F(dev, msgpass_dev_to_cpu_ram)
 {
 	return msgpass(c, mp_dev_to_cpu, false);
 }
 
-static int test_msgpass_cpu_to_dev_devmem(struct ctx *c)
+CXLA_TEST_F(dev, msgpass_cpu_to_dev_devmem)
 {
 	return msgpass(c, mp_cpu_to_dev, true);
 }
 
-static int test_msgpass_cpu_to_dev_ram(struct ctx *c)
+CXLA_TEST_F(dev, msgpass_cpu_to_dev_ram)
 {
 	return msgpass(c, mp_cpu_to_dev, false);
 }
@@ -546,7 +555,7 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int test_alloc_many(struct ctx *c)
+CXLA_TEST_F(dev, alloc_many)
 {
 	const int n = 1000;
 	struct cxl_accel_alloc *a = calloc(n, sizeof(*a));
@@ -590,7 +599,7 @@ static int test_alloc_many(struct ctx *c)
 	return PASS;
 }
 
-static int test_alloc_exhaustion(struct ctx *c)
+CXLA_TEST_F(dev, alloc_exhaustion)
 {
 	const uint64_t sz = 64 * KiB;
 	uint64_t start = dev_free(c), max = start / sz + 16;
@@ -628,7 +637,7 @@ static int test_alloc_exhaustion(struct ctx *c)
 	return PASS;
 }
 
-static int test_alloc_bad(struct ctx *c)
+CXLA_TEST_F(dev, alloc_bad)
 {
 	struct cxl_accel_alloc a;
 	uint64_t start = dev_free(c);
@@ -655,7 +664,7 @@ static int test_alloc_bad(struct ctx *c)
 	return PASS;
 }
 
-static int test_free_bad(struct ctx *c)
+CXLA_TEST_F(dev, free_bad)
 {
 	struct cxl_accel_free f = { .handle = 1, .flags = 1 };
 	struct cxl_accel_alloc a;
@@ -674,7 +683,7 @@ static int test_free_bad(struct ctx *c)
 }
 
 /* Another file's handle means nothing here. */
-static int test_handles_per_file(struct ctx *c)
+CXLA_TEST_F(dev, handles_per_file)
 {
 	int fd2 = open(c->path, O_RDWR);
 	struct cxl_accel_alloc a;
@@ -690,7 +699,7 @@ static int test_handles_per_file(struct ctx *c)
 	return PASS;
 }
 
-static int test_free_while_mapped(struct ctx *c)
+CXLA_TEST_F(dev, free_while_mapped)
 {
 	uint64_t start = dev_free(c);
 	struct cxl_accel_alloc a;
@@ -716,7 +725,7 @@ static int test_free_while_mapped(struct ctx *c)
 	return PASS;
 }
 
-static int test_mmap_bad(struct ctx *c)
+CXLA_TEST_F(dev, mmap_bad)
 {
 	struct cxl_accel_alloc a;
 	uint8_t *p, *q;
@@ -747,7 +756,7 @@ static int test_mmap_bad(struct ctx *c)
 
 /* ------------------------------------------------------------ bad input */
 
-static int test_ioctl_bad(struct ctx *c)
+CXLA_TEST_F(dev, ioctl_bad)
 {
 	struct cxl_accel_copy cp = { 0 };
 	struct cxl_accel_wait_event w = { 0 };
@@ -776,7 +785,7 @@ static int test_ioctl_bad(struct ctx *c)
 	return PASS;
 }
 
-static int test_range_bad(struct ctx *c)
+CXLA_TEST_F(dev, range_bad)
 {
 	struct cxl_accel_alloc a;
 	char buf[64] = { 0 };
@@ -800,7 +809,7 @@ static int test_range_bad(struct ctx *c)
 	return PASS;
 }
 
-static int test_user_addr_bad(struct ctx *c)
+CXLA_TEST_F(dev, user_addr_bad)
 {
 	struct cxl_accel_alloc a;
 	uint8_t *hole, *ro, *half;
@@ -835,7 +844,7 @@ static int test_user_addr_bad(struct ctx *c)
 	return PASS;
 }
 
-static int test_atomic_bad(struct ctx *c)
+CXLA_TEST_F(dev, atomic_bad)
 {
 	struct cxl_accel_alloc a;
 	struct cxl_accel_atomic r;
@@ -864,7 +873,7 @@ static int test_atomic_bad(struct ctx *c)
 
 /* ------------------------------------------------------ events, stats */
 
-static int test_signal_event(struct ctx *c)
+CXLA_TEST_F(dev, signal_event)
 {
 	struct cxl_accel_wait_event w = { 0 };
 	struct cxl_accel_signal s = { 0 };
@@ -904,7 +913,7 @@ static int test_signal_event(struct ctx *c)
 	return PASS;
 }
 
-static int test_stats(struct ctx *c)
+CXLA_TEST_F(dev, stats)
 {
 	struct cxl_accel_stats s0, s1;
 	size_t len = 1 * MiB;
@@ -937,53 +946,8 @@ static int test_stats(struct ctx *c)
 
 /* ----------------------------------------------------- robustness */
 
-/*
- * A command that outlives its timeout: the ioctl returns -ETIMEDOUT, the
- * request stays quarantined (its user page pinned) and the device still
- * completes it into valid memory; then the quarantine empties.
- */
-static int test_timeout_quarantine(struct ctx *c)
-{
-	const uint64_t n = 1ULL << 27;	/* the device's maximum repeat */
-	struct cxl_accel_stats st;
-	uint64_t *word;
-	uint32_t crc;
-	double t0, t1;
-	int r, i;
-
-	CHECK(!posix_memalign((void **)&word, 4096, 4096), "posix_memalign");
-	memset(word, 0, 4096);
-	t0 = now_sec();
-	r = cxla_atomic(c->fd, cxla_user(word), CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0,
-			n, 50, NULL);
-	t1 = now_sec();
-	CHECK(r == -ETIMEDOUT, "2^27 atomic adds in 50 ms: %d (%s)", r,
-	      r ? strerror(-r) : "completed");
-	CHECK(t1 - t0 < 2.0, "timeout took %.2f s", t1 - t0);
-	OK(cxla_stats(c->fd, &st));
-	CHECK(st.driver[CXL_ACCEL_DSTAT_QUARANTINED] >= 1, "nothing quarantined");
-	/* the device keeps working meanwhile */
-	OK(cxla_checksum(c->fd, cxla_user("123456789"), 9, 0, &crc));
-	CHECK(crc == 0xE3069283, "crc %#x", crc);
-	for (i = 0; i < 1200; i++) {
-		OK(cxla_stats(c->fd, &st));
-		if (!st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
-			break;
-		usleep(100000);
-	}
-	CHECK(!st.driver[CXL_ACCEL_DSTAT_QUARANTINED],
-	      "request still quarantined after 120 s");
-	CHECK(__atomic_load_n(word, __ATOMIC_SEQ_CST) == n,
-	      "word %llu after the abandoned adds, expected %llu",
-	      (unsigned long long)*word, (unsigned long long)n);
-	DETAIL("-ETIMEDOUT after %.0f ms, device finished the 2^27 adds %.1f s later into the still-pinned page",
-	       (t1 - t0) * 1e3, now_sec() - t1);
-	free(word);
-	return PASS;
-}
-
 /* A child that exits with buffers allocated and mapped leaks nothing. */
-static int test_exit_with_buffers(struct ctx *c)
+CXLA_TEST_F(dev, exit_with_buffers)
 {
 	uint64_t start = dev_free(c);
 	pid_t pid;
@@ -1016,12 +980,74 @@ static int test_exit_with_buffers(struct ctx *c)
 	return PASS;
 }
 
+struct conc_job {
+	int fd;
+	int id;
+	int iters;
+	char err[160];
+};
+
+static void *conc_thread(void *arg)
+{
+	struct conc_job *j = arg;
+	size_t len = 256 * KiB + j->id * 4096 + 17;
+	uint8_t *src = malloc(len), *dst = malloc(len);
+	struct cxl_accel_alloc a;
+	uint32_t crc;
+	int i, r;
+
+	if (!src || !dst || cxla_alloc(j->fd, len, 0, &a)) {
+		snprintf(j->err, sizeof(j->err), "setup failed");
+		return NULL;
+	}
+	for (i = 0; i < j->iters; i++) {
+		fill_random(src, len, j->id * 1000 + i);
+		r = cxla_copy(j->fd, cxla_user(src), cxla_dev(a.handle, 0), len, 0);
+		r = r ?: cxla_checksum(j->fd, cxla_dev(a.handle, 0), len, 0, &crc);
+		r = r ?: cxla_copy(j->fd, cxla_dev(a.handle, 0), cxla_user(dst), len, 0);
+		if (r) {
+			snprintf(j->err, sizeof(j->err), "thread %d iter %d: %s",
+				 j->id, i, strerror(-r));
+			break;
+		}
+		if (crc != crc32c(0, src, len) || memcmp(src, dst, len)) {
+			snprintf(j->err, sizeof(j->err), "thread %d iter %d: data",
+				 j->id, i);
+			break;
+		}
+	}
+	cxla_free(j->fd, a.handle);
+	free(src);
+	free(dst);
+	return NULL;
+}
+
+CXLA_TEST_F(dev, concurrent_submitters)
+{
+	struct conc_job jobs[6];
+	pthread_t th[6];
+	double t0 = now_sec();
+	int i;
+
+	for (i = 0; i < 6; i++) {
+		jobs[i] = (struct conc_job){ .fd = c->fd, .id = i, .iters = 40 };
+		CHECK(!pthread_create(&th[i], NULL, conc_thread, &jobs[i]), "thread");
+	}
+	for (i = 0; i < 6; i++)
+		pthread_join(th[i], NULL);
+	for (i = 0; i < 6; i++)
+		CHECK(!jobs[i].err[0], "%s", jobs[i].err);
+	DETAIL("6 threads x 40 x (copy in, checksum, copy out) in %.2f s",
+	       now_sec() - t0);
+	return PASS;
+}
+
 /*
  * SIGKILL while a command is in flight on a device buffer: the command is
  * abandoned (quarantined) with its buffer reference; the buffer, and the
  * other buffers of the dead process, return to the device once it is done.
  */
-static int test_kill_during_command(struct ctx *c)
+CXLA_TEST_F(dev, kill_during_command)
 {
 	uint64_t start = dev_free(c), f = 0;
 	struct cxl_accel_stats st;
@@ -1074,130 +1100,52 @@ static int test_kill_during_command(struct ctx *c)
 	return PASS;
 }
 
-struct conc_job {
-	int fd;
-	int id;
-	int iters;
-	char err[160];
-};
-
-static void *conc_thread(void *arg)
+/*
+ * A command that outlives its timeout: the ioctl returns -ETIMEDOUT, the
+ * request stays quarantined (its user page pinned) and the device still
+ * completes it into valid memory; then the quarantine empties.
+ */
+CXLA_TEST_F(dev, timeout_quarantine)
 {
-	struct conc_job *j = arg;
-	size_t len = 256 * KiB + j->id * 4096 + 17;
-	uint8_t *src = malloc(len), *dst = malloc(len);
-	struct cxl_accel_alloc a;
+	const uint64_t n = 1ULL << 27;	/* the device's maximum repeat */
+	struct cxl_accel_stats st;
+	uint64_t *word;
 	uint32_t crc;
-	int i, r;
+	double t0, t1;
+	int r, i;
 
-	if (!src || !dst || cxla_alloc(j->fd, len, 0, &a)) {
-		snprintf(j->err, sizeof(j->err), "setup failed");
-		return NULL;
-	}
-	for (i = 0; i < j->iters; i++) {
-		fill_random(src, len, j->id * 1000 + i);
-		r = cxla_copy(j->fd, cxla_user(src), cxla_dev(a.handle, 0), len, 0);
-		r = r ?: cxla_checksum(j->fd, cxla_dev(a.handle, 0), len, 0, &crc);
-		r = r ?: cxla_copy(j->fd, cxla_dev(a.handle, 0), cxla_user(dst), len, 0);
-		if (r) {
-			snprintf(j->err, sizeof(j->err), "thread %d iter %d: %s",
-				 j->id, i, strerror(-r));
+	CHECK(!posix_memalign((void **)&word, 4096, 4096), "posix_memalign");
+	memset(word, 0, 4096);
+	t0 = now_sec();
+	r = cxla_atomic(c->fd, cxla_user(word), CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0,
+			n, 50, NULL);
+	t1 = now_sec();
+	CHECK(r == -ETIMEDOUT, "2^27 atomic adds in 50 ms: %d (%s)", r,
+	      r ? strerror(-r) : "completed");
+	CHECK(t1 - t0 < 2.0, "timeout took %.2f s", t1 - t0);
+	OK(cxla_stats(c->fd, &st));
+	CHECK(st.driver[CXL_ACCEL_DSTAT_QUARANTINED] >= 1, "nothing quarantined");
+	/* the device keeps working meanwhile */
+	OK(cxla_checksum(c->fd, cxla_user("123456789"), 9, 0, &crc));
+	CHECK(crc == 0xE3069283, "crc %#x", crc);
+	for (i = 0; i < 1200; i++) {
+		OK(cxla_stats(c->fd, &st));
+		if (!st.driver[CXL_ACCEL_DSTAT_QUARANTINED])
 			break;
-		}
-		if (crc != crc32c(0, src, len) || memcmp(src, dst, len)) {
-			snprintf(j->err, sizeof(j->err), "thread %d iter %d: data",
-				 j->id, i);
-			break;
-		}
+		usleep(100000);
 	}
-	cxla_free(j->fd, a.handle);
-	free(src);
-	free(dst);
-	return NULL;
-}
-
-static int test_concurrent_submitters(struct ctx *c)
-{
-	struct conc_job jobs[6];
-	pthread_t th[6];
-	double t0 = now_sec();
-	int i;
-
-	for (i = 0; i < 6; i++) {
-		jobs[i] = (struct conc_job){ .fd = c->fd, .id = i, .iters = 40 };
-		CHECK(!pthread_create(&th[i], NULL, conc_thread, &jobs[i]), "thread");
-	}
-	for (i = 0; i < 6; i++)
-		pthread_join(th[i], NULL);
-	for (i = 0; i < 6; i++)
-		CHECK(!jobs[i].err[0], "%s", jobs[i].err);
-	DETAIL("6 threads x 40 x (copy in, checksum, copy out) in %.2f s",
-	       now_sec() - t0);
+	CHECK(!st.driver[CXL_ACCEL_DSTAT_QUARANTINED],
+	      "request still quarantined after 120 s");
+	CHECK(__atomic_load_n(word, __ATOMIC_SEQ_CST) == n,
+	      "word %llu after the abandoned adds, expected %llu",
+	      (unsigned long long)*word, (unsigned long long)n);
+	DETAIL("-ETIMEDOUT after %.0f ms, device finished the 2^27 adds %.1f s later into the still-pinned page",
+	       (t1 - t0) * 1e3, now_sec() - t1);
+	free(word);
 	return PASS;
 }
 
-/* ---------------------------------------------------------- runner */
-
-struct test {
-	const char *name;
-	int (*fn)(struct ctx *c);
-};
-
-#define T(x) { #x, test_##x }
-static const struct test tests[] = {
-	T(identify),
-	T(crc_known),
-	T(devmem_cpu_write_dev_checksum),
-	T(devmem_dev_fill_cpu_read),
-	T(ram_cpu_write_dev_checksum),
-	T(ram_dev_fill_cpu_read),
-	T(copy_roundtrip),
-	T(copy_dev_to_dev),
-	T(copy_mmap_pointer),
-	T(atomics_devmem),
-	T(atomics_ram),
-	T(atomic_ops),
-	T(msgpass_dev_to_cpu_devmem),
-	T(msgpass_dev_to_cpu_ram),
-	T(msgpass_cpu_to_dev_devmem),
-	T(msgpass_cpu_to_dev_ram),
-	T(alloc_many),
-	T(alloc_exhaustion),
-	T(alloc_bad),
-	T(free_bad),
-	T(handles_per_file),
-	T(free_while_mapped),
-	T(mmap_bad),
-	T(ioctl_bad),
-	T(range_bad),
-	T(user_addr_bad),
-	T(atomic_bad),
-	T(signal_event),
-	T(stats),
-	T(exit_with_buffers),
-	T(concurrent_submitters),
-	T(kill_during_command),
-	T(timeout_quarantine),
-};
-
-/* in the child: open the device, identify it, run the test */
-static int run_child(const void *env, const void *test, char *detail)
-{
-	const struct test *t = test;
-	struct ctx c = { .path = env, .detail = detail };
-
-	c.fd = open(c.path, O_RDWR);
-	if (c.fd < 0) {
-		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
-			 strerror(errno));
-		return FAIL;
-	}
-	if (cxla_identify(c.fd, &c.id)) {
-		snprintf(detail, DETAIL_LEN, "IDENTIFY: %s", strerror(errno));
-		return FAIL;
-	}
-	return t->fn(&c);
-}
+/* ------------------------------------------------- the other modes */
 
 /*
  * --hold: keep buffers allocated and mapped until the device goes away,
@@ -1620,47 +1568,29 @@ static int restart_stream(int secs, const char *path, bool soak)
 	return why[0] ? 1 : 0;
 }
 
-int main(int argc, char **argv)
+CXLA_MODE(hold, "--hold", "DEV", 1)
 {
-	struct cxla_runner r = { .prefix = "", .timeout_s = TEST_TIMEOUT_S };
-	const char *path = "/dev/cxl-accel0";
-	int i, k;
-
-	page_size = getpagesize();
-	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
-			path = argv[++i];
-		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
-			r.prefix = argv[++i];
-		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
-			r.only[r.nonly++] = argv[++i];
-		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-				printf("%s\n", tests[k].name);
-			return 0;
-		} else if (!strcmp(argv[i], "--hold") && i + 1 < argc) {
-			return hold(argv[i + 1]);
-		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
-			return stall(atoi(argv[i + 1]), argv[i + 2]);
-		} else if (!strcmp(argv[i], "--restart") && i + 2 < argc) {
-			return restart_stream(atoi(argv[i + 1]), argv[i + 2], false);
-		} else if (!strcmp(argv[i], "--soak") && i + 2 < argc) {
-			return restart_stream(atoi(argv[i + 1]), argv[i + 2], true);
-		} else if (!strcmp(argv[i], "--multi")) {
-			return multi();
-		} else {
-			fprintf(stderr,
-				"usage: %s [-d dev] [-p prefix] [-t test]... [-l] | --hold dev | --multi | --stall secs dev | --restart secs dev | --soak secs dev\n",
-				argv[0]);
-			return 2;
-		}
-	}
-
-	if (cxla_runner_start(&r))
-		return 2;
-	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-		if (cxla_selected(&r, tests[k].name))
-			cxla_run(&r, tests[k].name, run_child, path, &tests[k]);
-	printf("# %s: %d passed, %d failed\n", path, r.passed, r.failed);
-	return r.failed ? 1 : 0;
+	return hold(argv[0]);
 }
+
+CXLA_MODE(stall, "--stall", "SECS DEV", 2)
+{
+	return stall(atoi(argv[0]), argv[1]);
+}
+
+CXLA_MODE(restart, "--restart", "SECS DEV", 2)
+{
+	return restart_stream(atoi(argv[0]), argv[1], false);
+}
+
+CXLA_MODE(soak, "--soak", "SECS DEV", 2)
+{
+	return restart_stream(atoi(argv[0]), argv[1], true);
+}
+
+CXLA_MODE(multi, "--multi", "", 0)
+{
+	return multi();
+}
+
+CXLA_PROGRAM(.name = "cxl-accel-tests", .prefix = "", .timeout_s = TEST_TIMEOUT_S);

@@ -294,124 +294,13 @@ static inline void *map_anon(size_t len)
 }
 
 /*
- * Test helpers: every test function has a "c" context with a detail buffer
- * (DETAIL_LEN bytes, shared with the parent) and returns PASS, FAIL or SKIP.
+ * Verdicts of a test (the exit status of its child process), and the length
+ * of its detail; the harness (cxla_harness.h) has the rest.
  */
 enum { PASS, FAIL, SKIP };
 
 #define DETAIL_LEN	500
-#define DETAIL(...)	snprintf(c->detail, DETAIL_LEN, __VA_ARGS__)
-#define FAILF(...)	do { DETAIL(__VA_ARGS__); return FAIL; } while (0)
-#define CHECK(cond, ...) do { if (!(cond)) FAILF(__VA_ARGS__); } while (0)
-/* an ioctl wrapper result that must be 0 */
-#define OK(expr) do {							\
-	int __r = (expr);						\
-	if (__r)							\
-		FAILF("%s:%d: %s = %d (%s)", __func__, __LINE__, #expr,	\
-		      __r, strerror(-__r));				\
-} while (0)
-/* an ioctl wrapper result that must be -err */
-#define EXPECT_ERR(expr, err) do {					\
-	int __r = (expr);						\
-	if (__r != -(err))						\
-		FAILF("%s:%d: %s = %d (%s), expected -%s",		\
-		      __func__, __LINE__, #expr, __r,			\
-		      __r ? strerror(-__r) : "ok", #err);		\
-} while (0)
-
 
 #define ARRAY_SIZE(a)	(sizeof(a) / sizeof((a)[0]))
-
-/*
- * The test-table runner shared by the test programs: each test runs in its
- * own child process (so a crash or a leak in one cannot spoil the next) and
- * prints one line
- *
- *   RESULT <prefix><name> PASS|FAIL|SKIP <detail> [<seconds>s]
- */
-struct cxla_runner {
-	const char *prefix;	/* before every test name */
-	unsigned int timeout_s;	/* alarm() in every child */
-	const char *only[64];	/* -t names; none: every test */
-	int nonly;
-	char *detail;		/* shared with the children */
-	int passed, failed;
-};
-
-/* Map the detail buffer shared with the children; 0 or -1. */
-static inline int cxla_runner_start(struct cxla_runner *r)
-{
-	r->detail = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-			 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	return r->detail == MAP_FAILED ? -1 : 0;
-}
-
-/* Whether name is one of the -t names. */
-static inline bool cxla_named(const struct cxla_runner *r, const char *name)
-{
-	int i;
-
-	for (i = 0; i < r->nonly; i++)
-		if (!strcmp(r->only[i], name))
-			return true;
-	return false;
-}
-
-/* Whether a test is selected: every test without -t, else the named ones. */
-static inline bool cxla_selected(const struct cxla_runner *r, const char *name)
-{
-	return !r->nonly || cxla_named(r, name);
-}
-
-/*
- * Run one test: child(env, test, detail) in a child process, which sets
- * up its context, runs the test and returns PASS, FAIL or SKIP (a message
- * in detail). Prints the RESULT line, counts it and returns the verdict.
- */
-static inline int cxla_run(struct cxla_runner *r, const char *name,
-			   int (*child)(const void *env, const void *test,
-					char *detail),
-			   const void *env, const void *test)
-{
-	char *detail = r->detail;
-	const char *verdict;
-	int status, rc = FAIL;
-	double t0 = now_sec();
-	pid_t pid;
-
-	memset(detail, 0, DETAIL_LEN + 1);
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0) {
-		snprintf(detail, DETAIL_LEN, "fork: %s", strerror(errno));
-	} else if (!pid) {
-		alarm(r->timeout_s);
-		_exit(child(env, test, detail));
-	} else {
-		waitpid(pid, &status, 0);
-		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP)
-			rc = WEXITSTATUS(status);
-		else if (WIFSIGNALED(status)) {
-			/* the child's last words are part of the new detail */
-			char last[DETAIL_LEN];
-
-			snprintf(last, sizeof(last), "%s",
-				 detail[0] ? detail : "no detail");
-			snprintf(detail, DETAIL_LEN, "killed by signal %d%s (%s)",
-				 WTERMSIG(status),
-				 WTERMSIG(status) == SIGALRM ? ", timeout" : "",
-				 last);
-		}
-	}
-	verdict = rc == PASS ? "PASS" : rc == SKIP ? "SKIP" : "FAIL";
-	printf("RESULT %s%s %s %s [%.1fs]\n", r->prefix, name, verdict,
-	       detail[0] ? detail : "-", now_sec() - t0);
-	fflush(stdout);
-	if (rc == FAIL)
-		r->failed++;
-	else if (rc == PASS)
-		r->passed++;
-	return rc;
-}
 
 #endif /* CXLA_TEST_H */

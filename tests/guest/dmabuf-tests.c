@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * cxl-accel DMA-BUF tests: export, import, peer-to-peer between devices,
- * udmabuf and DMA heap imports, lifetime and revocation. A table of named
- * tests, each in its own child process, one line per test:
+ * udmabuf and DMA heap imports, lifetime and revocation. Tests on the
+ * harness of cxla_harness.h, each in its own child process, one line each:
  *
  *   RESULT dmabuf.<name> PASS|FAIL|SKIP <detail>
  *
@@ -36,20 +36,20 @@
 #include <linux/dma-heap.h>
 #include <linux/udmabuf.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define KiB		1024ULL
 #define MiB		(1024 * KiB)
 #define TEST_TIMEOUT_S	240
 #define MAX_DEVS	8
 
-struct ctx {
+/* every test: every device, opened and identified */
+FIXTURE(devs) {
 	int ndev;
 	char path[MAX_DEVS][64];
 	char name[MAX_DEVS][32];	/* cxl-accelN */
 	int fd[MAX_DEVS];
 	struct cxl_accel_identify id[MAX_DEVS];
-	char *detail;			/* shared with the parent */
 };
 
 #define NEED2() do {							\
@@ -133,7 +133,7 @@ static bool p2p_by_kernel(const char *dev)
 }
 
 /* module-wide live exports, attachments, imports: "E A I" */
-static int module_live(const struct ctx *c, long v[3])
+static int module_live(const FIXTURE_DATA(devs) *c, long v[3])
 {
 	char p[256];
 	FILE *f;
@@ -231,7 +231,7 @@ static uint32_t pattern_crc(size_t len, uint64_t pat)
 	return crc;
 }
 
-static int discover(struct ctx *c)
+static int discover(FIXTURE_DATA(devs) *c)
 {
 	struct dirent **list;
 	int n, i;
@@ -259,15 +259,24 @@ static int discover(struct ctx *c)
 	return c->ndev ? 0 : -1;
 }
 
+FIXTURE_SETUP(devs)
+{
+	if (discover(c)) {
+		DETAIL("no usable /dev/cxl-accelN (%d found)", c->ndev);
+		return FAIL;
+	}
+	return PASS;
+}
+
 /* the importing device: dev1, or dev0 itself with one device */
-static int imp_dev(const struct ctx *c)
+static int imp_dev(const FIXTURE_DATA(devs) *c)
 {
 	return c->ndev > 1 ? 1 : 0;
 }
 
 /* ------------------------------------------------------------ tests */
 
-static int test_export_basic(struct ctx *c)
+CXLA_TEST_F(devs, export_basic)
 {
 	struct cxl_accel_dmabuf_export e, e2, e3;
 	struct cxl_accel_alloc a;
@@ -320,7 +329,7 @@ static int test_export_basic(struct ctx *c)
 	return PASS;
 }
 
-static int test_self_import(struct ctx *c)
+CXLA_TEST_F(devs, self_import)
 {
 	const size_t len = 2 * MiB;
 	struct cxl_accel_dmabuf_export e;
@@ -375,7 +384,7 @@ static int test_self_import(struct ctx *c)
 	return PASS;
 }
 
-static int test_cross_device_p2p(struct ctx *c)
+CXLA_TEST_F(devs, cross_device_p2p)
 {
 	const size_t len = 4 * MiB;
 	struct cxl_accel_dmabuf_export ea, eb;
@@ -461,7 +470,7 @@ static int test_cross_device_p2p(struct ctx *c)
 	return PASS;
 }
 
-static int test_mmap_coherency(struct ctx *c)
+CXLA_TEST_F(devs, mmap_coherency)
 {
 	const size_t len = 1 * MiB;
 	struct cxl_accel_alloc a;
@@ -507,7 +516,7 @@ static int test_mmap_coherency(struct ctx *c)
 	return PASS;
 }
 
-static int test_close_while_mapped(struct ctx *c)
+CXLA_TEST_F(devs, close_while_mapped)
 {
 	const size_t len = 2 * MiB;
 	long ex0 = sysfs_long(c->name[0], "exports");
@@ -548,7 +557,7 @@ static int test_close_while_mapped(struct ctx *c)
 	return PASS;
 }
 
-static int test_importer_keeps_alive(struct ctx *c)
+CXLA_TEST_F(devs, importer_keeps_alive)
 {
 	const size_t len = 1 * MiB;
 	struct cxl_accel_dmabuf_import im;
@@ -584,7 +593,7 @@ static int test_importer_keeps_alive(struct ctx *c)
 
 #define NBUFS	64
 
-static int test_many_buffers(struct ctx *c)
+CXLA_TEST_F(devs, many_buffers)
 {
 	struct cxl_accel_dmabuf_import im[NBUFS];
 	struct cxl_accel_alloc a[NBUFS];
@@ -704,7 +713,7 @@ static int fd_child(int sock, const char *path)
 	return 0;
 }
 
-static int test_fd_passing(struct ctx *c)
+CXLA_TEST_F(devs, fd_passing)
 {
 	const size_t len = 1 * MiB;
 	struct cxl_accel_dmabuf_export e;
@@ -749,7 +758,7 @@ static int test_fd_passing(struct ctx *c)
 	return PASS;
 }
 
-static int test_udmabuf_import(struct ctx *c)
+CXLA_TEST_F(devs, udmabuf_import)
 {
 	const size_t len = 4 * MiB, alen = 1 * MiB;
 	struct udmabuf_create uc = { 0 };
@@ -809,7 +818,7 @@ static int test_udmabuf_import(struct ctx *c)
 	return PASS;
 }
 
-static int test_heap_import(struct ctx *c)
+CXLA_TEST_F(devs, heap_import)
 {
 	const size_t len = 8 * MiB, alen = 2 * MiB;
 	struct dma_heap_allocation_data hd = { 0 };
@@ -860,7 +869,7 @@ static int test_heap_import(struct ctx *c)
 	return PASS;
 }
 
-static int test_errors(struct ctx *c)
+CXLA_TEST_F(devs, errors)
 {
 	struct cxl_accel_dmabuf_export e;
 	struct cxl_accel_dmabuf_import im, bad;
@@ -1028,7 +1037,7 @@ static int name_of_vdev(const char *vdev, char *out, size_t len)
  * Bind virtio device vdev to the driver again, wait for the device it comes
  * back as (its name in again) and open it (in *fd).
  */
-static int rebind(struct ctx *c, const char *vdev, char *again, size_t len,
+static int rebind(FIXTURE_DATA(devs) *c, const char *vdev, char *again, size_t len,
 		  int *fd)
 {
 	char p[300];
@@ -1048,7 +1057,172 @@ static int rebind(struct ctx *c, const char *vdev, char *again, size_t len,
 	return PASS;
 }
 
-static int test_revoke_unbind(struct ctx *c)
+/*
+ * With dmabuf_p2p=0 the exporter maps its coherent pages through the DMA
+ * API instead of handing out bus addresses: the other path of the exporter.
+ */
+#define P2P_PARAM "/sys/module/cxl_accel/parameters/dmabuf_p2p"
+
+static int no_p2p_body(FIXTURE_DATA(devs) *c)
+{
+	const size_t len = 2 * MiB;
+	struct cxl_accel_dmabuf_import im;
+	struct cxl_accel_alloc a, b;
+	long pa0 = sysfs_long(c->name[0], "p2p_attachments");
+	uint8_t *pa, *pb;
+	uint64_t p2p;
+	int fd;
+
+	OK(cxla_alloc(c->fd[0], len, 0, &a));
+	OK(cxla_alloc(c->fd[1], len, 0, &b));
+	pa = cxla_map(c->fd[0], &a);
+	pb = cxla_map(c->fd[1], &b);
+	CHECK(pa && pb, "mmap");
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	OK(import_buf(c->fd[1], fd, &im));
+	CHECK(im.kind == CXL_ACCEL_IMPORT_PEER && !(im.attach_flags & CXL_ACCEL_IMPORT_P2P),
+	      "kind %u flags %#x with dmabuf_p2p=0", im.kind, im.attach_flags);
+	CHECK(sysfs_long(c->name[0], "p2p_attachments") == pa0, "p2p attachment counted");
+	fill_random(pa, len, 81);
+	p2p = p2p_bytes(c->fd[1]);
+	OK(cxla_copy(c->fd[1], cxla_dev(im.handle, 0), cxla_dev(b.handle, 0), len, 0));
+	CHECK(!memcmp(pa, pb, len), "copy through the DMA-API mapping differs");
+	fill_random(pb, len, 82);
+	OK(cxla_copy(c->fd[1], cxla_dev(b.handle, 0), cxla_dev(im.handle, 4096), len - 4096, 0));
+	CHECK(!memcmp(pa + 4096, pb, len - 4096), "copy into the DMA-API mapping differs");
+	p2p = p2p_bytes(c->fd[1]) - p2p;
+	OK(cxla_free(c->fd[1], im.handle));
+	close(fd);
+	munmap(pa, len);
+	munmap(pb, len);
+	OK(cxla_free(c->fd[0], a.handle));
+	OK(cxla_free(c->fd[1], b.handle));
+	DETAIL("dmabuf_p2p=0: page-backed sg_table mapped with dma_map_sgtable (%u segments); copies both ways right; the addresses are still %s's BAR (BYTES_P2P +%llu)",
+	       im.nr_segments, c->name[0], (unsigned long long)p2p);
+	return PASS;
+}
+
+CXLA_TEST_F(devs, no_p2p_fallback)
+{
+	int rc;
+
+	NEED2();
+	CHECK(!write_str(P2P_PARAM, "0"), "cannot write %s", P2P_PARAM);
+	rc = no_p2p_body(c);
+	if (write_str(P2P_PARAM, "1") && rc == PASS)
+		FAILF("cannot restore %s", P2P_PARAM);
+	return rc;
+}
+
+/* The only module references left are DMA-BUFs: rmmod must be refused. */
+static int module_refcnt(void)
+{
+	FILE *f = fopen("/sys/module/cxl_accel/refcnt", "r");
+	int n = -1;
+
+	if (f) {
+		if (fscanf(f, "%d", &n) != 1)
+			n = -1;
+		fclose(f);
+	}
+	return n;
+}
+
+CXLA_TEST_F(devs, unload_refused)
+{
+	struct cxl_accel_alloc a;
+	int fd, r, k, before, with;
+
+	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	for (k = 0; k < c->ndev; k++)
+		close(c->fd[k]);
+	with = module_refcnt();
+	r = syscall(SYS_delete_module, "cxl_accel", O_NONBLOCK) ? -errno : 0;
+	CHECK(r, "the module was unloaded with a live DMA-BUF!");
+	CHECK(r == -EWOULDBLOCK || r == -EBUSY, "delete_module: %s", strerror(-r));
+	close(fd);	/* releases the buffer (handle freed with the file) */
+	before = module_refcnt();
+	CHECK(with == before + 1, "module refcnt %d with the DMA-BUF, %d without",
+	      with, before);
+	DETAIL("with only a DMA-BUF fd open (module refcnt %d, %d after close) delete_module fails: %s",
+	       with, before, strerror(-r));
+	return PASS;
+}
+
+/*
+ * Unbind the importing device while it holds imports: its attachments go
+ * at once (the exporter sees them go), its file gives -ENODEV, and closing
+ * the file releases the imports.
+ */
+CXLA_TEST_F(devs, importer_unbind)
+{
+	struct cxl_accel_dmabuf_import ia, iu, is;
+	struct udmabuf_create uc = { 0 };
+	long at0 = sysfs_long(c->name[0], "attachments"), live0[3], live[3];
+	struct cxl_accel_alloc a;
+	char vdev[64], again[32];
+	int fd, memfd, udev, ufd, r, fd1;
+	uint32_t crc;
+
+	NEED2();
+	CHECK(!module_live(c, live0), "module_live");
+	CHECK(!vdev_of(c->name[1], vdev, sizeof(vdev)), "no virtio device for %s", c->name[1]);
+	OK(cxla_alloc(c->fd[0], 1 * MiB, 0, &a));
+	fd = export_fd(c->fd[0], a.handle);
+	CHECK(fd >= 0, "export: %s", strerror(-fd));
+	OK(import_buf(c->fd[1], fd, &ia));
+	memfd = memfd_create("cxla-u", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+	CHECK(memfd >= 0 && !ftruncate(memfd, 1 * MiB) &&
+	      !fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), "memfd");
+	udev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+	uc.memfd = memfd;
+	uc.flags = UDMABUF_FLAGS_CLOEXEC;
+	uc.size = 1 * MiB;
+	ufd = ioctl(udev, UDMABUF_CREATE, &uc);
+	CHECK(ufd >= 0, "UDMABUF_CREATE: %s", strerror(errno));
+	OK(import_buf(c->fd[1], ufd, &iu));
+	OK(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 1 * MiB, 9, 0));
+	CHECK(sysfs_long(c->name[0], "attachments") == at0 + 1, "attachments %ld",
+	      sysfs_long(c->name[0], "attachments"));
+
+	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
+	CHECK(!r, "unbind %s: %s", vdev, strerror(-r));
+	CHECK(sysfs_long(c->name[0], "attachments") == at0,
+	      "the removed importer still holds %ld attachment(s)",
+	      sysfs_long(c->name[0], "attachments") - at0);
+	EXPECT_ERR(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 4096, 0, 0), ENODEV);
+	EXPECT_ERR(cxla_free(c->fd[1], iu.handle), ENODEV);
+	/* the exporter and its DMA-BUF are unaffected */
+	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), 1 * MiB, 0, &crc));
+	CHECK(crc == pattern_crc(1 * MiB, 9), "exporter's data %#x", crc);
+	OK(import_buf(c->fd[0], fd, &is));
+	OK(cxla_free(c->fd[0], is.handle));
+	CHECK(!module_live(c, live) && live[2] == live0[2] + 2,
+	      "imports %ld, expected %ld while the dead file is open", live[2], live0[2] + 2);
+	close(c->fd[1]);
+	c->fd[1] = -1;
+	CHECK(!module_live(c, live) && live[2] == live0[2] && live[1] == live0[1],
+	      "after close: imports %ld (was %ld) attachments %ld (was %ld)",
+	      live[2], live0[2], live[1], live0[1]);
+	close(fd);
+	close(ufd);
+	close(udev);
+	close(memfd);
+	OK(cxla_free(c->fd[0], a.handle));
+
+	if (rebind(c, vdev, again, sizeof(again), &fd1) != PASS)
+		return FAIL;
+	CHECK(dev_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
+	close(fd1);
+	DETAIL("%s unbound with a peer import and a udmabuf import: attachments released at once, ioctls ENODEV, imports gone at close; rebound as %s",
+	       vdev, again);
+	return PASS;
+}
+
+CXLA_TEST_F(devs, revoke_unbind)
 {
 	const size_t len = 2 * MiB;
 	struct cxl_accel_dmabuf_export e;
@@ -1143,172 +1317,7 @@ static int test_revoke_unbind(struct ctx *c)
 	return PASS;
 }
 
-/*
- * With dmabuf_p2p=0 the exporter maps its coherent pages through the DMA
- * API instead of handing out bus addresses: the other path of the exporter.
- */
-#define P2P_PARAM "/sys/module/cxl_accel/parameters/dmabuf_p2p"
-
-static int no_p2p_body(struct ctx *c)
-{
-	const size_t len = 2 * MiB;
-	struct cxl_accel_dmabuf_import im;
-	struct cxl_accel_alloc a, b;
-	long pa0 = sysfs_long(c->name[0], "p2p_attachments");
-	uint8_t *pa, *pb;
-	uint64_t p2p;
-	int fd;
-
-	OK(cxla_alloc(c->fd[0], len, 0, &a));
-	OK(cxla_alloc(c->fd[1], len, 0, &b));
-	pa = cxla_map(c->fd[0], &a);
-	pb = cxla_map(c->fd[1], &b);
-	CHECK(pa && pb, "mmap");
-	fd = export_fd(c->fd[0], a.handle);
-	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	OK(import_buf(c->fd[1], fd, &im));
-	CHECK(im.kind == CXL_ACCEL_IMPORT_PEER && !(im.attach_flags & CXL_ACCEL_IMPORT_P2P),
-	      "kind %u flags %#x with dmabuf_p2p=0", im.kind, im.attach_flags);
-	CHECK(sysfs_long(c->name[0], "p2p_attachments") == pa0, "p2p attachment counted");
-	fill_random(pa, len, 81);
-	p2p = p2p_bytes(c->fd[1]);
-	OK(cxla_copy(c->fd[1], cxla_dev(im.handle, 0), cxla_dev(b.handle, 0), len, 0));
-	CHECK(!memcmp(pa, pb, len), "copy through the DMA-API mapping differs");
-	fill_random(pb, len, 82);
-	OK(cxla_copy(c->fd[1], cxla_dev(b.handle, 0), cxla_dev(im.handle, 4096), len - 4096, 0));
-	CHECK(!memcmp(pa + 4096, pb, len - 4096), "copy into the DMA-API mapping differs");
-	p2p = p2p_bytes(c->fd[1]) - p2p;
-	OK(cxla_free(c->fd[1], im.handle));
-	close(fd);
-	munmap(pa, len);
-	munmap(pb, len);
-	OK(cxla_free(c->fd[0], a.handle));
-	OK(cxla_free(c->fd[1], b.handle));
-	DETAIL("dmabuf_p2p=0: page-backed sg_table mapped with dma_map_sgtable (%u segments); copies both ways right; the addresses are still %s's BAR (BYTES_P2P +%llu)",
-	       im.nr_segments, c->name[0], (unsigned long long)p2p);
-	return PASS;
-}
-
-static int test_no_p2p_fallback(struct ctx *c)
-{
-	int rc;
-
-	NEED2();
-	CHECK(!write_str(P2P_PARAM, "0"), "cannot write %s", P2P_PARAM);
-	rc = no_p2p_body(c);
-	if (write_str(P2P_PARAM, "1") && rc == PASS)
-		FAILF("cannot restore %s", P2P_PARAM);
-	return rc;
-}
-
-/*
- * Unbind the importing device while it holds imports: its attachments go
- * at once (the exporter sees them go), its file gives -ENODEV, and closing
- * the file releases the imports.
- */
-static int test_importer_unbind(struct ctx *c)
-{
-	struct cxl_accel_dmabuf_import ia, iu, is;
-	struct udmabuf_create uc = { 0 };
-	long at0 = sysfs_long(c->name[0], "attachments"), live0[3], live[3];
-	struct cxl_accel_alloc a;
-	char vdev[64], again[32];
-	int fd, memfd, udev, ufd, r, fd1;
-	uint32_t crc;
-
-	NEED2();
-	CHECK(!module_live(c, live0), "module_live");
-	CHECK(!vdev_of(c->name[1], vdev, sizeof(vdev)), "no virtio device for %s", c->name[1]);
-	OK(cxla_alloc(c->fd[0], 1 * MiB, 0, &a));
-	fd = export_fd(c->fd[0], a.handle);
-	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	OK(import_buf(c->fd[1], fd, &ia));
-	memfd = memfd_create("cxla-u", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-	CHECK(memfd >= 0 && !ftruncate(memfd, 1 * MiB) &&
-	      !fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), "memfd");
-	udev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
-	uc.memfd = memfd;
-	uc.flags = UDMABUF_FLAGS_CLOEXEC;
-	uc.size = 1 * MiB;
-	ufd = ioctl(udev, UDMABUF_CREATE, &uc);
-	CHECK(ufd >= 0, "UDMABUF_CREATE: %s", strerror(errno));
-	OK(import_buf(c->fd[1], ufd, &iu));
-	OK(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 1 * MiB, 9, 0));
-	CHECK(sysfs_long(c->name[0], "attachments") == at0 + 1, "attachments %ld",
-	      sysfs_long(c->name[0], "attachments"));
-
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
-	CHECK(!r, "unbind %s: %s", vdev, strerror(-r));
-	CHECK(sysfs_long(c->name[0], "attachments") == at0,
-	      "the removed importer still holds %ld attachment(s)",
-	      sysfs_long(c->name[0], "attachments") - at0);
-	EXPECT_ERR(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 4096, 0, 0), ENODEV);
-	EXPECT_ERR(cxla_free(c->fd[1], iu.handle), ENODEV);
-	/* the exporter and its DMA-BUF are unaffected */
-	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), 1 * MiB, 0, &crc));
-	CHECK(crc == pattern_crc(1 * MiB, 9), "exporter's data %#x", crc);
-	OK(import_buf(c->fd[0], fd, &is));
-	OK(cxla_free(c->fd[0], is.handle));
-	CHECK(!module_live(c, live) && live[2] == live0[2] + 2,
-	      "imports %ld, expected %ld while the dead file is open", live[2], live0[2] + 2);
-	close(c->fd[1]);
-	c->fd[1] = -1;
-	CHECK(!module_live(c, live) && live[2] == live0[2] && live[1] == live0[1],
-	      "after close: imports %ld (was %ld) attachments %ld (was %ld)",
-	      live[2], live0[2], live[1], live0[1]);
-	close(fd);
-	close(ufd);
-	close(udev);
-	close(memfd);
-	OK(cxla_free(c->fd[0], a.handle));
-
-	if (rebind(c, vdev, again, sizeof(again), &fd1) != PASS)
-		return FAIL;
-	CHECK(dev_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
-	close(fd1);
-	DETAIL("%s unbound with a peer import and a udmabuf import: attachments released at once, ioctls ENODEV, imports gone at close; rebound as %s",
-	       vdev, again);
-	return PASS;
-}
-
-/* The only module references left are DMA-BUFs: rmmod must be refused. */
-static int module_refcnt(void)
-{
-	FILE *f = fopen("/sys/module/cxl_accel/refcnt", "r");
-	int n = -1;
-
-	if (f) {
-		if (fscanf(f, "%d", &n) != 1)
-			n = -1;
-		fclose(f);
-	}
-	return n;
-}
-
-static int test_unload_refused(struct ctx *c)
-{
-	struct cxl_accel_alloc a;
-	int fd, r, k, before, with;
-
-	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
-	fd = export_fd(c->fd[0], a.handle);
-	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	for (k = 0; k < c->ndev; k++)
-		close(c->fd[k]);
-	with = module_refcnt();
-	r = syscall(SYS_delete_module, "cxl_accel", O_NONBLOCK) ? -errno : 0;
-	CHECK(r, "the module was unloaded with a live DMA-BUF!");
-	CHECK(r == -EWOULDBLOCK || r == -EBUSY, "delete_module: %s", strerror(-r));
-	close(fd);	/* releases the buffer (handle freed with the file) */
-	before = module_refcnt();
-	CHECK(with == before + 1, "module refcnt %d with the DMA-BUF, %d without",
-	      with, before);
-	DETAIL("with only a DMA-BUF fd open (module refcnt %d, %d after close) delete_module fails: %s",
-	       with, before, strerror(-r));
-	return PASS;
-}
-
-static int test_leak_check(struct ctx *c)
+CXLA_TEST_F(devs, leak_check)
 {
 	static const char * const zero[] = {
 		"exports", "attachments", "p2p_attachments", "mappings", "pins",
@@ -1392,13 +1401,13 @@ static double bench_rate(const struct bench_bufs *x, int how, int reps,
 
 static int bench(int argc, char **argv)
 {
-	struct ctx cc = { 0 }, *c = &cc;
+	FIXTURE_DATA(devs) cc = { 0 }, *c = &cc;
 	uint64_t sizes[8] = { 2 * MiB, 32 * MiB };
 	int nsizes = 2, reps = 3, k, fails = 0;
 	char summary[600] = "";
 	size_t sl = 0;
 
-	c->detail = summary;
+	cxla_detail = summary;
 	for (k = 0; k < argc; k++) {
 		if (!strcmp(argv[k], "--full")) {
 			sizes[1] = 256 * MiB;
@@ -1828,7 +1837,7 @@ static int ds_step(struct dsoak *s, int op, uint8_t *tmp)
 	return ds_verify(s, what);
 }
 
-static int ds_proc(const struct ctx *c, int id, int secs, struct dsoak_stats *st)
+static int ds_proc(const FIXTURE_DATA(devs) *c, int id, int secs, struct dsoak_stats *st)
 {
 	static const int weight[DK_NOPS] = { 10, 12, 12, 8, 8, 8, 10, 6, 4, 6, 2 };
 	struct dsoak s = { .st = st, .x = id, .y = 1 - id,
@@ -1861,7 +1870,7 @@ static int ds_proc(const struct ctx *c, int id, int secs, struct dsoak_stats *st
 }
 
 struct ds_run {
-	const struct ctx *c;
+	const FIXTURE_DATA(devs) *c;
 	int secs;
 	struct dsoak_stats *st;
 };
@@ -1901,7 +1910,7 @@ static int dmabuf_soak(int secs)
 	long exports = 0, imports = 0, partial = 0, aeio = 0, xeio = 0, live[3], v;
 	unsigned long long verified = 0, copied = 0;
 	char why[400] = "", eios[300] = "";
-	struct ctx cc = { 0 }, *c = &cc;
+	FIXTURE_DATA(devs) cc = { 0 }, *c = &cc;
 	struct cxl_accel_stats sts;
 	struct ds_run run = { .c = c, .secs = secs, .st = st };
 	int i, k, d, status = 0;
@@ -1978,74 +1987,16 @@ static int dmabuf_soak(int secs)
 	return why[0] ? 1 : 0;
 }
 
-/* ------------------------------------------------------------ runner */
+/* ------------------------------------------------------------ modes */
 
-struct test {
-	const char *name;
-	int (*fn)(struct ctx *c);
-};
-
-#define T(x) { #x, test_##x }
-static const struct test tests[] = {
-	T(export_basic),
-	T(self_import),
-	T(cross_device_p2p),
-	T(mmap_coherency),
-	T(close_while_mapped),
-	T(importer_keeps_alive),
-	T(many_buffers),
-	T(fd_passing),
-	T(udmabuf_import),
-	T(heap_import),
-	T(errors),
-	T(no_p2p_fallback),
-	T(unload_refused),
-	T(importer_unbind),
-	T(revoke_unbind),
-	T(leak_check),
-};
-
-/* in the child: find the devices, run the test */
-static int run_child(const void *env, const void *test, char *detail)
+CXLA_MODE(bench, "--bench", "[--full] [MiB...]", 0)
 {
-	const struct test *t = test;
-	struct ctx c = { .detail = detail };
-
-	if (discover(&c)) {
-		snprintf(detail, DETAIL_LEN, "no usable /dev/cxl-accelN (%d found)",
-			 c.ndev);
-		return FAIL;
-	}
-	return t->fn(&c);
+	return bench(argc, argv);
 }
 
-int main(int argc, char **argv)
+CXLA_MODE(soak, "--soak", "SECS", 1)
 {
-	struct cxla_runner r = { .prefix = "dmabuf.", .timeout_s = TEST_TIMEOUT_S };
-	int i, k;
-
-	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
-			r.only[r.nonly++] = argv[++i];
-		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-				printf("%s\n", tests[k].name);
-			return 0;
-		} else if (!strcmp(argv[i], "--bench")) {
-			return bench(argc - i - 1, argv + i + 1);
-		} else if (!strcmp(argv[i], "--soak") && i + 1 < argc) {
-			return dmabuf_soak(atoi(argv[i + 1]));
-		} else {
-			fprintf(stderr, "usage: %s [-t test]... [-l] | --bench [--full] [MiB...] | --soak SECS\n",
-				argv[0]);
-			return 2;
-		}
-	}
-	if (cxla_runner_start(&r))
-		return 2;
-	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-		if (cxla_selected(&r, tests[k].name))
-			cxla_run(&r, tests[k].name, run_child, NULL, &tests[k]);
-	printf("# dmabuf-tests: %d passed, %d failed\n", r.passed, r.failed);
-	return r.failed ? 1 : 0;
+	return dmabuf_soak(atoi(argv[0]));
 }
+
+CXLA_PROGRAM(.name = "dmabuf-tests", .prefix = "dmabuf.", .timeout_s = TEST_TIMEOUT_S);

@@ -1,17 +1,23 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * cxl-accel guest tests of page migration and shared virtual memory (HMM):
- * a table of named tests in the spirit of the kernel's hmm selftests for
- * coherent device memory, each run in its own child process, one line each:
+ * cxl-accel guest tests of page migration and shared virtual memory (HMM),
+ * in the spirit of the kernel's hmm selftests, on the harness of
+ * cxla_harness.h (one child process and one RESULT line per test):
  *
  *   RESULT <prefix><name> PASS|FAIL|SKIP <detail>
  *
  * Usage: hmm-tests [-d /dev/cxl-accelN] [-P /dev/cxl-accelM] [-p prefix]
- *                  [-t name]... [-l] [-s stress-seconds]
+ *                  [-t name]... [-l] [--peer-only] [-s stress-seconds]
  *        hmm-tests --soak SECS DEV PEER-DEV   (migration soak, run-soak.sh)
- *   -P names a second device for the peer tests (skipped without it).
- * Every test checks at its end that the migration pool of the device holds
- * no page any more (no leaked page references).
+ *        hmm-tests --stall SECS DEV | --hold-migrated DEV [--close] |
+ *                  --hold-spliced DEV [SECS [zeros]]   (helpers of scripts)
+ *   -P names a second device for the two-device tests (left out without it).
+ * The migration tests (fixture mig) run twice: NAME moves pages to coherent
+ * device memory, NAME.private to device-private memory (SKIP on kernels
+ * without CONFIG_DEVICE_PRIVATE), asserting where private pages behave
+ * otherwise: a CPU access faults one back to RAM, SNAPSHOT reports it LOCAL
+ * but not PRESENT. Every test checks at its end that the migration pool of
+ * the device holds no page any more (no leaked page references).
  */
 #define _GNU_SOURCE
 #include <linux/io_uring.h>
@@ -22,22 +28,40 @@
 #include <sys/uio.h>
 #include <sys/wait.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define KiB		1024ULL
 #define MiB		(1024 * KiB)
 #define PG		4096UL
 #define TEST_TIMEOUT_S	300
 
-struct ctx {
-	const char *path;
-	const char *peer_path;
-	int fd;
-	int pfd;		/* peer device, or -1 */
-	struct cxl_accel_identify id;
-	struct cxl_accel_hmm_info h0;	/* at the start */
-	char *detail;
+/*
+ * Every test: the device (-d), and the peer (-P) for the two-device tests;
+ * its HMM_INFO at the start. The fixtures (below the helpers) differ in
+ * what they need of the device.
+ */
+FIXTURE(dev) {
+	CXLA_DEVS;
+	struct cxl_accel_hmm_info h0;
 };
+FIXTURE_ALIAS(peer, dev);		/* two devices */
+FIXTURE_PEER(peer);
+FIXTURE_ALIAS(numa, dev);		/* NUMA attach mode */
+FIXTURE_ALIAS(numa_peer, dev);
+FIXTURE_PEER(numa_peer);
+/* migration tests: to coherent device memory, and to device-private memory */
+FIXTURE_ALIAS(mig, dev);
+FIXTURE_VARIANT(mig) {
+	uint32_t flags;		/* of MIGRATE_TO_DEV and _TO_RAM */
+};
+FIXTURE_VARIANT_ADD_DEFAULT(mig, coherent) { .flags = 0 };
+FIXTURE_VARIANT_ADD(mig, private) { .flags = CXL_ACCEL_MIGRATE_PRIVATE };
+
+/* in a test of fixture mig: migrate the variant's kind of pages */
+#define MIGRATE(fd, p, len, to_dev, m)					\
+	cxla_migrate_flags(fd, p, len, to_dev, variant->flags, m)
+/* ...and whether they are private: a CPU access faults them back to RAM */
+#define PRIVATE		(variant->flags & CXL_ACCEL_MIGRATE_PRIVATE)
 
 static int stress_secs = 8;
 
@@ -162,6 +186,20 @@ static long check_pages(const void *p, size_t len, uint64_t seed)
 	return check_pages_at(p, 0, len, seed);
 }
 
+/* crc32c of fill_pages() contents, computed aside (no access to the pages) */
+static uint32_t crc32c_pages(size_t len, uint64_t seed)
+{
+	uint8_t *b = map_anon(len);
+	uint32_t crc;
+
+	if (!b)
+		return 0;
+	fill_pages(b, len, seed);
+	crc = crc32c(0, b, len);
+	munmap(b, len);
+	return crc;
+}
+
 static bool is_zero(const void *p, size_t len)
 {
 	const uint8_t *b = p;
@@ -174,7 +212,7 @@ static bool is_zero(const void *p, size_t len)
 }
 
 /* The pool must be empty again: no page reference leaked. */
-static int pool_idle(struct ctx *c, int fd)
+static int pool_idle(FIXTURE_DATA(dev) *c, int fd)
 {
 	struct cxl_accel_hmm_info h;
 	int i;
@@ -195,7 +233,50 @@ static int pool_idle(struct ctx *c, int fd)
 
 #define POOL_IDLE(fd) do { if (pool_idle(c, fd)) return FAIL; } while (0)
 
-static int alloc_map(struct ctx *c, int fd, size_t len,
+/* device-private memory (kernels with CONFIG_DEVICE_PRIVATE) */
+#define PRIV	CXL_ACCEL_MIGRATE_PRIVATE
+
+/* private pages of this device in [p, p + len): on it, not CPU-mapped */
+static long private_pages(int fd, const void *p, size_t len)
+{
+	static uint8_t f[65536];
+	size_t n = len / PG;
+
+	if (n > sizeof(f) || snapshot(fd, p, len, f))
+		return -1;
+	return count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_PRESENT);
+}
+
+static int need_private(FIXTURE_DATA(dev) *c)
+{
+	if (c->h0.flags & CXL_ACCEL_HMM_PRIVATE)
+		return 0;
+	DETAIL("no device-private memory (the kernel has no CONFIG_DEVICE_PRIVATE)");
+	return -1;
+}
+
+#define NEED_PRIVATE() do { if (need_private(c)) return SKIP; } while (0)
+
+/* The private pool must be empty again. */
+static int private_idle(FIXTURE_DATA(dev) *c, int fd)
+{
+	struct cxl_accel_hmm_info h;
+	int i;
+
+	for (i = 0; i < 50; i++) {
+		if (cxla_hmm_info(fd, &h))
+			return -1;
+		if (!h.private_pages)
+			return pool_idle(c, fd);
+		usleep(20000);
+	}
+	DETAIL("%llu private pages still in use", (unsigned long long)h.private_pages);
+	return -1;
+}
+
+#define PRIVATE_IDLE(fd) do { if (private_idle(c, fd)) return FAIL; } while (0)
+
+static int alloc_map(FIXTURE_DATA(dev) *c, int fd, size_t len,
 		     struct cxl_accel_alloc *a, uint8_t **p)
 {
 	int r = cxla_alloc(fd, len, 0, a);
@@ -206,9 +287,97 @@ static int alloc_map(struct ctx *c, int fd, size_t len,
 	return *p ? 0 : -errno;
 }
 
+/* ------------------------------------------------------------ fixtures */
+
+/* the device's HMM_INFO, read once in the runner: which tests apply */
+static struct cxl_accel_hmm_info runner_h0;
+
+static bool numa_mode(void)
+{
+	return runner_h0.flags & CXL_ACCEL_HMM_NUMA;
+}
+
+/* open the device(s), read HMM_INFO; the device in NUMA mode or coherent */
+static int hmm_setup(FIXTURE_DATA(dev) *c, enum cxla_peer peer, bool numa)
+{
+	int r = cxla_open_devs(&c->devs, peer);
+
+	if (r != PASS)
+		return r;
+	if (cxla_hmm_info(c->fd, &c->h0)) {
+		DETAIL("HMM_INFO: %s", strerror(errno));
+		return FAIL;
+	}
+	if (numa && !(c->h0.flags & CXL_ACCEL_HMM_NUMA)) {
+		DETAIL("device not in NUMA mode (flags %#x)", c->h0.flags);
+		return SKIP;
+	}
+	if (!numa && !(c->h0.flags & CXL_ACCEL_HMM_COHERENT)) {
+		DETAIL("device memory is not coherent ZONE_DEVICE memory (flags %#x)",
+		       c->h0.flags);
+		return SKIP;
+	}
+	return PASS;
+}
+
+FIXTURE_SETUP(dev)
+{
+	return hmm_setup(c, CXLA_NO_PEER, false);
+}
+
+FIXTURE_APPLIES(dev)
+{
+	return !numa_mode();
+}
+
+FIXTURE_SETUP(peer)
+{
+	return hmm_setup(c, CXLA_NEED_PEER, false);
+}
+
+FIXTURE_APPLIES(peer)
+{
+	return !numa_mode();
+}
+
+FIXTURE_SETUP(numa)
+{
+	return hmm_setup(c, CXLA_NO_PEER, true);
+}
+
+FIXTURE_APPLIES(numa)
+{
+	return numa_mode();
+}
+
+FIXTURE_SETUP(numa_peer)
+{
+	return hmm_setup(c, CXLA_NEED_PEER, true);
+}
+
+FIXTURE_APPLIES(numa_peer)
+{
+	return numa_mode();
+}
+
+/* the private variant needs a kernel with CONFIG_DEVICE_PRIVATE */
+FIXTURE_SETUP(mig)
+{
+	int r = hmm_setup(c, CXLA_NO_PEER, false);
+
+	if (r == PASS && PRIVATE && need_private(c))
+		return SKIP;
+	return r;
+}
+
+FIXTURE_APPLIES(mig)
+{
+	return !numa_mode();
+}
+
 /* --------------------------------------------------------- info, args */
 
-static int test_info(struct ctx *c)
+CXLA_TEST_F(dev, info)
 {
 	struct cxl_accel_hmm_info *h = &c->h0;
 
@@ -235,7 +404,7 @@ static int test_info(struct ctx *c)
 	return PASS;
 }
 
-static int test_bad_args(struct ctx *c)
+CXLA_TEST_F(dev, bad_args)
 {
 	size_t len = 16 * PG;
 	uint8_t *p = map_anon(len), f[16];
@@ -290,7 +459,7 @@ static int test_bad_args(struct ctx *c)
 /* ------------------------------------------------ shared virtual memory */
 
 /* hmm-tests anon_read: the device reads what the CPU wrote */
-static int test_anon_read(struct ctx *c)
+CXLA_TEST_F(dev, anon_read)
 {
 	size_t len = 3 * MiB + 5 * PG;
 	uint8_t *p = map_anon(len), *b;
@@ -319,7 +488,7 @@ static int test_anon_read(struct ctx *c)
 }
 
 /* hmm-tests anon_read_prot: no access means -EFAULT, then readable */
-static int test_anon_read_prot(struct ctx *c)
+CXLA_TEST_F(dev, anon_read_prot)
 {
 	size_t len = 64 * PG;
 	uint8_t *p = map_anon(len), *b;
@@ -344,7 +513,7 @@ static int test_anon_read_prot(struct ctx *c)
 }
 
 /* hmm-tests anon_read_zero: untouched memory reads as zeros (zero page) */
-static int test_anon_read_zero(struct ctx *c)
+CXLA_TEST_F(dev, anon_read_zero)
 {
 	size_t len = 32 * PG;
 	uint8_t *p = map_anon(len), *b, f[32];
@@ -372,7 +541,7 @@ static int test_anon_read_zero(struct ctx *c)
 }
 
 /* hmm-tests anon_write: the device writes, the CPU reads */
-static int test_anon_write(struct ctx *c)
+CXLA_TEST_F(dev, anon_write)
 {
 	size_t len = 2 * MiB + 7 * PG;
 	uint8_t *p = map_anon(len), *b;
@@ -395,7 +564,7 @@ static int test_anon_write(struct ctx *c)
 }
 
 /* hmm-tests anon_write_prot: read-only is -EPERM, until it is writable */
-static int test_anon_write_prot(struct ctx *c)
+CXLA_TEST_F(dev, anon_write_prot)
 {
 	size_t len = 16 * PG;
 	uint8_t *p = map_anon(len), f[16];
@@ -424,7 +593,7 @@ static int test_anon_write_prot(struct ctx *c)
 }
 
 /* FILL pattern phase and CHECKSUM chaining across windows */
-static int test_svm_fill_checksum(struct ctx *c)
+CXLA_TEST_F(dev, svm_fill_checksum)
 {
 	size_t len = 5 * MiB;
 	uint8_t *p = map_anon(len);
@@ -453,7 +622,7 @@ static int test_svm_fill_checksum(struct ctx *c)
 }
 
 /* The mirror: second access without faults; invalidated by munmap */
-static int test_mirror(struct ctx *c)
+CXLA_TEST_F(dev, mirror)
 {
 	size_t len = 256 * PG;
 	uint8_t *p = map_anon(len), f[256];
@@ -508,15 +677,28 @@ static int test_mirror(struct ctx *c)
 }
 
 /* mprotect takes write access away from the mirror too */
-static int test_mprotect_mirror(struct ctx *c)
+CXLA_TEST_F(mig, mprotect_mirror)
 {
 	size_t len = 32 * PG;
 	uint8_t *p = map_anon(len);
 	uint64_t pat = 0xabababababababab;
+	struct cxl_accel_migrate m;
+	uint8_t f[32];
 
 	CHECK(p, "mmap");
 	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	if (PRIVATE) {
+		/* the private variant: mprotect of device-private entries */
+		OK(MIGRATE(c->fd, p, len, true, &m));
+		CHECK(m.migrated == len / PG, "migrated %llu", (unsigned long long)m.migrated);
+	}
 	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
+	if (PRIVATE) {
+		OK(snapshot(c->fd, p, len, f));
+		CHECK(count_pages(f, 32, CXL_ACCEL_SNAP_LOCAL,
+				  CXL_ACCEL_SNAP_WRITE | CXL_ACCEL_SNAP_PRESENT) == 32,
+		      "after mprotect: %#x, want private read-only", f[0]);
+	}
 	pat = 0x5555555555555555;
 	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
 		   EPERM);
@@ -525,8 +707,9 @@ static int test_mprotect_mirror(struct ctx *c)
 	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	CHECK(p[0] == 0x55 && p[len - 1] == 0x55, "fill after PROT_WRITE");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("device write through the mirror; mprotect(PROT_READ) -> -EPERM, memory unchanged; writable again -> ok");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("device write through the mirror; %smprotect(PROT_READ) -> -EPERM, memory unchanged; writable again -> ok",
+	       PRIVATE ? "pages made private, read-only by mprotect; " : "");
 	return PASS;
 }
 
@@ -553,7 +736,7 @@ static void *engine_block(void *arg)
  * the pages it writes with the child before it has landed: the child's
  * memory must never change under it.
  */
-static int test_svm_timeout_fork(struct ctx *c)
+CXLA_TEST_F(dev, svm_timeout_fork)
 {
 	size_t len = 512 * KiB, i;
 	struct engine_blocker b[8];
@@ -624,18 +807,24 @@ static int test_svm_timeout_fork(struct ctx *c)
 	return PASS;
 }
 
-static int test_fork_child_private(struct ctx *c)
+CXLA_TEST_F(mig, fork_child_private)
 {
 	size_t len = 64 * PG;
 	uint8_t *p = map_anon(len);
 	uint32_t crc0, crc;
 	int status, pipefd[2];
 	char msg[200] = "";
+	struct cxl_accel_migrate m;
 	pid_t pid;
 
 	CHECK(p, "mmap");
 	fill_pages(p, len, 21);
 	crc0 = crc32c(0, p, len);
+	if (PRIVATE) {
+		/* the private variant: the pages are the device's at the fork */
+		OK(MIGRATE(c->fd, p, len, true, &m));
+		CHECK(m.migrated == len / PG, "migrated %llu", (unsigned long long)m.migrated);
+	}
 	OK(svm_crc(c->fd, p, len, &crc));	/* the parent has a mirror */
 	CHECK(crc == crc0, "parent crc");
 	CHECK(!pipe(pipefd), "pipe");
@@ -668,13 +857,14 @@ static int test_fork_child_private(struct ctx *c)
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc0, "parent device crc after the child");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("child read through the inherited and its own fd, device-wrote 8 pages (COW); parent unchanged for CPU and device");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%schild read through the inherited and its own fd, device-wrote 8 pages (COW); parent unchanged for CPU and device",
+	       PRIVATE ? "private pages at the fork: " : "");
 	return PASS;
 }
 
 /* hmm-tests anon_write_child_shared: MAP_SHARED memory, child writes */
-static int test_fork_child_shared(struct ctx *c)
+CXLA_TEST_F(mig, fork_child_shared)
 {
 	size_t len = 64 * PG;
 	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
@@ -700,14 +890,14 @@ static int test_fork_child_shared(struct ctx *c)
 	for (i = 0; i < len; i++)
 		CHECK(p[i] == 0x42, "parent byte %zu = %#x", i, p[i]);
 	/* shared memory cannot move to the device */
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 0 && m.refused == len / PG,
 	      "shared memory: %llu migrated, %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("child's device write into MAP_SHARED memory seen by the parent; migration refused all %zu pages",
-	       len / PG);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("child's device write into MAP_SHARED memory seen by the parent; %s migration refused all %zu pages",
+	       PRIVATE ? "private" : "coherent", len / PG);
 	return PASS;
 }
 
@@ -727,7 +917,7 @@ static const char *thp_mode(void)
 }
 
 /* hmm-tests anon_huge: THP read by the device, then migrated */
-static int test_thp(struct ctx *c)
+CXLA_TEST_F(dev, thp)
 {
 	size_t len = 4 * MiB, n = len / PG;
 	uint8_t *p = map_aligned(len, 2 * MiB), *b, f[1024];
@@ -789,7 +979,7 @@ static int tmp_file(size_t len, uint64_t seed, uint8_t **data)
 }
 
 /* hmm-tests file_read / file_write on a shared file mapping */
-static int test_file_read_write(struct ctx *c)
+CXLA_TEST_F(dev, file_read_write)
 {
 	size_t len = 1 * MiB;
 	uint8_t *data, *p, *back = malloc(len);
@@ -823,22 +1013,28 @@ static int test_file_read_write(struct ctx *c)
 
 /* ------------------------------------------------------------ migration */
 
-static int test_migrate(struct ctx *c)
+/*
+ * 8 MiB to device memory and back, copied by the device. Private pages are
+ * not in the CPU page table: the device computes on them where they are,
+ * without a fault back; the way back is MIGRATE_TO_RAM with the same flag.
+ */
+CXLA_TEST_F(mig, migrate)
 {
 	size_t len = 8 * MiB, n = len / PG;
 	uint8_t *p = map_anon(len);
 	struct cxl_accel_hmm_info h1, h2;
 	struct cxl_accel_migrate m;
 	struct cxl_accel_stats st0, st1;
-	uint32_t crc;
+	uint32_t crc, want;
 	long local;
 
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 51);
+	want = crc32c(0, p, len);
 	OK(cxla_hmm_info(c->fd, &h1));
 	OK(cxla_stats(c->fd, &st0));
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu of %zu (already %llu refused %llu busy %llu no space %llu)",
 	      (unsigned long long)m.migrated, n, (unsigned long long)m.already,
 	      (unsigned long long)m.refused, (unsigned long long)m.busy,
@@ -854,31 +1050,48 @@ static int test_migrate(struct ctx *c)
 	      "pool: %llu used, %llu migrated",
 	      (unsigned long long)h2.pool_pages_used,
 	      (unsigned long long)(h2.migrated_to_dev - h1.migrated_to_dev));
-	CHECK(check_pages(p, len, 51) < 0, "CPU reads other data on device memory");
+	if (PRIVATE) {
+		local = private_pages(c->fd, p, len);
+		CHECK(local == (long)n, "%ld of %zu pages private on the device (no CPU mapping)",
+		      local, n);
+		CHECK(h2.private_pages == n, "HMM_INFO: %llu private pages",
+		      (unsigned long long)h2.private_pages);
+	} else {
+		CHECK(check_pages(p, len, 51) < 0, "CPU reads other data on device memory");
+	}
+	/* the device reads them where they are */
 	OK(svm_crc(c->fd, p, len, &crc));
-	CHECK(crc == crc32c(0, p, len), "device crc of migrated pages");
+	CHECK(crc == want, "device crc %#x of migrated pages, want %#x", crc, want);
+	CHECK(!PRIVATE || private_pages(c->fd, p, len) == (long)n,
+	      "the device read moved private pages");
 	/* again: nothing to do */
-	OK(cxla_migrate(c->fd, p, len, true, &m));
-	CHECK(m.migrated == 0 && m.already == n, "second migration: %llu moved, %llu already",
-	      (unsigned long long)m.migrated, (unsigned long long)m.already);
-	OK(cxla_migrate(c->fd, p, len, false, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 0 && m.already == n,
+	      "second migration: %llu moved, %llu already, %llu busy",
+	      (unsigned long long)m.migrated, (unsigned long long)m.already,
+	      (unsigned long long)m.busy);
+	CHECK(!PRIVATE || private_pages(c->fd, p, len) == (long)n,
+	      "the second migration moved private pages");
+	OK(MIGRATE(c->fd, p, len, false, &m));
 	CHECK(m.migrated == n, "back to RAM: %llu of %zu",
 	      (unsigned long long)m.migrated, n);
 	CHECK(local_pages(c->fd, p, len) == 0, "pages left on the device");
 	CHECK(check_pages(p, len, 51) < 0, "data after the way back");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("8 MiB: %zu pages to device memory (device: %llu COPY_PAGES entries, %llu commands), CPU and device read them there, back to RAM, pool empty",
-	       n,
+	PRIVATE_IDLE(c->fd);
+	DETAIL("8 MiB: %zu pages to %s device memory (device: %llu COPY_PAGES entries, %llu commands), %s, back to RAM, pool empty",
+	       n, PRIVATE ? "private" : "coherent",
 	       (unsigned long long)(st1.device[CXL_ACCEL_STAT_PAGES_COPIED] -
 				    st0.device[CXL_ACCEL_STAT_PAGES_COPIED]),
 	       (unsigned long long)(st1.device[CXL_ACCEL_STAT_COMMANDS] -
-				    st0.device[CXL_ACCEL_STAT_COMMANDS]));
+				    st0.device[CXL_ACCEL_STAT_COMMANDS]),
+	       PRIVATE ? "no CPU mapping, device crc32c there without a fault" :
+	       "CPU and device read them there");
 	return PASS;
 }
 
 /* holes and zero pages become zero-filled device pages */
-static int test_migrate_holes(struct ctx *c)
+CXLA_TEST_F(mig, migrate_holes)
 {
 	size_t len = 64 * PG, n = len / PG;
 	uint8_t *p = map_anon(len), *b, f[64];
@@ -891,26 +1104,33 @@ static int test_migrate_holes(struct ctx *c)
 	x = p[10 * PG];		/* zero page */
 	(void)x;
 	p[20 * PG] = 5;		/* a real page */
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "%llu of %zu migrated", (unsigned long long)m.migrated, n);
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_WRITE, 0) == n,
 	      "%zu local writable pages", count_pages(f, n, CXL_ACCEL_SNAP_LOCAL | CXL_ACCEL_SNAP_WRITE, 0));
-	CHECK(p[20 * PG] == 5 && is_zero(p, 20 * PG) &&
-	      is_zero(p + 20 * PG + 1, len - 20 * PG - 1), "contents");
+	CHECK(!PRIVATE || count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_PRESENT) == n,
+	      "%zu private pages", count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_PRESENT));
+	/* the device first: a CPU access would fault private pages back */
 	OK(alloc_map(c, c->fd, len, &a, &b));
 	memset(b, 0xff, len);
 	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(b[20 * PG] == 5 && b[0] == 0 && b[len - 1] == 0, "device read");
+	CHECK(p[20 * PG] == 5 && is_zero(p, 20 * PG) &&
+	      is_zero(p + 20 * PG + 1, len - 20 * PG - 1), "contents");
+	CHECK(local_pages(c->fd, p, len) == (PRIVATE ? 0 : (long)n),
+	      "%ld pages on the device after the CPU read all", local_pages(c->fd, p, len));
 	munmap(p, len);
 	munmap(b, len);
-	POOL_IDLE(c->fd);
-	DETAIL("64 pages (holes, a zero page, a written page) became zero-filled (device FILL) or copied device pages");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("64 pages (holes, a zero page, a written page) became zero-filled (device FILL) or copied %s device pages; %s",
+	       PRIVATE ? "private" : "coherent",
+	       PRIVATE ? "the CPU's reads faulted them all back" : "the CPU read them in place");
 	return PASS;
 }
 
 /* hmm-tests migrate of a private file mapping: COW pages move, page cache not */
-static int test_migrate_private_file(struct ctx *c)
+CXLA_TEST_F(dev, migrate_private_file)
 {
 	size_t len = 32 * PG, n = len / PG, i;
 	uint8_t *data, *p;
@@ -948,7 +1168,7 @@ static int test_migrate_private_file(struct ctx *c)
 }
 
 /* hmm-tests migrate_shared: shared mappings are refused */
-static int test_migrate_shared(struct ctx *c)
+CXLA_TEST_F(dev, migrate_shared)
 {
 	size_t len = 16 * PG, n = len / PG;
 	uint8_t *data, *p, *q;
@@ -980,11 +1200,16 @@ static int test_migrate_shared(struct ctx *c)
 	return PASS;
 }
 
-/* the CPU keeps using migrated pages in place */
-static int test_migrate_cpu_access(struct ctx *c)
+/*
+ * The CPU keeps using migrated pages: coherent ones in place, where they
+ * stay; a CPU access to a private page faults it back to RAM (through the
+ * device), that page only.
+ */
+CXLA_TEST_F(mig, migrate_cpu_access)
 {
-	size_t len = 2 * MiB, n = len / PG;
+	size_t len = 2 * MiB, n = len / PG, moved = PRIVATE ? 2 : 0;
 	uint8_t *p = map_anon(len);
+	struct cxl_accel_hmm_info h0, h1;
 	struct cxl_accel_migrate m;
 	uint32_t crc;
 	long local;
@@ -992,25 +1217,44 @@ static int test_migrate_cpu_access(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 71);
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	/* CPU writes: no fault moves them back */
+	/* read page 3, write page 7 */
+	OK(cxla_hmm_info(c->fd, &h0));
+	CHECK(check_pages_at(p + 3 * PG, 3, PG, 71) < 0, "CPU read of page 3");
+	p[7 * PG] ^= 0xff;
+	OK(cxla_hmm_info(c->fd, &h1));
+	CHECK(h1.cpu_faults - h0.cpu_faults == moved, "%llu CPU faults, want %zu",
+	      (unsigned long long)(h1.cpu_faults - h0.cpu_faults), moved);
+	local = local_pages(c->fd, p, len);
+	CHECK(local == (long)(n - moved), "%ld pages still on the device, want %zu",
+	      local, n - moved);
+	p[7 * PG] ^= 0xff;
+	CHECK(check_pages(p, len, 71) < 0, "data after CPU accesses");
+	/* CPU writes: no fault moves coherent pages back */
 	fill_pages(p, len, 72);
 	CHECK(check_pages(p, len, 72) < 0, "CPU reads back other data");
 	local = local_pages(c->fd, p, len);
-	CHECK(local == (long)n, "after CPU writes %ld of %zu pages on device", local, n);
+	CHECK(local == (PRIVATE ? 0 : (long)n), "after CPU writes %ld of %zu pages on device",
+	      local, n);
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc32c(0, p, len), "device sees other data than the CPU wrote");
-	OK(cxla_migrate(c->fd, p, len, false, &m));
+	OK(MIGRATE(c->fd, p, len, false, &m));
+	CHECK(m.migrated == (PRIVATE ? 0 : n), "back: %llu migrated",
+	      (unsigned long long)m.migrated);
 	CHECK(check_pages(p, len, 72) < 0, "data after the way back");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("CPU rewrote 2 MiB on device memory: pages stayed there, device checksum agrees, data right after the way back");
+	PRIVATE_IDLE(c->fd);
+	if (PRIVATE)
+		DETAIL("a read and a write faulted exactly 2 of %zu private pages back to RAM (migrate_to_ram through the device), CPU writes the rest; device checksum agrees",
+		       n);
+	else
+		DETAIL("CPU read and rewrote 2 MiB on device memory without a fault: pages stayed there, device checksum agrees, data right after the way back");
 	return PASS;
 }
 
 /* hmm-tests migrate_release: EVICT brings everything back */
-static int test_migrate_release(struct ctx *c)
+CXLA_TEST_F(mig, migrate_release)
 {
 	size_t len = 6 * MiB, n = len / PG;
 	uint8_t *p = map_anon(len);
@@ -1022,8 +1266,10 @@ static int test_migrate_release(struct ctx *c)
 
 	CHECK(p, "mmap");
 	fill_pages(p, len, 81);
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	CHECK(!PRIVATE || private_pages(c->fd, p, len) == (long)n, "%ld private pages",
+	      private_pages(c->fd, p, len));
 	OK(cxla_identify(c->fd, &id));
 	CHECK(id.devmem_free <= free0 - len, "device memory free %llu of %llu",
 	      (unsigned long long)id.devmem_free, (unsigned long long)free0);
@@ -1035,20 +1281,26 @@ static int test_migrate_release(struct ctx *c)
 	CHECK(local_pages(c->fd, p, len) == 0, "pages still local");
 	CHECK(check_pages(p, len, 81) < 0, "data after eviction");
 	OK(cxla_hmm_info(c->fd, &h));
-	CHECK(!h.pool_pages_used && !h.pool_chunks, "pool %llu/%llu",
-	      (unsigned long long)h.pool_pages_used, (unsigned long long)h.pool_chunks);
+	CHECK(!h.pool_pages_used && !h.pool_chunks && !h.private_pages,
+	      "pool %llu/%llu, %llu private pages",
+	      (unsigned long long)h.pool_pages_used, (unsigned long long)h.pool_chunks,
+	      (unsigned long long)h.private_pages);
 	OK(cxla_identify(c->fd, &id));
 	CHECK(id.devmem_free == free0, "device memory free %llu, was %llu",
 	      (unsigned long long)id.devmem_free, (unsigned long long)free0);
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("EVICT moved %llu pages back, freed %llu pool buffers; data right, device memory all free",
-	       (unsigned long long)e.evicted, (unsigned long long)e.chunks_freed);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("EVICT moved %llu %s pages back, freed %llu pool buffers; data right, device memory all free",
+	       (unsigned long long)e.evicted, PRIVATE ? "private" : "coherent",
+	       (unsigned long long)e.chunks_freed);
 	return PASS;
 }
 
-/* mixed protections in one range */
-static int test_migrate_mixed_prot(struct ctx *c)
+/*
+ * Mixed protections in one range: pages move with theirs (a read-only
+ * private page is a read-only device-private entry), PROT_NONE is refused.
+ */
+CXLA_TEST_F(mig, migrate_mixed_prot)
 {
 	size_t n = 12, len = n * PG, i;
 	uint8_t *p = map_anon(len), f[12];
@@ -1060,13 +1312,13 @@ static int test_migrate_mixed_prot(struct ctx *c)
 	/* RW RW RW | RO RO RO | NONE NONE NONE | RW RW RW */
 	OK(mprotect(p + 3 * PG, 3 * PG, PROT_READ) ? -errno : 0);
 	OK(mprotect(p + 6 * PG, 3 * PG, PROT_NONE) ? -errno : 0);
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == 9 && m.refused == 3, "%llu migrated %llu refused",
 	      (unsigned long long)m.migrated, (unsigned long long)m.refused);
 	OK(snapshot(c->fd, p, len, f));
 	for (i = 0; i < n; i++) {
 		uint8_t want = i >= 6 && i < 9 ? CXL_ACCEL_SNAP_ERROR :
-			CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_LOCAL |
+			(PRIVATE ? 0 : CXL_ACCEL_SNAP_PRESENT) | CXL_ACCEL_SNAP_LOCAL |
 			(i >= 3 && i < 6 ? 0 : CXL_ACCEL_SNAP_WRITE);
 
 		CHECK((f[i] & ~CXL_ACCEL_SNAP_MIRRORED) == want,
@@ -1077,68 +1329,93 @@ static int test_migrate_mixed_prot(struct ctx *c)
 	/* writing a read-only-migrated page, now writable, stays on device */
 	p[4 * PG] ^= 1;
 	p[4 * PG] ^= 1;
-	OK(cxla_migrate(c->fd, p, len, false, &m));
-	CHECK(m.migrated == 9, "back %llu", (unsigned long long)m.migrated);
+	CHECK(local_pages(c->fd, p, len) == (PRIVATE ? 0 : 9), "%ld pages on the device",
+	      local_pages(c->fd, p, len));
+	OK(MIGRATE(c->fd, p, len, false, &m));
+	CHECK(m.migrated == (PRIVATE ? 0 : 9), "back %llu", (unsigned long long)m.migrated);
 	CHECK(check_pages(p, len, 91) < 0, "data after the way back");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("RW/RO/NONE/RW: 9 migrated with their protections, PROT_NONE refused and reported as no access");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("RW/RO/NONE/RW: 9 migrated with their protections%s, PROT_NONE refused and reported as no access%s",
+	       PRIVATE ? " (private: local, not present)" : "",
+	       PRIVATE ? "; the CPU's reads faulted the 9 back" : "");
 	return PASS;
 }
 
 /* hmm-tests migrate_multiple: many round trips */
-static int test_migrate_round_trips(struct ctx *c)
+CXLA_TEST_F(mig, migrate_round_trips)
 {
 	size_t len = 1 * MiB, n = len / PG;
 	uint8_t *p = map_anon(len);
 	struct cxl_accel_migrate m;
 	int i, rounds = 40;
+	uint32_t crc;
 
 	CHECK(p, "mmap");
 	for (i = 0; i < rounds; i++) {
 		fill_pages(p, len, 100 + i);
-		OK(cxla_migrate(c->fd, p, len, true, &m));
+		OK(MIGRATE(c->fd, p, len, true, &m));
 		CHECK(m.migrated == n, "round %d: %llu to device", i,
 		      (unsigned long long)m.migrated);
-		CHECK(check_pages(p, len, 100 + i) < 0, "round %d on device", i);
-		OK(cxla_migrate(c->fd, p, len, false, &m));
+		if (PRIVATE) {
+			/* the CPU would fault them back: the device checks */
+			OK(svm_crc(c->fd, p, len, &crc));
+			CHECK(crc == crc32c_pages(len, 100 + i), "round %d on device: crc", i);
+		} else {
+			CHECK(check_pages(p, len, 100 + i) < 0, "round %d on device", i);
+		}
+		OK(MIGRATE(c->fd, p, len, false, &m));
 		CHECK(m.migrated == n, "round %d: %llu back", i,
 		      (unsigned long long)m.migrated);
 		CHECK(check_pages(p, len, 100 + i) < 0, "round %d back", i);
 	}
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("%d round trips of 1 MiB with new data each time", rounds);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%d round trips of 1 MiB with new data each time (%s)", rounds,
+	       PRIVATE ? "private; checked by the device there" : "coherent");
 	return PASS;
 }
 
 /* hmm-tests migrate_fault style: a single page at a time */
-static int test_migrate_single_pages(struct ctx *c)
+CXLA_TEST_F(mig, migrate_single_pages)
 {
 	size_t len = 64 * PG, i;
 	uint8_t *p = map_anon(len);
 	struct cxl_accel_migrate m;
+	uint32_t crc;
 
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 111);
 	for (i = 0; i < 64; i += 3) {
-		OK(cxla_migrate(c->fd, p + i * PG, PG, true, &m));
+		OK(MIGRATE(c->fd, p + i * PG, PG, true, &m));
 		CHECK(m.migrated == 1, "page %zu", i);
 	}
 	CHECK(local_pages(c->fd, p, len) == 22, "%ld local", local_pages(c->fd, p, len));
-	CHECK(check_pages(p, len, 111) < 0, "data");
-	OK(cxla_migrate(c->fd, p, len, false, &m));
+	if (PRIVATE) {
+		CHECK(private_pages(c->fd, p, len) == 22, "%ld private",
+		      private_pages(c->fd, p, len));
+		OK(svm_crc(c->fd, p, len, &crc));
+		CHECK(crc == crc32c_pages(len, 111), "device crc");
+	} else {
+		CHECK(check_pages(p, len, 111) < 0, "data");
+	}
+	OK(MIGRATE(c->fd, p, len, false, &m));
 	CHECK(m.migrated == 22 && m.already == 42, "back %llu already %llu",
 	      (unsigned long long)m.migrated, (unsigned long long)m.already);
+	CHECK(check_pages(p, len, 111) < 0, "data after the way back");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("every third page migrated on its own; whole range back: 22 moved, 42 already in RAM");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("every third page migrated on its own%s; whole range back: 22 moved, 42 already in RAM",
+	       PRIVATE ? " (private)" : "");
 	return PASS;
 }
 
-/* hmm-tests snapshot: every kind of page */
-static int test_snapshot(struct ctx *c)
+/*
+ * hmm-tests snapshot: every kind of page; a private page is on the device
+ * (LOCAL) but not in the CPU page table (not PRESENT)
+ */
+CXLA_TEST_F(mig, snapshot)
 {
 	size_t n = 10, len = n * PG;
 	uint8_t *p = map_anon(len), f[10];
@@ -1157,7 +1434,7 @@ static int test_snapshot(struct ctx *c)
 	p[4 * PG] = 1;
 	p[5 * PG] = 1;
 	p[9 * PG] = 1;
-	OK(cxla_migrate(c->fd, p + 4 * PG, 2 * PG, true, &m));
+	OK(MIGRATE(c->fd, p + 4 * PG, 2 * PG, true, &m));
 	CHECK(m.migrated == 2, "migrate");
 	OK(mprotect(p + 3 * PG, PG, PROT_READ) ? -errno : 0);
 	OK(mprotect(p + 5 * PG, PG, PROT_READ) ? -errno : 0);
@@ -1166,9 +1443,9 @@ static int test_snapshot(struct ctx *c)
 	OK(snapshot(c->fd, p, len, f));
 	{
 		const uint8_t P = CXL_ACCEL_SNAP_PRESENT, W = CXL_ACCEL_SNAP_WRITE,
-			      L = CXL_ACCEL_SNAP_LOCAL;
+			      L = CXL_ACCEL_SNAP_LOCAL, D = PRIVATE ? 0 : P;
 		const uint8_t want[10] = { 0, P | CXL_ACCEL_SNAP_ZERO, P | W, P,
-			P | W | L, P | L, CXL_ACCEL_SNAP_ERROR,
+			D | W | L, D | L, CXL_ACCEL_SNAP_ERROR,
 			CXL_ACCEL_SNAP_ERROR, 0, P | W };
 		size_t i;
 
@@ -1177,13 +1454,17 @@ static int test_snapshot(struct ctx *c)
 			      f[i], want[i]);
 	}
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("not present, zero page, RW/RO in RAM, RW/RO on device, PROT_NONE and unmapped (error) all reported right");
+	PRIVATE_IDLE(c->fd);
+	DETAIL("not present, zero page, RW/RO in RAM, RW/RO on device%s, PROT_NONE and unmapped (error) all reported right",
+	       PRIVATE ? " (private: local, not present)" : "");
 	return PASS;
 }
 
-/* copy-on-write of device pages after fork */
-static int test_cow_device_pages(struct ctx *c)
+/*
+ * Copy-on-write of device pages after fork: both share them read-only. A
+ * private page that either process touches faults back to RAM (for both).
+ */
+CXLA_TEST_F(mig, cow_device_pages)
 {
 	size_t len = 16 * PG, n = len / PG;
 	uint8_t *p = map_anon(len), f[16];
@@ -1195,16 +1476,17 @@ static int test_cow_device_pages(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 121);
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrate");
 	CHECK(!pipe(pipefd), "pipe");
 	pid = fork();
 	if (!pid) {
 		uint8_t g[16];
+		uint8_t notp = PRIVATE ? CXL_ACCEL_SNAP_PRESENT : 0;
 
 		/* shared with the parent: read-only, on device memory */
 		if (snapshot(c->fd, p, len, g) ||
-		    count_pages(g, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_WRITE) != n)
+		    count_pages(g, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_WRITE | notp) != n)
 			snprintf(msg, sizeof(msg), "child: pages not shared read-only on device (%#x)", g[0]);
 		else if (check_pages(p, len, 121) >= 0)
 			snprintf(msg, sizeof(msg), "child reads other data");
@@ -1212,8 +1494,10 @@ static int test_cow_device_pages(struct ctx *c)
 			p[0] ^= 0xff;	/* COW: the child gets a copy in RAM */
 			if (snapshot(c->fd, p, len, g) ||
 			    (g[0] & CXL_ACCEL_SNAP_LOCAL) || !(g[0] & CXL_ACCEL_SNAP_WRITE) ||
-			    !(g[1] & CXL_ACCEL_SNAP_LOCAL))
+			    !(g[1] & CXL_ACCEL_SNAP_LOCAL) != !!PRIVATE)
 				snprintf(msg, sizeof(msg), "child after COW: %#x %#x", g[0], g[1]);
+			else if (p[0] != (uint8_t)(page_word(121, 0) ^ 0xff))
+				snprintf(msg, sizeof(msg), "child reads %#x after its write", p[0]);
 		}
 		if (write(pipefd[1], msg, sizeof(msg)) < 0)
 			_exit(2);
@@ -1226,20 +1510,25 @@ static int test_cow_device_pages(struct ctx *c)
 	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "%s", msg);
 	CHECK(check_pages(p, len, 121) < 0, "parent sees the child's write");
 	OK(snapshot(c->fd, p, len, f));
-	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n, "parent pages left the device");
+	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == (PRIVATE ? 0 : n),
+	      "%zu parent pages on the device", count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0));
 	/* the parent writes: its page is exclusive again (no copy needed) */
 	p[PG] ^= 1;
 	p[PG] ^= 1;
-	OK(cxla_migrate(c->fd, p, len, false, &m));
-	CHECK(m.migrated == n, "back %llu", (unsigned long long)m.migrated);
+	OK(MIGRATE(c->fd, p, len, false, &m));
+	CHECK(m.migrated == (PRIVATE ? 0 : n), "back %llu", (unsigned long long)m.migrated);
+	CHECK(check_pages(p, len, 121) < 0, "parent data at the end");
 	munmap(p, len);
-	POOL_IDLE(c->fd);
-	DETAIL("after fork device pages are shared read-only; the child's write copied one page to RAM, the parent's stayed on the device unchanged");
+	PRIVATE_IDLE(c->fd);
+	if (PRIVATE)
+		DETAIL("after fork private pages are shared read-only (local, not present); the child's reads faulted them back to RAM, its write got its own copy; the parent's data unchanged");
+	else
+		DETAIL("after fork device pages are shared read-only; the child's write copied one page to RAM, the parent's stayed on the device unchanged");
 	return PASS;
 }
 
 /* a process exits with pages on the device: they come back to the pool */
-static int test_exit_with_device_pages(struct ctx *c)
+CXLA_TEST_F(mig, exit_with_device_pages)
 {
 	struct cxl_accel_hmm_info h;
 	int status;
@@ -1254,7 +1543,7 @@ static int test_exit_with_device_pages(struct ctx *c)
 		if (!p)
 			_exit(1);
 		fill_pages(p, len, 131);
-		if (cxla_migrate(c->fd, p, len, true, &m) || m.migrated != len / PG)
+		if (MIGRATE(c->fd, p, len, true, &m) || m.migrated != len / PG)
 			_exit(2);
 		_exit(0);	/* no munmap, no close */
 	}
@@ -1262,9 +1551,10 @@ static int test_exit_with_device_pages(struct ctx *c)
 	waitpid(pid, &status, 0);
 	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child status %d",
 	      WEXITSTATUS(status));
-	POOL_IDLE(c->fd);
+	PRIVATE_IDLE(c->fd);
 	OK(cxla_hmm_info(c->fd, &h));
-	DETAIL("child exited with 8 MiB on device memory: every page back in the pool, pool buffers freed");
+	DETAIL("child exited with 8 MiB on %s device memory: every page back in the pool, pool buffers freed",
+	       PRIVATE ? "private" : "coherent");
 	return PASS;
 }
 
@@ -1281,7 +1571,7 @@ static int test_exit_with_device_pages(struct ctx *c)
 #define SPLICE_VMAS	2048	/* enough anon_vmas for whole slab pages */
 
 /* One round: returns PASS or FAIL; *evicted_total accumulates. */
-static int evict_spliced_round(struct ctx *c, int round)
+static int evict_spliced_round(FIXTURE_DATA(dev) *c, int round)
 {
 	size_t n = SPLICE_PAGES, len = n * PG, churn = 128 * MiB, i;
 	uint64_t seed = 171 + round * SPLICE_VMAS;
@@ -1350,7 +1640,7 @@ static int evict_spliced_round(struct ctx *c, int round)
 	return PASS;
 }
 
-static int test_evict_spliced(struct ctx *c)
+CXLA_TEST_F(dev, evict_spliced)
 {
 	int round;
 
@@ -1368,7 +1658,7 @@ static int test_evict_spliced(struct ctx *c)
  * that process exited (the device never saw the child: every process is
  * looked at then). The data stays right, the pool ends empty.
  */
-static int test_evict_moved_and_inherited(struct ctx *c)
+CXLA_TEST_F(mig, evict_moved_and_inherited)
 {
 	size_t len = 2 * MiB, n = len / PG;
 	int tochild[2], toparent[2], status;
@@ -1383,7 +1673,7 @@ static int test_evict_moved_and_inherited(struct ctx *c)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 211);
-	OK(cxla_migrate(c->fd, p, len, true, &m));
+	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n, "migrate %llu", (unsigned long long)m.migrated);
 	q = mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
 		   map_aligned(len, 2 * MiB));
@@ -1395,7 +1685,7 @@ static int test_evict_moved_and_inherited(struct ctx *c)
 	OK(snapshot(c->fd, q, len, f));
 	CHECK(!count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0), "pages still on the device");
 	munmap(q, len);
-	POOL_IDLE(c->fd);
+	PRIVATE_IDLE(c->fd);
 
 	/* a child inherits them, its parent exits */
 	CHECK(!pipe(tochild) && !pipe(toparent), "pipe");
@@ -1408,7 +1698,7 @@ static int test_evict_moved_and_inherited(struct ctx *c)
 			_exit(1);
 		madvise(p, len, MADV_NOHUGEPAGE);
 		fill_pages(p, len, 212);
-		if (cxla_migrate(c->fd, p, len, true, &m) || m.migrated != n)
+		if (MIGRATE(c->fd, p, len, true, &m) || m.migrated != n)
 			_exit(2);
 		gc = fork();
 		if (!gc) {
@@ -1433,9 +1723,9 @@ static int test_evict_moved_and_inherited(struct ctx *c)
 	CHECK(read(toparent[0], &ok, 1) == 1, "grandchild gone");
 	CHECK(ok == 'y', "grandchild: %s", ok == 'n' ? "data changed" :
 	      ok == 'd' ? "pages still on the device" : "failed");
-	POOL_IDLE(c->fd);
-	DETAIL("EVICT moved %zu pages after mremap, and %zu pages that only a grandchild of the migrating process still mapped; data intact",
-	       n, n);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("EVICT moved %zu %s pages after mremap, and %zu pages that only a grandchild of the migrating process still mapped; data intact",
+	       n, PRIVATE ? "private" : "coherent", n);
 	return PASS;
 }
 
@@ -1470,7 +1760,7 @@ static void *race_reader(void *arg)
 }
 
 /* munmap while the device reads the range */
-static int test_unmap_race(struct ctx *c)
+CXLA_TEST_F(dev, unmap_race)
 {
 	size_t len = 2 * MiB;
 	struct cxl_accel_hmm_info h1, h2;
@@ -1514,6 +1804,7 @@ struct mig_racer {
 	int fd;
 	uint8_t *p;
 	size_t len;
+	uint32_t flags;		/* MIGRATE_* */
 	volatile int stop;
 	long ok, efault, other, moved;
 	int last_err;
@@ -1526,7 +1817,8 @@ static void *mig_race_thread(void *arg)
 
 	while (!r->stop) {
 		struct cxl_accel_migrate m;
-		int e = cxla_migrate(r->fd, r->p, r->len, dir ^= 1, &m);
+		int e = cxla_migrate_flags(r->fd, r->p, r->len, dir ^= 1,
+					   r->flags, &m);
 
 		if (!e) {
 			r->ok++;
@@ -1542,9 +1834,9 @@ static void *mig_race_thread(void *arg)
 }
 
 /* munmap and mmap pieces of a range while it migrates back and forth */
-static int test_migrate_unmap_race(struct ctx *c)
+CXLA_TEST_F(mig, migrate_unmap_race)
 {
-	struct mig_racer r = { .fd = c->fd, .len = 4 * MiB };
+	struct mig_racer r = { .fd = c->fd, .len = 4 * MiB, .flags = variant->flags };
 	uint64_t s = 99;
 	pthread_t t;
 	int i;
@@ -1572,11 +1864,11 @@ static int test_migrate_unmap_race(struct ctx *c)
 	CHECK(!r.other, "%ld migrations failed with %s", r.other, strerror(-r.last_err));
 	for (i = 0; i < (int)r.len; i += PG)
 		CHECK(r.p[i] == 1 || r.p[i] == 2, "byte %d = %d", i, r.p[i]);
-	OK(cxla_migrate(c->fd, r.p, r.len, false, NULL));
+	OK(MIGRATE(c->fd, r.p, r.len, false, NULL));
 	munmap(r.p, r.len);
-	POOL_IDLE(c->fd);
-	DETAIL("150 munmap/mmap of 64 KiB pieces under migrations of the 4 MiB range: %ld ok (%ld pages moved), %ld -EFAULT (range not mapped), no other outcome",
-	       r.ok, r.moved, r.efault);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("150 munmap/mmap of 64 KiB pieces under %s migrations of the 4 MiB range: %ld ok (%ld pages moved), %ld -EFAULT (range not mapped), no other outcome",
+	       PRIVATE ? "private" : "coherent", r.ok, r.moved, r.efault);
 	return PASS;
 }
 
@@ -1601,7 +1893,7 @@ static int io_uring_register_buf(void *p, size_t len, int *ring)
 }
 
 /* long-term pins (FOLL_LONGTERM) move device pages to RAM, block migration */
-static int test_longterm_pin(struct ctx *c)
+CXLA_TEST_F(dev, longterm_pin)
 {
 	size_t len = 1 * MiB, n = len / PG;
 	uint8_t *p = map_anon(len);
@@ -1656,7 +1948,7 @@ static int test_longterm_pin(struct ctx *c)
 }
 
 /* device memory runs out: the rest stays, counted */
-static int test_migrate_no_space(struct ctx *c)
+CXLA_TEST_F(dev, migrate_no_space)
 {
 	struct cxl_accel_identify id;
 	struct cxl_accel_migrate m;
@@ -1689,7 +1981,7 @@ static int test_migrate_no_space(struct ctx *c)
 }
 
 /* no 2 MiB-aligned free extent: the pool takes an unaligned 2 MiB one */
-static int test_migrate_fragmented(struct ctx *c)
+CXLA_TEST_F(dev, migrate_fragmented)
 {
 	struct cxl_accel_alloc a, bufs[1024];
 	size_t len = 2 * MiB, n = len / PG;
@@ -1736,6 +2028,7 @@ static int test_migrate_fragmented(struct ctx *c)
 
 struct stress_proc {
 	int fd;
+	uint32_t flags;		/* MIGRATE_* */
 	uint8_t *p;		/* region, COW-shared with the other processes */
 	size_t npages;		/* CPU half then device half */
 	uint32_t *ver;		/* CPU half: last version written per page */
@@ -1765,7 +2058,8 @@ static void *stress_migrator(void *arg)
 
 		if (first + cnt > s->npages)
 			cnt = s->npages - first;
-		e = cxla_migrate(s->fd, s->p + first * PG, cnt * PG, rnd64(&r) & 1, &m);
+		e = cxla_migrate_flags(s->fd, s->p + first * PG, cnt * PG,
+				       rnd64(&r) & 1, s->flags, &m);
 		if (e)
 			stress_err(s, e);
 		s->migrations++;
@@ -1827,10 +2121,10 @@ static void *stress_device(void *arg)
 	return NULL;
 }
 
-static int stress_child(struct ctx *c, uint8_t *p, size_t npages, int id,
-			char *msg)
+static int stress_child(FIXTURE_DATA(dev) *c, uint32_t flags, uint8_t *p,
+			size_t npages, int id, char *msg)
 {
-	struct stress_proc s = { .p = p, .npages = npages, .id = id };
+	struct stress_proc s = { .p = p, .npages = npages, .id = id, .flags = flags };
 	size_t half = npages / 2, pg, w;
 	pthread_t t[3];
 	uint32_t crc;
@@ -1880,7 +2174,7 @@ static int stress_child(struct ctx *c, uint8_t *p, size_t npages, int id,
 		if (svm_crc(s.fd, p, npages * PG, &crc) || crc != crc32c(0, p, npages * PG))
 			return snprintf(msg, 200, "proc %d: device checksum differs", id), 1;
 		/* second pass after everything came back to RAM */
-		if (cxla_migrate(s.fd, p, npages * PG, false, NULL))
+		if (cxla_migrate_flags(s.fd, p, npages * PG, false, flags, NULL))
 			return snprintf(msg, 200, "proc %d: final migration", id), 1;
 	}
 	snprintf(msg, 200, "%ld migrations (%ld pages), %ld CPU page writes, %ld device fills, %ld device reads",
@@ -1888,7 +2182,7 @@ static int stress_child(struct ctx *c, uint8_t *p, size_t npages, int id,
 	return 0;
 }
 
-static int test_stress(struct ctx *c)
+CXLA_TEST_F(mig, stress)
 {
 	const int nproc = 3;
 	size_t npages = 512, len = npages * PG, pg;
@@ -1906,12 +2200,12 @@ static int test_stress(struct ctx *c)
 	for (pg = 0; pg < npages; pg++)
 		memset(p + pg * PG, 0xa5 ^ (int)pg, PG);
 	/* the initial pages are shared COW by all processes */
-	OK(cxla_migrate(c->fd, p, len, true, NULL));
+	OK(MIGRATE(c->fd, p, len, true, NULL));
 	OK(cxla_hmm_info(c->fd, &h1));
 	for (i = 0; i < nproc; i++) {
 		pids[i] = fork();
 		if (!pids[i])
-			_exit(stress_child(c, p, npages, i, msgs[i]));
+			_exit(stress_child(c, variant->flags, p, npages, i, msgs[i]));
 	}
 	for (i = 0; i < nproc; i++) {
 		waitpid(pids[i], &status, 0);
@@ -1927,24 +2221,16 @@ static int test_stress(struct ctx *c)
 	OK(cxla_hmm_info(c->fd, &h2));
 	CHECK(h2.copy_failures == h1.copy_failures, "%llu failed copy commands",
 	      (unsigned long long)(h2.copy_failures - h1.copy_failures));
-	POOL_IDLE(c->fd);
-	DETAIL("%d processes x (migrator, CPU writer, device filler/reader) on COW-shared 2 MiB for %d s, data verified twice each; e.g. %s",
-	       nproc, stress_secs, msgs[0]);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%d processes x (%s migrator, CPU writer, device filler/reader) on COW-shared 2 MiB for %d s, data verified twice each; e.g. %s",
+	       nproc, PRIVATE ? "private" : "coherent", stress_secs, msgs[0]);
 	return PASS;
 }
 
 /* --------------------------------------------------- two devices (peer) */
 
-static int need_peer(struct ctx *c)
-{
-	if (c->pfd >= 0)
-		return 0;
-	DETAIL("no second device (-P)");
-	return 1;
-}
-
 /* pages on device A, read by device B (peer-to-peer through A's BAR) */
-static int test_peer_read(struct ctx *c)
+CXLA_TEST_F(peer, peer_read)
 {
 	size_t len = 2 * MiB, n = len / PG;
 	uint8_t *p, *b, f[512];
@@ -1952,8 +2238,6 @@ static int test_peer_read(struct ctx *c)
 	struct cxl_accel_migrate m;
 	struct cxl_accel_alloc a;
 
-	if (need_peer(c))
-		return SKIP;
 	p = map_anon(len);
 	CHECK(p, "mmap");
 	fill_pages(p, len, 161);
@@ -1986,15 +2270,13 @@ static int test_peer_read(struct ctx *c)
 }
 
 /* migration from device A to device B directly */
-static int test_peer_migrate(struct ctx *c)
+CXLA_TEST_F(peer, peer_migrate)
 {
 	size_t len = 4 * MiB, n = len / PG;
 	uint8_t *p, f[1024];
 	struct cxl_accel_migrate m;
 	struct cxl_accel_hmm_info ha, hb;
 
-	if (need_peer(c))
-		return SKIP;
 	p = map_anon(len);
 	CHECK(p, "mmap");
 	fill_pages(p, len, 171);
@@ -2029,15 +2311,13 @@ static int test_peer_migrate(struct ctx *c)
 }
 
 /* the same range mirrored by two devices: both invalidated */
-static int test_two_device_mirrors(struct ctx *c)
+CXLA_TEST_F(peer, two_device_mirrors)
 {
 	size_t len = 64 * PG;
 	uint8_t *p, f[64];
 	uint64_t pat = 0x3131313131313131;
 	uint32_t ca, cb;
 
-	if (need_peer(c))
-		return SKIP;
 	p = map_anon(len);
 	CHECK(p, "mmap");
 	fill_random(p, len, 181);
@@ -2283,7 +2563,7 @@ static int read_sys(const char *path, char *buf, size_t len)
 	return 0;
 }
 
-static int test_numa_info(struct ctx *c)
+CXLA_TEST_F(numa, numa_info)
 {
 	struct cxl_accel_hmm_info *h = &c->h0;
 	struct cxl_accel_alloc a;
@@ -2329,7 +2609,7 @@ static int test_numa_info(struct ctx *c)
 	return PASS;
 }
 
-static int test_numa_move_pages(struct ctx *c)
+CXLA_TEST_F(numa, numa_move_pages)
 {
 	size_t len = 8 * MiB, n = len / PG, i;
 	uint8_t *p = map_anon(len), f[2048];
@@ -2377,7 +2657,7 @@ static int test_numa_move_pages(struct ctx *c)
 	return PASS;
 }
 
-static int test_numa_mbind(struct ctx *c)
+CXLA_TEST_F(numa, numa_mbind)
 {
 	size_t len = 4 * MiB, n = len / PG;
 	uint8_t *p = map_anon(len);
@@ -2407,15 +2687,13 @@ static int test_numa_mbind(struct ctx *c)
 }
 
 /* pages on device A's node, read and filled by device B */
-static int test_numa_peer(struct ctx *c)
+CXLA_TEST_F(numa_peer, numa_peer)
 {
 	size_t len = 2 * MiB, n = len / PG;
 	uint8_t *p, f[512];
 	struct cxl_accel_hmm_info hb;
 	uint32_t crc;
 
-	if (need_peer(c))
-		return SKIP;
 	OK(cxla_hmm_info(c->pfd, &hb));
 	CHECK(hb.flags & CXL_ACCEL_HMM_NUMA, "peer not in NUMA mode");
 	p = map_anon(len);
@@ -2454,8 +2732,9 @@ static int hmm_stall(int secs, const char *path)
 	struct cxl_accel_hmm_info h;
 	double t0 = now_sec(), t;
 	char detail[DETAIL_LEN + 1];
-	struct ctx cc = { .detail = detail }, *c = &cc;
+	FIXTURE_DATA(dev) cc = { 0 }, *c = &cc;
 
+	cxla_detail = detail;
 	if (fd < 0 || !p)
 		return 1;
 	madvise(p, len, MADV_NOHUGEPAGE);
@@ -2829,12 +3108,13 @@ static int hmm_soak(int secs, const char *path, const char *peer)
 	     eop[SK_NOPS] = { 0 }, eop_alloc = 0, placed = 0;
 	unsigned long long verified = 0;
 	char detail[DETAIL_LEN + 1] = "", why[400] = "", eios[200] = "";
-	struct ctx cc = { .detail = detail }, *c = &cc;
+	FIXTURE_DATA(dev) cc = { 0 }, *c = &cc;
 	struct cxl_accel_stats sts;
 	struct soak_run run = { .secs = secs, .path = path, .peer = peer, .st = st };
 	int i, k, status = 0, fds[2];
 	size_t el = 0;
 
+	cxla_detail = detail;
 	fds[0] = open(path, O_RDWR);
 	fds[1] = open(peer, O_RDWR);
 	if (st == MAP_FAILED || fds[0] < 0 || fds[1] < 0) {
@@ -2897,86 +3177,27 @@ static int hmm_soak(int secs, const char *path, const char *peer)
 
 /* ------------------------------------------- device-private memory */
 
-#define PRIV	CXL_ACCEL_MIGRATE_PRIVATE
 
-/* private pages of this device in [p, p + len): on it, not CPU-mapped */
-static long private_pages(int fd, const void *p, size_t len)
+/* the device writes private pages in place; the CPU sees it after a fault */
+CXLA_TEST_F(dev, private_svm_write)
 {
-	static uint8_t f[65536];
-	size_t n = len / PG;
-
-	if (n > sizeof(f) || snapshot(fd, p, len, f))
-		return -1;
-	return count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, CXL_ACCEL_SNAP_PRESENT);
-}
-
-static int need_private(struct ctx *c)
-{
-	if (c->h0.flags & CXL_ACCEL_HMM_PRIVATE)
-		return 0;
-	DETAIL("no device-private memory (the kernel has no CONFIG_DEVICE_PRIVATE)");
-	return -1;
-}
-
-#define NEED_PRIVATE() do { if (need_private(c)) return SKIP; } while (0)
-
-/* The private pool must be empty again. */
-static int private_idle(struct ctx *c, int fd)
-{
-	struct cxl_accel_hmm_info h;
-	int i;
-
-	for (i = 0; i < 50; i++) {
-		if (cxla_hmm_info(fd, &h))
-			return -1;
-		if (!h.private_pages)
-			return pool_idle(c, fd);
-		usleep(20000);
-	}
-	DETAIL("%llu private pages still in use", (unsigned long long)h.private_pages);
-	return -1;
-}
-
-#define PRIVATE_IDLE(fd) do { if (private_idle(c, fd)) return FAIL; } while (0)
-
-/*
- * Private pages: the device holds them, the CPU page table has
- * device-private entries; the device computes on them where they are;
- * the way back is MIGRATE_TO_RAM with the same flag.
- */
-static int test_private_migrate(struct ctx *c)
-{
-	size_t len = 4 * MiB, n = len / PG;
-	uint8_t *p = map_anon(len);
-	struct cxl_accel_hmm_info h;
+	size_t len = 32 * PG, n = len / PG, i;
+	uint64_t v = 0x1122334455667788ULL;
 	struct cxl_accel_migrate m;
-	uint32_t crc, want;
+	uint8_t *p = map_anon(len);
 
 	NEED_PRIVATE();
 	CHECK(p, "mmap");
-	madvise(p, len, MADV_NOHUGEPAGE);
-	fill_pages(p, len, 301);
-	want = crc32c(0, p, len);
+	fill_pages(p, len, 306);
 	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
-	CHECK(m.migrated == n, "migrated %llu of %zu (busy %llu, no space %llu)",
-	      (unsigned long long)m.migrated, n, (unsigned long long)m.busy,
-	      (unsigned long long)m.no_space);
-	CHECK(private_pages(c->fd, p, len) == (long)n, "%ld of %zu pages private on the device",
-	      private_pages(c->fd, p, len), n);
-	OK(cxla_hmm_info(c->fd, &h));
-	CHECK(h.private_pages == n, "HMM_INFO: %llu private pages",
-	      (unsigned long long)h.private_pages);
-	/* the device reads them where they are: no fault back */
-	OK(svm_crc(c->fd, p, len, &crc));
-	CHECK(crc == want, "device crc %#x, want %#x", crc, want);
-	CHECK(private_pages(c->fd, p, len) == (long)n, "SVM read moved pages");
-	OK(cxla_migrate_flags(c->fd, p, len, false, PRIV, &m));
-	CHECK(m.migrated == n, "back: %llu of %zu", (unsigned long long)m.migrated, n);
-	CHECK(private_pages(c->fd, p, len) == 0, "private pages left");
-	CHECK(check_pages(p, len, 301) < 0, "data after the way back");
+	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
+	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &v, NULL));
+	CHECK(private_pages(c->fd, p, len) == (long)n, "the device write moved pages");
+	for (i = 0; i < len; i += 8)
+		CHECK(*(uint64_t *)(p + i) == v, "byte %zu not filled", i);
 	munmap(p, len);
 	PRIVATE_IDLE(c->fd);
-	DETAIL("4 MiB to private device pages (no CPU mapping), device crc32c there right without a fault, back to RAM by the device");
+	DETAIL("device filled 32 private pages in place (no fault back), the CPU read the fill after faulting them back");
 	return PASS;
 }
 
@@ -3008,13 +3229,13 @@ static int private_thp(int v)
  * says HUGE) or, with private_thp off, split by the kernel into 512 pages.
  * A CPU access brings back what the device holds the way it was moved.
  */
-static int private_thp_run(struct ctx *c, bool whole)
+static int private_thp_run(FIXTURE_DATA(dev) *c, bool whole)
 {
 	size_t len = 4 * MiB, n = len / PG, huge, back;
 	uint8_t *p = map_aligned(len, 2 * MiB), f[1024];
 	struct cxl_accel_hmm_info h0, h1;
 	struct cxl_accel_migrate m;
-	uint32_t crc, want;
+	uint32_t crc = 0, want;
 	int ret = FAIL;
 
 	NEED_PRIVATE();
@@ -3090,143 +3311,18 @@ out:
 	return ret;
 }
 
-static int test_private_thp(struct ctx *c)
+CXLA_TEST_F(dev, private_thp)
 {
 	return private_thp_run(c, true);
 }
 
-static int test_private_thp_split(struct ctx *c)
+CXLA_TEST_F(dev, private_thp_split)
 {
 	return private_thp_run(c, false);
 }
 
-/* A CPU access to a private page faults it back to RAM, one page at a time. */
-static int test_private_cpu_fault(struct ctx *c)
-{
-	size_t len = 64 * PG, n = len / PG;
-	struct cxl_accel_hmm_info h0, h1;
-	struct cxl_accel_migrate m;
-	uint8_t *p = map_anon(len);
-	long left;
-
-	NEED_PRIVATE();
-	CHECK(p, "mmap");
-	fill_pages(p, len, 302);
-	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
-	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	OK(cxla_hmm_info(c->fd, &h0));
-	/* read page 3, write page 7 */
-	CHECK(check_pages_at(p + 3 * PG, 3, PG, 302) < 0, "CPU read of page 3");
-	p[7 * PG] ^= 0xff;
-	OK(cxla_hmm_info(c->fd, &h1));
-	CHECK(h1.cpu_faults - h0.cpu_faults == 2, "%llu CPU faults, want 2",
-	      (unsigned long long)(h1.cpu_faults - h0.cpu_faults));
-	left = private_pages(c->fd, p, len);
-	CHECK(left == (long)n - 2, "%ld pages still private, want %zu", left, n - 2);
-	p[7 * PG] ^= 0xff;
-	CHECK(check_pages(p, len, 302) < 0, "data after CPU faults");
-	munmap(p, len);
-	PRIVATE_IDLE(c->fd);
-	DETAIL("a read and a write faulted exactly 2 of 64 private pages back to RAM (migrate_to_ram through the device), data right");
-	return PASS;
-}
-
-/* fork shares private pages read-only; a child's access faults them back */
-static int test_private_fork(struct ctx *c)
-{
-	size_t len = 16 * PG, n = len / PG;
-	struct cxl_accel_migrate m;
-	uint8_t *p = map_anon(len);
-	int status;
-	pid_t pid;
-
-	NEED_PRIVATE();
-	CHECK(p, "mmap");
-	fill_pages(p, len, 303);
-	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
-	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	pid = fork();
-	if (!pid) {
-		if (check_pages(p, len, 303) >= 0)
-			_exit(1);
-		p[0] ^= 1;	/* the child's own copy */
-		_exit(p[0] == (uint8_t)(page_word(303, 0) ^ 1) ? 0 : 2);
-	}
-	CHECK(pid > 0, "fork");
-	waitpid(pid, &status, 0);
-	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child: %d", WEXITSTATUS(status));
-	CHECK(check_pages(p, len, 303) < 0, "the parent sees the child's write");
-	munmap(p, len);
-	PRIVATE_IDLE(c->fd);
-	DETAIL("after fork the child read the private pages (faulted back to RAM) and wrote its own copy; the parent's data unchanged");
-	return PASS;
-}
-
-/* a process exits with private pages, or EVICT brings them back */
-static int test_private_exit_evict(struct ctx *c)
-{
-	size_t len = 2 * MiB, n = len / PG;
-	struct cxl_accel_migrate m;
-	struct cxl_accel_evict e;
-	uint8_t *p;
-	int status;
-	pid_t pid;
-
-	NEED_PRIVATE();
-	pid = fork();
-	if (!pid) {
-		p = map_anon(len);
-		if (!p)
-			_exit(1);
-		fill_pages(p, len, 304);
-		_exit(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m) ||
-		      m.migrated != n ? 2 : 0);
-	}
-	CHECK(pid > 0, "fork");
-	waitpid(pid, &status, 0);
-	CHECK(WIFEXITED(status) && !WEXITSTATUS(status), "child: %d", WEXITSTATUS(status));
-	PRIVATE_IDLE(c->fd);
-	p = map_anon(len);
-	CHECK(p, "mmap");
-	fill_pages(p, len, 305);
-	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
-	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	OK(evict(c->fd, &e));
-	CHECK(e.evicted == n && !e.remaining, "EVICT: %llu evicted, %llu remaining",
-	      (unsigned long long)e.evicted, (unsigned long long)e.remaining);
-	CHECK(private_pages(c->fd, p, len) == 0, "private pages left");
-	CHECK(check_pages(p, len, 305) < 0, "data after EVICT");
-	munmap(p, len);
-	PRIVATE_IDLE(c->fd);
-	DETAIL("a process exited with 2 MiB of private pages: all freed; EVICT brought 2 MiB of private pages back to RAM");
-	return PASS;
-}
-
-/* the device writes private pages in place; the CPU sees it after a fault */
-static int test_private_svm_write(struct ctx *c)
-{
-	size_t len = 32 * PG, n = len / PG, i;
-	uint64_t v = 0x1122334455667788ULL;
-	struct cxl_accel_migrate m;
-	uint8_t *p = map_anon(len);
-
-	NEED_PRIVATE();
-	CHECK(p, "mmap");
-	fill_pages(p, len, 306);
-	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
-	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &v, NULL));
-	CHECK(private_pages(c->fd, p, len) == (long)n, "the device write moved pages");
-	for (i = 0; i < len; i += 8)
-		CHECK(*(uint64_t *)(p + i) == v, "byte %zu not filled", i);
-	munmap(p, len);
-	PRIVATE_IDLE(c->fd);
-	DETAIL("device filled 32 private pages in place (no fault back), the CPU read the fill after faulting them back");
-	return PASS;
-}
-
 /* another device's private pages: faulted back to RAM before its access */
-static int test_private_peer(struct ctx *c)
+CXLA_TEST_F(peer, private_peer)
 {
 	size_t len = 64 * PG, n = len / PG;
 	struct cxl_accel_migrate m;
@@ -3234,8 +3330,6 @@ static int test_private_peer(struct ctx *c)
 	uint32_t crc, want;
 
 	NEED_PRIVATE();
-	if (need_peer(c))
-		return SKIP;
 	CHECK(p, "mmap");
 	fill_pages(p, len, 307);
 	want = crc32c(0, p, len);
@@ -3272,7 +3366,7 @@ static void *cpu_add(void *arg)
  * CPU mapping goes while the device works (a CPU access meanwhile waits)
  * and comes back at the next CPU access; fork copies the value.
  */
-static int test_private_exclusive_atomic(struct ctx *c)
+CXLA_TEST_F(dev, private_exclusive_atomic)
 {
 	struct cxl_accel_atomic a;
 	struct cpu_adder ca;
@@ -3333,177 +3427,92 @@ static int test_private_exclusive_atomic(struct ctx *c)
 	return PASS;
 }
 
-/* ---------------------------------------------------------- runner */
-
-struct test {
-	const char *name;
-	int (*fn)(struct ctx *c);
-	bool peer;		/* needs -P */
-	bool numa;		/* NUMA attach mode; the others need coherent memory */
-};
-
-#define T(x) { #x, test_##x, false, false }
-#define TP(x) { #x, test_##x, true, false }
-#define TN(x) { #x, test_##x, false, true }
-#define TNP(x) { #x, test_##x, true, true }
-static const struct test tests[] = {
-	T(info),
-	T(bad_args),
-	T(anon_read),
-	T(anon_read_prot),
-	T(anon_read_zero),
-	T(anon_write),
-	T(anon_write_prot),
-	T(svm_fill_checksum),
-	T(mirror),
-	T(mprotect_mirror),
-	T(svm_timeout_fork),
-	T(fork_child_private),
-	T(fork_child_shared),
-	T(thp),
-	T(file_read_write),
-	T(migrate),
-	T(migrate_holes),
-	T(migrate_private_file),
-	T(migrate_shared),
-	T(migrate_cpu_access),
-	T(migrate_release),
-	T(migrate_mixed_prot),
-	T(migrate_round_trips),
-	T(migrate_single_pages),
-	T(snapshot),
-	T(cow_device_pages),
-	T(exit_with_device_pages),
-	T(evict_spliced),
-	T(evict_moved_and_inherited),
-	T(unmap_race),
-	T(migrate_unmap_race),
-	T(longterm_pin),
-	T(migrate_no_space),
-	T(migrate_fragmented),
-	T(stress),
-	T(private_migrate),
-	T(private_cpu_fault),
-	T(private_fork),
-	T(private_exit_evict),
-	T(private_svm_write),
-	T(private_exclusive_atomic),
-	T(private_thp),
-	T(private_thp_split),
-	TP(private_peer),
-	TP(peer_read),
-	TP(peer_migrate),
-	TP(two_device_mirrors),
-	TN(numa_info),
-	TN(numa_move_pages),
-	TN(numa_mbind),
-	TNP(numa_peer),
-};
-
 /*
- * in the child: open the device (and the peer), check that the test applies
- * to its mode, run the test
+ * mprotect takes a device-exclusive page back: the CPU gets it read-only,
+ * and the device cannot take it for atomics (they write) until it is
+ * writable again.
  */
-static int run_child(const void *env, const void *test, char *detail)
+CXLA_TEST_F(dev, private_exclusive_mprotect)
 {
-	const struct test *t = test;
-	struct ctx c = *(const struct ctx *)env;
+	struct cxl_accel_atomic a;
+	uint64_t *w = map_anon(PG);
+	uint8_t f[1];
+	int r;
 
-	c.detail = detail;
-	c.fd = open(c.path, O_RDWR);
-	c.pfd = c.peer_path ? open(c.peer_path, O_RDWR) : -1;
-	if (c.fd < 0) {
-		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path,
-			 strerror(errno));
-		return FAIL;
-	}
-	if (cxla_identify(c.fd, &c.id) || cxla_hmm_info(c.fd, &c.h0)) {
-		snprintf(detail, DETAIL_LEN, "IDENTIFY/HMM_INFO: %s",
-			 strerror(errno));
-		return FAIL;
-	}
-	if (t->numa && !(c.h0.flags & CXL_ACCEL_HMM_NUMA)) {
-		snprintf(detail, DETAIL_LEN, "device not in NUMA mode (flags %#x)",
-			 c.h0.flags);
-		return SKIP;
-	}
-	if (!t->numa && !(c.h0.flags & CXL_ACCEL_HMM_COHERENT)) {
-		snprintf(detail, DETAIL_LEN, "device memory is not coherent ZONE_DEVICE memory (flags %#x)",
-			 c.h0.flags);
-		return SKIP;
-	}
-	return t->fn(&c);
+	NEED_PRIVATE();
+	CHECK(w, "mmap");
+	*w = 5;
+	memset(&a, 0, sizeof(a));
+	a.target = cxla_user(w);
+	a.op = CXL_ACCEL_ATOMIC_FETCH_ADD;
+	a.width = 8;
+	a.operand = 1;
+	a.repeat = 100;
+	a.flags = CXL_ACCEL_ATOMIC_EXCLUSIVE;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	CHECK(a.count == 100 && a.result == 104, "count %llu result %llu",
+	      (unsigned long long)a.count, (unsigned long long)a.result);
+	OK(snapshot(c->fd, w, PG, f));
+	CHECK(!(f[0] & CXL_ACCEL_SNAP_PRESENT), "after the exclusive atomic: %#x, want not present",
+	      f[0]);
+	OK(mprotect(w, PG, PROT_READ) ? -errno : 0);
+	CHECK(*w == 105, "CPU reads %llu after mprotect", (unsigned long long)*w);
+	OK(snapshot(c->fd, w, PG, f));
+	CHECK((f[0] & CXL_ACCEL_SNAP_PRESENT) && !(f[0] & CXL_ACCEL_SNAP_WRITE),
+	      "after mprotect and a CPU read: %#x, want present read-only", f[0]);
+	r = cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a);
+	CHECK(r == -EFAULT, "exclusive atomic on a read-only page: %d, want -EFAULT", r);
+	CHECK(*w == 105, "the refused atomic changed the word to %llu", (unsigned long long)*w);
+	OK(mprotect(w, PG, PROT_READ | PROT_WRITE) ? -errno : 0);
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	CHECK(a.count == 100 && a.result == 204, "writable again: count %llu result %llu",
+	      (unsigned long long)a.count, (unsigned long long)a.result);
+	CHECK(*w == 205, "CPU reads %llu at the end", (unsigned long long)*w);
+	munmap(w, PG);
+	DETAIL("mprotect(PROT_READ) took the device-exclusive page back (the CPU read it, present read-only), an exclusive atomic then got -EFAULT with the word unchanged; writable again, 100 more device adds landed");
+	return PASS;
 }
 
-int main(int argc, char **argv)
-{
-	struct cxla_runner r = { .prefix = "hmm.", .timeout_s = TEST_TIMEOUT_S };
-	struct ctx base = { .path = "/dev/cxl-accel0", .pfd = -1 };
-	int i, k, peer_only = 0;
+/* ------------------------------------------------------- modes, options */
 
-	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
-			base.path = argv[++i];
-		} else if (!strcmp(argv[i], "-P") && i + 1 < argc) {
-			base.peer_path = argv[++i];
-		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
-			r.prefix = argv[++i];
-		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
-			r.only[r.nonly++] = argv[++i];
-		} else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
-			stress_secs = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--hold-migrated") && i + 1 < argc) {
-			return hold_migrated(argv[i + 1], i + 2 < argc &&
-					     !strcmp(argv[i + 2], "--close"));
-		} else if (!strcmp(argv[i], "--hold-spliced") && i + 1 < argc) {
-			return hold_spliced(argv[i + 1],
-					    i + 2 < argc ? atoi(argv[i + 2]) : 120,
-					    i + 3 < argc &&
-					    !strcmp(argv[i + 3], "zeros"));
-		} else if (!strcmp(argv[i], "--stall") && i + 2 < argc) {
-			return hmm_stall(atoi(argv[i + 1]), argv[i + 2]);
-		} else if (!strcmp(argv[i], "--soak") && i + 3 < argc) {
-			return hmm_soak(atoi(argv[i + 1]), argv[i + 2], argv[i + 3]);
-		} else if (!strcmp(argv[i], "--peer-only")) {
-			peer_only = 1;
-		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-				printf("%s%s%s\n", tests[k].name,
-				       tests[k].peer ? " (two devices)" : "",
-				       tests[k].numa ? " (NUMA mode)" : "");
-			return 0;
-		} else {
-			fprintf(stderr,
-				"usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-s stress-secs] [--peer-only] [-l]\n"
-				"       %s --hold-migrated dev [--close] | --hold-spliced dev [secs [zeros]] | --stall secs dev | --soak secs dev peer-dev\n",
-				argv[0], argv[0]);
-			return 2;
-		}
-	}
-	if (cxla_runner_start(&r))
-		return 2;
-	/* without -t, only the tests that apply to this device (and peer) */
-	i = open(base.path, O_RDWR);
-	if (i < 0 || cxla_hmm_info(i, &base.h0)) {
-		printf("RESULT %sopen FAIL %s: %s\n", r.prefix, base.path,
+CXLA_OPTION(stress_secs, "-s", "STRESS-SECS")
+{
+	stress_secs = atoi(arg);
+}
+
+CXLA_MODE(hold_migrated, "--hold-migrated", "DEV [--close]", 1)
+{
+	return hold_migrated(argv[0], argc > 1 && !strcmp(argv[1], "--close"));
+}
+
+CXLA_MODE(hold_spliced, "--hold-spliced", "DEV [SECS [zeros]]", 1)
+{
+	return hold_spliced(argv[0], argc > 1 ? atoi(argv[1]) : 120,
+			    argc > 2 && !strcmp(argv[2], "zeros"));
+}
+
+CXLA_MODE(stall, "--stall", "SECS DEV", 2)
+{
+	return hmm_stall(atoi(argv[0]), argv[1]);
+}
+
+CXLA_MODE(soak, "--soak", "SECS DEV PEER-DEV", 3)
+{
+	return hmm_soak(atoi(argv[0]), argv[1], argv[2]);
+}
+
+static int prologue(void)
+{
+	int fd = open(cxla_opt.dev, O_RDWR);
+
+	if (fd < 0 || cxla_hmm_info(fd, &runner_h0)) {
+		printf("RESULT %sopen FAIL %s: %s\n", cxla_opt.prefix, cxla_opt.dev,
 		       strerror(errno));
 		return 1;
 	}
-	close(i);
-	for (k = 0; k < (int)ARRAY_SIZE(tests); k++) {
-		bool want = !r.nonly;
-
-		if (tests[k].peer && !base.peer_path)
-			want = false;
-		if (tests[k].numa != !!(base.h0.flags & CXL_ACCEL_HMM_NUMA))
-			want = false;
-		want |= cxla_named(&r, tests[k].name);
-		if (peer_only && !tests[k].peer)
-			want = false;
-		if (want)
-			cxla_run(&r, tests[k].name, run_child, &base, &tests[k]);
-	}
-	printf("# hmm-tests %s: %d passed, %d failed\n", base.path, r.passed,
-	       r.failed);
-	return r.failed ? 1 : 0;
+	close(fd);
+	return 0;
 }
+
+CXLA_PROGRAM(.name = "hmm-tests", .prefix = "hmm.", .timeout_s = TEST_TIMEOUT_S,
+	     .prologue = prologue);

@@ -13,20 +13,11 @@
 # Environment: CXLA_TESTS="name ..." runs only these tests of the table;
 # CXLA_QUICK=1 skips the slow ones (exhaustion, timeout).
 
-D=$(cd "$(dirname "$0")" && pwd)
-RC=0
-result() { # name PASS|FAIL detail
-    echo "RESULT $1 $2 $3"
-    [ "$2" = PASS ] || RC=1
-}
-find_file() { # name [extra dirs...]
-    f=$1
-    shift
-    for d in "$D" /cxl "$@"; do
-        if [ -f "$d/$f" ]; then echo "$d/$f"; return 0; fi
-    done
-    command -v "$f" 2>/dev/null
-}
+# result, find_file, device_list, ensure_nodes, wait_for_line...
+GL=$(dirname "$0")/guest-lib.sh
+[ -f "$GL" ] || GL=/cxl/guest-lib.sh
+# shellcheck source=tests/guest/guest-lib.sh
+. "$GL"
 KO=$(find_file cxl_accel.ko /lib/modules/extra)
 TESTS=$(find_file cxl-accel-tests)
 DEMO=$(find_file cxl-accel-demo)
@@ -35,36 +26,7 @@ if [ -z "$TESTS" ] || [ -z "$DEMO" ]; then
     exit 1
 fi
 
-# Virtio functions with our device ID (21 = 0x0015).
-expected=0
-for v in /sys/bus/virtio/devices/*; do
-    [ -f "$v/device" ] && [ "$(cat "$v/device")" = 0x0015 ] && expected=$((expected + 1))
-done
-
-wait_for_line() { # file pattern tenths-of-a-second: poll until the file has the line
-    _w=0
-    while ! grep -q "$2" "$1" && [ $_w -lt "$3" ]; do
-        sleep 0.1
-        _w=$((_w + 1))
-    done
-}
-
-ensure_nodes() {
-    for s in /sys/class/cxl-accel/*; do
-        [ -e "$s/dev" ] || continue
-        n=$(basename "$s")
-        if [ ! -e "/dev/$n" ]; then
-            mm=$(cat "$s/dev")
-            mknod "/dev/$n" c "${mm%%:*}" "${mm##*:}"
-        fi
-    done
-}
-
-device_list() {
-    for s in /sys/class/cxl-accel/*; do
-        [ -e "$s/dev" ] && basename "$s"
-    done
-}
+expected=$(expected_devices)
 
 if [ -d /sys/module/cxl_accel ]; then
     how="loaded by /init"
@@ -414,4 +376,4 @@ else
     result unload_reload FAIL "rmmod failed"
 fi
 dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 20 | sed 's/^/  dmesg: /'
-exit $RC
+exit "$RC"

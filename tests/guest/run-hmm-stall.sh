@@ -24,10 +24,9 @@ trap 'rm -rf "$TMP"' EXIT
 export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_STALLS="10:6 24:8"
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
-uptime_s() { cut -d. -f1 /proc/uptime; }
+. /cxl/guest-lib.sh
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=1000 || exit 1
-/cxl/hmm-tests --stall 22 /dev/cxl-accel0
-rc=$?
+/cxl/hmm-tests --stall 22 /dev/cxl-accel0 || RC=1
 # second stop: daemon time 40..48 s, guest uptime about 2 s less
 rm -f /tmp/hmm-go
 /cxl/hmm-tests --hold-migrated /dev/cxl-accel0 --close >/tmp/hold.out 2>&1 &
@@ -42,22 +41,21 @@ if rmmod cxl_accel; then
     sed 's/^/  /' /tmp/hold.out
     cpu=$(dmesg | grep -o '[0-9]* migrated pages moved back to system RAM at removal, [0-9]* of them by CPU copy (device error [-0-9]*)' | tail -n 1)
     if [ $hrc = 0 ] && grep -q 'HOLD DONE ok' /tmp/hold.out; then
-        echo "RESULT hmm_stall_unload PASS rmmod at uptime $t0 s took $((t1 - t0)) s with the daemon stopped: $cpu; data intact"
+        result hmm_stall_unload PASS "rmmod at uptime $t0 s took $((t1 - t0)) s with the daemon stopped: $cpu; data intact"
     else
-        echo "RESULT hmm_stall_unload FAIL holder rc $hrc"
-        rc=1
+        result hmm_stall_unload FAIL "holder rc $hrc"
     fi
 else
     touch /tmp/hmm-go
-    echo "RESULT hmm_stall_unload FAIL rmmod"
-    rc=1
+    result hmm_stall_unload FAIL rmmod
 fi
 dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 12 | sed 's/^/  dmesg: /'
-exit $rc
+exit $RC
 EOS
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@"

@@ -7,6 +7,7 @@
 #   ci/run-guest.sh --attach numa --devices 2 \
 #       --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
 #       --add tests/guest/out/hmm-tests:/bin/ --add tests/guest/out/hmm-bench:/bin/ \
+#       --add tests/guest/guest-lib.sh:/cxl/guest-lib.sh \
 #       --script tests/guest/run-numa.sh
 #
 # Checks that the driver bound every device without an ivshmem function,
@@ -15,22 +16,14 @@
 # move_pages benchmark (HMM_BENCH_ARGS, default --quick), then unloads.
 # Prints "RESULT <name> PASS|FAIL <detail>".
 
-RC=0
-result() { # name PASS|FAIL detail
-    echo "RESULT $1 $2 $3"
-    [ "$2" = PASS ] || RC=1
-}
+GL=$(dirname "$0")/guest-lib.sh
+[ -f "$GL" ] || GL=/cxl/guest-lib.sh
+# shellcheck source=tests/guest/guest-lib.sh
+. "$GL"
 
-expected=0
-for v in /sys/bus/virtio/devices/*; do
-    [ -f "$v/device" ] && [ "$(cat "$v/device")" = 0x0015 ] && expected=$((expected + 1))
-done
-for s in /sys/class/cxl-accel/*; do
-    [ -e "$s/dev" ] || continue
-    n=$(basename "$s")
-    [ -e "/dev/$n" ] || mknod "/dev/$n" c "$(cut -d: -f1 "$s/dev")" "$(cut -d: -f2 "$s/dev")"
-done
-devs=$(for s in /sys/class/cxl-accel/*; do [ -e "$s/dev" ] && basename "$s"; done)
+expected=$(expected_devices)
+ensure_nodes
+devs=$(device_list)
 n=$(echo "$devs" | grep -c .)
 detail=
 for d in $devs; do
@@ -69,4 +62,4 @@ else
     result numa.unload FAIL "rmmod failed"
 fi
 dmesg | grep -iE 'cxl.accel|cxl_accel' | tail -n 20 | sed 's/^/  dmesg: /'
-exit $RC
+exit "$RC"

@@ -28,23 +28,24 @@ export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_KILLS="$START $KILLS $INTERVAL"
 export CXL_ACCEL_KILLS_CONSOLE=$TMP/console CXL_ACCEL_KILLS_AFTER="RESTART STREAMING"
 cat >"$TMP/guest.sh" <<EOS
 #!/bin/sh
+. /cxl/guest-lib.sh
 insmod /cxl/cxl_accel.ko || exit 1
-/cxl/cxl-accel-tests --restart $STREAM /dev/cxl-accel0
-rc=\$?
+/cxl/cxl-accel-tests --restart $STREAM /dev/cxl-accel0 || RC=1
 if rmmod cxl_accel && insmod /cxl/cxl_accel.ko &&
    /cxl/cxl-accel-tests -d /dev/cxl-accel0 -p after_restarts_ -t identify -t copy_roundtrip -t alloc_many -t signal_event -t stats; then
-    echo "RESULT restart_reload PASS driver reloaded, device answers after the restarts"
+    result restart_reload PASS "driver reloaded, device answers after the restarts"
 else
-    echo "RESULT restart_reload FAIL"; rc=1
+    result restart_reload FAIL "-"
 fi
-rmmod cxl_accel || rc=1
-exit \$rc
+rmmod cxl_accel || RC=1
+exit \$RC
 EOS
 set +e
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 400 --daemon "$HERE/killing-daemon" \
     --module virtio_dma_buf --log "$TMP/run.log" --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e

@@ -51,12 +51,8 @@ export CXL_ACCEL_KILLS_STAGGER=$STAGGER
 export CXL_ACCEL_KILLS_CONSOLE=$TMP/console CXL_ACCEL_KILLS_AFTER="SOAK RUNNING"
 cat >"$TMP/guest.sh" <<EOS
 #!/bin/sh
+. /cxl/guest-lib.sh
 S=/sys/class/cxl-accel
-rc=0
-result() { # name PASS|FAIL detail
-    echo "RESULT \$1 \$2 \$3"
-    [ "\$2" = PASS ] || rc=1
-}
 insmod /cxl/cxl_accel.ko || exit 1
 for d in cxl-accel0 cxl-accel1; do
     if [ ! -e /dev/\$d ] || [ "\$(cat \$S/\$d/devmem_free)" != "\$(cat \$S/\$d/devmem_size)" ]; then
@@ -80,7 +76,7 @@ p2=\$!
 p3=\$!
 echo "SOAK RUNNING for $SOAK s"
 for p in \$p0 \$p1 \$p2 \$p3; do
-    wait "\$p" || rc=1
+    wait "\$p" || RC=1
 done
 
 # Nothing left behind. Buffers given back late (deferred FREE, pool chunks)
@@ -127,13 +123,13 @@ fi
 if rmmod cxl_accel && insmod /cxl/cxl_accel.ko; then
     for d in cxl-accel0 cxl-accel1; do
         /cxl/cxl-accel-tests -d /dev/\$d -p after_soak.\$d. -t identify -t copy_roundtrip \
-            -t alloc_many -t stats || rc=1
+            -t alloc_many -t stats || RC=1
     done
     rmmod cxl_accel || result soak_unload FAIL "second rmmod failed"
 else
     result soak_unload FAIL "rmmod/insmod after the soak failed"
 fi
-exit \$rc
+exit \$RC
 EOS
 set +e
 "$REPO/ci/run-guest.sh" --devices 2 --timeout $((SOAK + 300)) --daemon "$HERE/killing-daemon" \
@@ -142,6 +138,7 @@ set +e
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
     --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \
     --add "$HERE/out/dmabuf-tests:/cxl/dmabuf-tests" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e

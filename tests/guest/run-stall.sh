@@ -24,16 +24,21 @@ export CXL_ACCEL_STALLS_CONSOLE=$TMP/console CXL_ACCEL_STALLS_AFTER="STALL "
 
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
+. /cxl/guest-lib.sh
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=2000 || exit 1
-/cxl/cxl-accel-tests --stall 25 /dev/cxl-accel0
-rc=$?
+/cxl/cxl-accel-tests --stall 25 /dev/cxl-accel0 || RC=1
 cat /sys/class/cxl-accel/cxl-accel0/timeouts /sys/class/cxl-accel/cxl-accel0/quarantined
-if rmmod cxl_accel; then echo "RESULT stall_unload PASS rmmod after the stall"; else echo "RESULT stall_unload FAIL rmmod"; rc=1; fi
-exit $rc
+if rmmod cxl_accel; then
+    result stall_unload PASS "rmmod after the stall"
+else
+    result stall_unload FAIL rmmod
+fi
+exit $RC
 EOS
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
     --module virtio_dma_buf --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@"

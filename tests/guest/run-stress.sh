@@ -30,4 +30,5 @@ EOS
 exec "$REPO/ci/run-guest.sh" --devices 2 --quiet --timeout $((SECS + 600)) \
     --insmod "$REPO/guest-driver/cxl_accel.ko:/lib/modules/extra/" \
     --add "$HERE/out/mm-stress:/bin/" --add "$HERE/stress-guest.sh:/bin/" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@"

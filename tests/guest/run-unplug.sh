@@ -42,8 +42,7 @@ trap cleanup EXIT
 
 cat >"$TMP/guest.sh" <<'EOS'
 #!/bin/sh
-RC=0
-result() { echo "RESULT $1 $2 $3"; [ "$2" = PASS ] || RC=1; }
+. /cxl/guest-lib.sh
 iomem_regions() { grep -c ' : cxl-accel$' /proc/iomem; }
 
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=3000 || { result unplug_load FAIL insmod; exit 1; }
@@ -129,6 +128,7 @@ CONSOLE=$TMP/console.log
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$HERE/out/unplug-tests:/cxl/unplug-tests" \
+    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" --console "$CONSOLE" "$@" | tee "$TMP/guest.out"
     exit "${PIPESTATUS[0]}"
 ) &

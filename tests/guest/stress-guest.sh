@@ -8,24 +8,25 @@
 # command still quarantined. Used by run-all.sh (the CI form) and run-stress.sh
 # (long runs by hand). Prints "RESULT mm_stress ..." and
 # "RESULT mm_stress_leaks ...".
-D=$(cd "$(dirname "$0")" && pwd)
-STRESS=$D/mm-stress
-[ -x "$STRESS" ] || STRESS=$(command -v mm-stress)
+GL=$(dirname "$0")/guest-lib.sh
+[ -f "$GL" ] || GL=/cxl/guest-lib.sh
+# shellcheck source=tests/guest/guest-lib.sh
+. "$GL"
+STRESS=$(find_file mm-stress)
 if [ -z "$STRESS" ]; then
-    echo "RESULT mm_stress FAIL mm-stress not found"
+    result mm_stress FAIL "mm-stress not found"
     exit 1
 fi
 # shellcheck disable=SC2046 # device names have no blanks
-set -- $(for s in /sys/class/cxl-accel/*; do [ -e "$s/dev" ] && basename "$s"; done)
+set -- $(device_list)
 if [ $# = 0 ]; then
-    echo "RESULT mm_stress FAIL no cxl-accel device"
+    result mm_stress FAIL "no cxl-accel device"
     exit 1
 fi
-rc=0
 # shellcheck disable=SC2086
 "$STRESS" -t "${CXLA_STRESS_SECONDS:-60}" -n "${CXLA_STRESS_PROCS:-4}" \
     ${CXLA_STRESS_SEED:+-s "$CXLA_STRESS_SEED"} ${CXLA_STRESS_EXCLUDE:+-x "$CXLA_STRESS_EXCLUDE"} \
-    -d "/dev/$1" ${2:+-P "/dev/$2"} || rc=1
+    -d "/dev/$1" ${2:+-P "/dev/$2"} || RC=1
 
 # pages of exited processes come back asynchronously
 leaks=
@@ -50,9 +51,8 @@ for dev in "$@"; do
     echo "  $dev: pool pages in use $used, mirrors $mirrors, commands quarantined $quar"
 done
 if [ -z "$leaks" ]; then
-    echo "RESULT mm_stress_leaks PASS every migration pool empty, no device mirror, no quarantined command"
+    result mm_stress_leaks PASS "every migration pool empty, no device mirror, no quarantined command"
 else
-    echo "RESULT mm_stress_leaks FAIL$leaks"
-    rc=1
+    result mm_stress_leaks FAIL "${leaks# }"
 fi
-exit $rc
+exit "$RC"
