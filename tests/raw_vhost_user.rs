@@ -582,13 +582,17 @@ fn refused_messages() -> Vec<(&'static str, Vec<cxl_accel::supervisor::Message>)
     ]
 }
 
-/// Sends one case's messages on a new connection and waits (2 s at most) for the daemon
+/// Sends one case's messages on a new connection and waits (`wait` at most) for the daemon
 /// to close it; returns whether it did.
-fn send_case(sock: &std::path::Path, msgs: &[cxl_accel::supervisor::Message]) -> bool {
+fn send_case(
+    sock: &std::path::Path,
+    msgs: &[cxl_accel::supervisor::Message],
+    wait: Duration,
+) -> bool {
     use std::os::fd::AsFd;
     let t = std::time::Instant::now();
     let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
     for m in msgs {
         if cxl_accel::supervisor::send_message(s.as_fd(), m).is_err() {
             break;
@@ -596,7 +600,7 @@ fn send_case(sock: &std::path::Path, msgs: &[cxl_accel::supervisor::Message]) ->
     }
     let mut buf = [0u8; 4096];
     while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-    t.elapsed() < Duration::from_secs(2)
+    t.elapsed() < wait
 }
 
 #[test]
@@ -606,10 +610,12 @@ fn refused_messages_end_only_their_session() {
     let mut sup = Supervised::start();
     for (name, msgs) in refused_messages() {
         // Unsupervised, the vhost crate may also take 32 of 40 descriptors and answer.
-        send_case(&d.sock, &msgs);
+        send_case(&d.sock, &msgs, Duration::from_secs(2));
         healthy(&d.sock);
         assert!(
-            send_case(&sup.sock, &msgs),
+            // A loaded machine may take a while to restart nothing: what matters is
+            // that the session ends, not how fast.
+            send_case(&sup.sock, &msgs, Duration::from_secs(15)),
             "{name}: the session went on: {}",
             sup.log()
         );
