@@ -238,6 +238,8 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 						  intr ? min(deadline - jiffies,
 							     CXLA_NOTIFY_SLICE) :
 							 deadline - jiffies);
+		if (left < 0 && cxla_notify_only())
+			continue;	/* task work came during the wait */
 		if (left < 0) {
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
 			ret = -EINTR;
