@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The README's demo command: boots a guest with one cxl-accel device and the driver, and
 # shows coherent CPU access to device memory, a device computation on guest data, and
 # copy bandwidth next to the CPU's. Extra arguments go to ci/run-guest.sh.

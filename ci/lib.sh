@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Shared helpers for the ci/ scripts (sourced, not executed).
 # shellcheck shell=bash
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Boot a cxl-accel guest: N vhost-user daemons + QEMU + the Debian guest kernel
 # with a busybox initramfs, run a script in the guest and judge its output.
 #
@@ -52,7 +53,7 @@ REPO=$(cd "$HERE/.." && pwd)
 . "$HERE/lib.sh"
 
 usage() {
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
     exit "${1:-0}"
 }
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # shellcheck disable=SC2317 # steps are called through run_step
 # Bring a host to the point where cxl-accel guests boot, compiling nothing:
 #   - host packages (apt-get install from the host's own apt sources);
@@ -44,7 +45,7 @@ WANT_SRC=0
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
-        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        sed -n '4,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
         exit 0
         ;;
     --kernel)

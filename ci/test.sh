@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The README's test command: set-up, Rust checks and tests, fuzzing, then the
 # guest runs (each one guest boot; every guest test one RESULT line).
 # Usage: ci/test.sh [--list | --run NAME... | --skip-guest]
@@ -56,7 +57,7 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     -h | --help)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "ci/test.sh: unknown argument '$1' (see --help)" ;;

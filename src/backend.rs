@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user adapter: turns descriptor chains into requests for the device model and
 //! delivers replies and events. Everything guest-specific is validated here or in the model.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command line of the `cxl-accel` daemon.
 
 use std::path::PathBuf;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! CRC-32C (Castagnoli), the CHECKSUM command's algorithm.
 
 const POLY: u32 = 0x82f6_3b78;

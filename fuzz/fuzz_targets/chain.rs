@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Descriptor chains from a hostile driver, handled by the daemon's own code: a split
 //! virtqueue in a small guest memory, chains taken with `virtio_queue::Queue`, each turned
 //! into a request by `ChainRequest::parse`, executed by the device model, answered over its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Anonymous shared memory for the fuzz targets' guest and device memories.
 
 use std::fs::File;

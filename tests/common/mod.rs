@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! In-process vhost-user front-end for tests and benchmarks: guest memory in a memfd, a
 //! minimal driver-side split virtqueue, and the daemon serving a real unix socket.
 #![allow(dead_code)]
