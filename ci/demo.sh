@@ -11,8 +11,7 @@ ROOT=$(dirname "$HERE")
 . "$HERE/lib.sh"
 cd "$ROOT"
 
-command -v cargo >/dev/null ||
-    die "ci/demo.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
+need_cargo ci/demo.sh "$ROOT"
 # The daemon builds while the set-up downloads (its progress goes to stderr).
 T0=$(now)
 BUILDLOG=$(mktemp)

@@ -70,6 +70,18 @@ build_driver() { # repo
     ${KMAKE:-make} -s -C "$1/guest-driver" KDIR="$KDIR" -j2 >/dev/null
 }
 
+# The Rust toolchain the crate needs: cargo on PATH, at least Cargo.toml's
+# rust-version (one line saying what to do otherwise).
+need_cargo() { # script-name repo
+    local want have
+    want=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' "$2/Cargo.toml")
+    command -v cargo >/dev/null ||
+        die "$1: cargo not found; install a Rust toolchain (rustup, cargo >= $want) first"
+    have=$(cargo --version | awk '{print $2}')
+    [ "$(printf '%s\n%s\n' "$want" "${have%%-*}" | sort -V | head -n 1)" = "$want" ] ||
+        die "$1: cargo $have is older than the $want this crate needs (Cargo.toml rust-version); rustup update, or install cargo >= $want"
+}
+
 now() {
     date +%s.%N
 }

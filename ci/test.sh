@@ -64,8 +64,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-command -v cargo >/dev/null ||
-    die "ci/test.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.87) first"
+need_cargo ci/test.sh "$ROOT"
 
 RESULTS=${CXL_ACCEL_RESULTS:-$ROOT/results}
 T0=$(now)
