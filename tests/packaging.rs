@@ -142,6 +142,7 @@ fn cargo_package_takes_the_daemon_and_its_documents() {
         "doc/completions/_cxl-accel",
         "doc/completions/cxl-accel.fish",
         "docs/device-spec.md",
+        "systemd/cxl-accel@.service",
     ] {
         assert!(files.contains(&want), "the crate lacks {want}:\n{list}");
     }
