@@ -91,6 +91,46 @@ elapsed() {
     awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'
 }
 
+# apt-get install, from the host's own apt sources and with progress lines,
+# those of the packages that are not installed yet. WHO starts the messages.
+install_missing() { # who package...
+    local who=$1 missing=() p
+    shift
+    for p in "$@"; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        log "all host packages present"
+        return 0
+    fi
+    [ "$(id -u)" = 0 ] || die "$who: need root to install ${missing[*]}; rerun as root or install them yourself"
+    mkdir -p "$CACHE"
+    log "apt-get update"
+    with_progress "apt-get update" "$CACHE/apt-update.log" apt-get update -q ||
+        { tail -n 20 "$CACHE/apt-update.log" >&2; die "$who: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"; }
+    log "installing: ${missing[*]}"
+    with_progress "apt-get install" "$CACHE/apt-install.log" \
+        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        { tail -n 20 "$CACHE/apt-install.log" >&2; die "$who: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"; }
+}
+
+# A qemu-system-x86_64 wrapper at OUT running the QEMU of the Debian root
+# ROOT with that root's dynamic loader and libraries (no chroot: every host
+# path stays visible).
+write_qemu_wrapper() { # out root
+    local out=$1 root=$2
+    cat >"$out.tmp" <<EOF
+#!/bin/sh
+# Written by ci/setup.sh: Debian trixie's QEMU with the trixie root's libraries.
+exec env QEMU_MODULE_DIR="$root/usr/lib/x86_64-linux-gnu/qemu" \\
+    "$root/lib64/ld-linux-x86-64.so.2" \\
+    --library-path "$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu" \\
+    "$root/usr/bin/qemu-system-x86_64" "\$@"
+EOF
+    chmod 755 "$out.tmp"
+    mv "$out.tmp" "$out"
+}
+
 # "install ok installed" is the only state that means a usable package
 # ("unknown ok not-installed" is what dpkg reports for removed ones).
 pkg_installed() {

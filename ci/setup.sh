@@ -106,27 +106,9 @@ step_host() {
 }
 
 step_packages() {
-    local missing=() p
-    for p in "${HOST_PACKAGES[@]}"; do
-        pkg_installed "$p" || missing+=("$p")
-    done
-    if [ "$WANT_FLOOR" = 1 ]; then
-        for p in "${FLOOR_PACKAGES[@]}"; do
-            pkg_installed "$p" || missing+=("$p")
-        done
-    fi
-    if [ "${#missing[@]}" -eq 0 ]; then
-        log "all host packages present"
-        return 0
-    fi
-    [ "$(id -u)" = 0 ] || die "cxl-accel setup: need root to install ${missing[*]}; rerun as root or install them yourself"
-    log "apt-get update"
-    with_progress "apt-get update" "$CACHE/apt-update.log" apt-get update -q ||
-        { tail -n 20 "$CACHE/apt-update.log" >&2; die "cxl-accel setup: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"; }
-    log "installing: ${missing[*]}"
-    with_progress "apt-get install" "$CACHE/apt-install.log" \
-        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-        { tail -n 20 "$CACHE/apt-install.log" >&2; die "cxl-accel setup: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"; }
+    local want=("${HOST_PACKAGES[@]}")
+    [ "$WANT_FLOOR" = 0 ] || want+=("${FLOOR_PACKAGES[@]}")
+    install_missing "cxl-accel setup" "${want[@]}"
 }
 
 # ------------------------------------------------- private apt configurations
@@ -399,20 +381,6 @@ root_install() { # package... (from trixie-backports where it has them)
         { tail -n 10 "$TRIXIE/apt-install.log" >&2; die "cxl-accel setup: cannot install ${missing[*]} in the trixie root (see $TRIXIE/apt-install.log)"; }
 }
 
-# QEMU from the root, run with the root's own dynamic loader and libraries:
-# no chroot, so every host path (sockets, memory files) stays visible.
-write_qemu_wrapper() {
-    cat >"$TRIXIE/qemu-system-x86_64" <<EOF
-#!/bin/sh
-# Written by ci/setup.sh: Debian trixie's QEMU with the trixie root's libraries.
-exec env QEMU_MODULE_DIR="$TROOT/usr/lib/x86_64-linux-gnu/qemu" \\
-    "$TROOT/lib64/ld-linux-x86-64.so.2" \\
-    --library-path "$TROOT/lib/x86_64-linux-gnu:$TROOT/usr/lib/x86_64-linux-gnu" \\
-    "$TROOT/usr/bin/qemu-system-x86_64" "\$@"
-EOF
-    chmod +x "$TRIXIE/qemu-system-x86_64"
-}
-
 # Debian's newest 7.3 kernel from trixie-backports: image, modules and base
 # files unpacked into $CACHE/kernel/<kver>/root, headers and compiler installed in
 # the trixie root (module builds run there: KMAKE).
@@ -492,7 +460,9 @@ step_qemu() {
     [ -z "$sys" ] || log "$sys is $(qemu_version "$sys") (needs >= $QEMU_MIN with vhost-user-test-device-pci): using Debian's trixie-backports package"
     step_trixie_root
     root_install qemu-system-x86
-    write_qemu_wrapper
+    # Run with the root's own loader and libraries: no chroot, so every host
+    # path (sockets, memory files) stays visible.
+    write_qemu_wrapper "$TRIXIE/qemu-system-x86_64" "$TROOT"
     QEMU=$TRIXIE/qemu-system-x86_64
     QEMU_FW="-L $TROOT/usr/share/seabios -L $TROOT/usr/share/qemu"
     has_test_device "$QEMU" || die "cxl-accel setup: $QEMU has no vhost-user-test-device-pci"
