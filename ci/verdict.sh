@@ -118,7 +118,7 @@ guest_verdict() {
             cp "$KLOG" "$dir/kernel.log"
             local f
             for f in "$WORK"/daemon*.log "$WORK/qemu.log"; do
-                [ -s "$f" ] && cp "$f" "$dir/"
+                if [ -s "$f" ]; then cp "$f" "$dir/"; fi
             done
         fi
     }
