@@ -131,6 +131,25 @@ EOF
     mv "$out.tmp" "$out"
 }
 
+# /etc/apt (CXL_ACCEL_ETC_APT: another directory, for tests) as one line per
+# entry: path, mode, owner, and content hash, link target or type. Equal
+# listings before and after mean the set-up left the host's apt alone.
+etc_apt_state() {
+    local d=${CXL_ACCEL_ETC_APT:-/etc/apt}
+    [ -d "$d" ] || { echo "(no $d)"; return 0; }
+    (cd "$d" && find . -print0 | LC_ALL=C sort -z | while IFS= read -r -d '' p; do
+        local what
+        if [ -L "$p" ]; then
+            what="-> $(readlink "$p")"
+        elif [ -f "$p" ]; then
+            what=$(sha256sum <"$p" | cut -d' ' -f1)
+        else
+            what=$(stat -c %F "$p")
+        fi
+        printf '%s %s %s\n' "$p" "$(stat -c '%a %U:%G' "$p")" "$what"
+    done)
+}
+
 # "install ok installed" is the only state that means a usable package
 # ("unknown ok not-installed" is what dpkg reports for removed ones).
 pkg_installed() {

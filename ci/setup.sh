@@ -21,7 +21,9 @@
 # works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh" and
 # "$CACHE/qemu-10.2.env" (see ci/README.md).
 #
-# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source]
+# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source] | --check-host
+#   --check-host  only say whether the automated set-up knows this host
+#                 (CXL_ACCEL_OS_RELEASE: another os-release file, for tests)
 # Overrides (each skips its step):
 #   QEMU=/path/to/qemu-system-x86_64
 #   GUEST_KERNEL=/path/to/bzImage  KDIR=/path/to/kernel/build/dir
@@ -42,6 +44,8 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 WANT_73=0
 WANT_FLOOR=0
 WANT_SRC=0
+CHECK_HOST=0
+OS_RELEASE=${CXL_ACCEL_OS_RELEASE:-/etc/os-release}
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
@@ -55,6 +59,7 @@ while [ $# -gt 0 ]; do
         ;;
     --qemu-floor) WANT_FLOOR=1; shift ;;
     --linux-source) WANT_SRC=1; shift ;;
+    --check-host) CHECK_HOST=1; shift ;;
     *) die "ci/setup.sh: unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -89,9 +94,9 @@ FLOOR_PACKAGES=(
 step_host() {
     local id ver
     # shellcheck source=/dev/null
-    id=$(. /etc/os-release 2>/dev/null && echo "${ID:-unknown}")
+    id=$(. "$OS_RELEASE" 2>/dev/null && echo "${ID:-unknown}")
     # shellcheck source=/dev/null
-    ver=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID:-}")
+    ver=$(. "$OS_RELEASE" 2>/dev/null && echo "${VERSION_ID:-}")
     case "$id:$ver" in
     debian:12 | debian:13)
         log "host: Debian $ver"
@@ -102,7 +107,7 @@ step_host() {
         log "host: $id $ver (not Debian 12/13): using QEMU=, GUEST_KERNEL= and KDIR= as given"
         return 0
     fi
-    die "ci/setup.sh: this host is $id $ver; the automated set-up needs Debian 12 or 13. Elsewhere install QEMU >= $QEMU_MIN and a guest kernel with its headers yourself and run with QEMU=, GUEST_KERNEL= and KDIR= (Ubuntu 26.04: apt install qemu-system-x86 busybox-static cpio kmod build-essential linux-headers-generic; Fedora 43: dnf install qemu-system-x86-core busybox cpio kmod gcc make kernel-devel)."
+    die "ci/setup.sh: this host is $id $ver; the automated set-up knows Debian 12 and 13 only. Elsewhere install QEMU >= $QEMU_MIN, a guest kernel and its headers yourself and run with QEMU=, GUEST_KERNEL= and KDIR= (Ubuntu: apt install qemu-system-x86 busybox-static cpio kmod xz-utils python3 build-essential dwarves linux-headers-generic; Fedora: dnf install qemu-system-x86-core busybox cpio kmod xz python3 gcc make dwarves kernel-devel)."
 }
 
 step_packages() {
@@ -604,6 +609,10 @@ step_env() {
 
 main() {
     local t0
+    if [ "$CHECK_HOST" = 1 ]; then
+        step_host
+        return 0
+    fi
     t0=$(now)
     run_step host step_host
     run_step packages step_packages
