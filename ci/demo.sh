@@ -2,8 +2,20 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The README's demo command: boots a guest with one cxl-accel device and the driver, and
 # shows coherent CPU access to device memory, a device computation on guest data, and
-# copy bandwidth next to the CPU's. Extra arguments go to ci/run-guest.sh.
+# copy bandwidth next to the CPU's. Runs ci/setup.sh first (cached after the first time)
+# and builds the daemon, the driver and the demo program.
+#
+# Usage: ci/demo.sh [RUN-GUEST-OPTIONS...]
+#   extra arguments go to ci/run-guest.sh (see ci/run-guest.sh --help), e.g.
+#   --log FILE to keep the guest console, --accel kvm on a host with KVM
 set -euo pipefail
+
+case "${1:-}" in
+-h | --help)
+    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+    ;;
+esac
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")

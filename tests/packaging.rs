@@ -160,3 +160,35 @@ fn cargo_package_takes_the_daemon_and_its_documents() {
         }
     }
 }
+
+#[test]
+fn dkms_package_is_the_crates_version() {
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap();
+    let conf = std::fs::read_to_string(repo().join("guest-driver/dkms.conf")).unwrap();
+    let field = |k: &str| {
+        conf.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=\"")))
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("dkms.conf lacks {k}"))
+            .to_string()
+    };
+    assert_eq!(field("PACKAGE_NAME"), "cxl-accel");
+    assert_eq!(
+        field("PACKAGE_VERSION"),
+        version,
+        "dkms.conf and Cargo.toml versions"
+    );
+    assert_eq!(field("BUILT_MODULE_NAME[0]"), "cxl_accel");
+    assert_eq!(field("AUTOINSTALL"), "yes");
+    // What the README tells users to copy to.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("/usr/src/cxl-accel-{version}")),
+        "README's DKMS section names /usr/src/cxl-accel-{version}"
+    );
+}
