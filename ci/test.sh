@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# The README's test command: set-up, Rust checks and tests, fuzzing, then the
-# guest runs (each one guest boot; every guest test one RESULT line), the
-# driver through Debian's dkms, and a check that /etc/apt is as it was.
+# The README's test command: set-up, Rust checks and tests, fuzzing, the
+# README's command blocks, the guest runs (each one guest boot; every guest
+# test one RESULT line), the driver through Debian's dkms, and a check that
+# /etc/apt is as it was.
 # Usage: ci/test.sh [--list | --run NAME... | --skip-guest]
 #   --list        the guest runs, one per line: name and what it does
 #   --run NAME    only these guest runs (repeatable; set-up first, no cargo
@@ -111,6 +112,11 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     # The benchmark binary must keep working: run it in its quick form.
     cargo bench --locked --bench throughput -- --quick
     T_CARGO=$(elapsed "$T1")
+    # The README's commands, as a user would type them (they boot guests).
+    if [ "$SKIP_GUEST" = 0 ]; then
+        log "== README command blocks (ci/readme-check.sh)"
+        "$HERE/readme-check.sh"
+    fi
     T3=$(now)
     # Coverage-guided fuzzing of request decoding and execution, bounded.
     "$HERE/fuzz.sh" "${CXL_ACCEL_FUZZ_SECONDS:-60}"
