@@ -10,18 +10,18 @@
 #   --log FILE to keep the guest console, --accel kvm on a host with KVM
 set -euo pipefail
 
-case "${1:-}" in
--h | --help)
-    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-    exit 0
-    ;;
-esac
-
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 # shellcheck source=ci/lib.sh
 . "$HERE/lib.sh"
 cd "$ROOT"
+
+case "${1:-}" in
+-h | --help)
+    script_help "$0" 3
+    exit 0
+    ;;
+esac
 
 need_cargo ci/demo.sh "$ROOT"
 # The daemon builds while the set-up downloads (its progress goes to stderr).

@@ -29,7 +29,7 @@ KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
-        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        script_help "$0" 3
         exit 0
         ;;
     --kernel)

@@ -19,7 +19,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 case "${1:-}" in
 -h | --help)
-    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    script_help "$0" 3
     exit 0
     ;;
 esac

@@ -9,6 +9,11 @@ CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
 # kernel's of ci/debug-kernel.sh.
 ENV_FILE="${CXL_ACCEL_ENV:-$CACHE/env.sh}"
 
+# A script's --help: its comment block from line FIRST up to "set -euo".
+script_help() { # script first-line
+    sed -n "$2,/^set -euo/p" "$1" | sed '$d; s/^# \{0,1\}//'
+}
+
 die() {
     echo "$*" >&2
     exit 1

@@ -36,7 +36,7 @@ ROOT=$(dirname "$HERE")
 cd "$ROOT"
 
 usage() {
-    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    script_help "$0" 3
     exit "${1:-0}"
 }
 

@@ -26,7 +26,7 @@ FILE=README.md
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
-        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        script_help "$0" 3
         exit 0
         ;;
     --list) LIST=1; shift ;;

@@ -49,7 +49,7 @@ OS_RELEASE=${CXL_ACCEL_OS_RELEASE:-/etc/os-release}
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
-        sed -n '4,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        script_help "$0" 4
         exit 0
         ;;
     --kernel)

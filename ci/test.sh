@@ -60,7 +60,7 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     -h | --help)
-        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        script_help "$0" 3
         exit 0
         ;;
     *) die "ci/test.sh: unknown argument '$1' (see --help)" ;;

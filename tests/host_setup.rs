@@ -4,25 +4,15 @@
 //! `ci/etc-apt-check.sh` notices any change to the apt configuration it watches (ci/test.sh
 //! runs it around everything, so the set-up cannot change /etc/apt unnoticed).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::TempDir;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct Dir(PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let d = std::env::temp_dir().join(format!("cxl-accel-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
 }
 
 /// `ci/setup.sh --check-host` on a host whose /etc/os-release says `os_release`.
@@ -46,7 +36,7 @@ fn check_host(d: &Path, os_release: &str, overrides: bool) -> Output {
 
 #[test]
 fn debian_12_and_13_are_known() {
-    let d = dir("host-debian");
+    let d = TempDir::new();
     for v in ["12", "13"] {
         let out = check_host(&d.0, &format!("ID=debian\nVERSION_ID=\"{v}\"\n"), false);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -57,7 +47,7 @@ fn debian_12_and_13_are_known() {
 
 #[test]
 fn other_hosts_get_one_line_with_what_to_install() {
-    let d = dir("host-other");
+    let d = TempDir::new();
     for os in [
         "ID=ubuntu\nVERSION_ID=\"24.04\"\n",
         "NAME=\"Fedora Linux\"\nID=fedora\nVERSION_ID=42\n",
@@ -92,7 +82,7 @@ fn other_hosts_get_one_line_with_what_to_install() {
 
 #[test]
 fn etc_apt_check_sees_every_change() {
-    let d = dir("etc-apt");
+    let d = TempDir::new();
     let apt = d.0.join("apt");
     std::fs::create_dir_all(apt.join("sources.list.d")).unwrap();
     std::fs::write(

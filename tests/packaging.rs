@@ -10,10 +10,16 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    c.current_dir(repo());
-    c
+/// What `cargo ARGS` prints, run in the repository; it must succeed.
+fn cargo(args: &[&str]) -> String {
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run cargo");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cargo {}: {err}", args.join(" "));
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn rust_version() -> String {
@@ -64,23 +70,14 @@ fn readme_asks_for_the_declared_rust_version() {
 
 #[test]
 fn no_locked_dependency_needs_a_newer_rust() {
-    let out = cargo()
-        .args([
-            "metadata",
-            "--locked",
-            "--format-version",
-            "1",
-            "--filter-platform",
-            "x86_64-unknown-linux-gnu",
-        ])
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        out.status.success(),
-        "cargo metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = String::from_utf8(out.stdout).unwrap();
+    let json = cargo(&[
+        "metadata",
+        "--locked",
+        "--format-version",
+        "1",
+        "--filter-platform",
+        "x86_64-unknown-linux-gnu",
+    ]);
     let ours = version(&rust_version());
     // Every package (and only packages) has a "manifest_path"; its Cargo.toml, as published
     // (normalized), names the package's rust-version on a line of its own.
@@ -117,16 +114,7 @@ fn no_locked_dependency_needs_a_newer_rust() {
 
 #[test]
 fn cargo_package_takes_the_daemon_and_its_documents() {
-    let out = cargo()
-        .args(["package", "--list", "--allow-dirty"])
-        .output()
-        .expect("run cargo package --list");
-    assert!(
-        out.status.success(),
-        "cargo package --list: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let list = String::from_utf8(out.stdout).unwrap();
+    let list = cargo(&["package", "--list", "--allow-dirty"]);
     let files: Vec<&str> = list.lines().collect();
     for want in [
         "Cargo.toml",
