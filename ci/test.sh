@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The README's test command: set-up, Rust checks and tests, fuzzing, the
 # README's command blocks, the guest runs (each one guest boot; every guest
-# test one RESULT line), the driver through Debian's dkms, and a check that
-# /etc/apt is as it was.
+# test one RESULT line), the driver through Debian's dkms, the systemd unit
+# in a systemd container, and a check that /etc/apt is as it was.
 # Usage: ci/test.sh [--list | --run NAME... | --skip-guest]
 #   --list        the guest runs, one per line: name and what it does
 #   --run NAME    only these guest runs (repeatable; set-up first, no cargo
@@ -159,6 +159,9 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     t=$(now)
     "$HERE/dkms-check.sh" || FAILED_RUNS+=(dkms)
     T_DKMS=$(elapsed "$t")
+    # The systemd unit under a real systemd (a container: CI's PID 1 may be another).
+    log "== systemd: cxl-accel@.service in a systemd container"
+    "$HERE/systemd-check.sh" || FAILED_RUNS+=(systemd)
 fi
 etc_apt_unchanged || FAILED_RUNS+=(etc-apt)
 
@@ -169,4 +172,4 @@ if [ "${#FAILED_RUNS[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED_RUNS[*]}"
     exit 1
 fi
-echo "all guest runs, the dkms check and the /etc/apt check passed"
+echo "all guest runs, the dkms, systemd and /etc/apt checks passed"

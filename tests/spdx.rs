@@ -25,7 +25,9 @@ const GPL_IDS: &[&str] = &[
 ];
 
 /// Source files by name: these extensions, these file names, and executables.
-const SOURCE_EXTS: &[&str] = &["rs", "c", "h", "sh", "py", "config", "service", "xml"];
+const SOURCE_EXTS: &[&str] = &[
+    "rs", "c", "h", "sh", "py", "config", "service", "sysusers", "xml",
+];
 const SOURCE_NAMES: &[&str] = &["Makefile", "Kbuild", "dkms.conf"];
 
 /// Tracked files that are data, not source, even if they match the rules above.

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `systemd/cxl-accel@.service`: systemd accepts it (`systemd-analyze verify`, where
 //! installed), and its command lines work. systemd need not be running here (CI machines
-//! and containers often have another PID 1), so the test runs the unit's `ExecStart=` by
-//! hand as systemd would for instance `0`: `%i` and the unit's variables expanded, an
+//! and containers often have another PID 1; `ci/systemd-check.sh` boots a systemd container
+//! for the real thing), so the test runs the unit's `ExecStart=` by hand as systemd would
+//! for instance `0`: `%i` and the unit's variables expanded, an
 //! `/etc/cxl-accel/0.conf` read, the runtime directory given to the service's user; as
 //! root, under another user with no capabilities and no new privileges (what
-//! `DynamicUser=`, `CapabilityBoundingSet=` and `NoNewPrivileges=` give), the daemon's
+//! `User=`, `CapabilityBoundingSet=` and `NoNewPrivileges=` give), the daemon's
 //! own seccomp filter on. Then `ExecStartPost=` must see the socket, QEMU's user (the
 //! group) must be able to reach socket and memory, and SIGTERM must stop it cleanly.
 
@@ -139,6 +140,22 @@ fn unit_sandbox_keeps_what_the_daemon_needs() {
             .any(|f| !f.starts_with('~') && f.split_whitespace().any(|c| c == "seccomp")),
         "SystemCallFilter= must allow seccomp: {filters:?}"
     );
+    // Its own user, in QEMU's group (DynamicUser= would hide the runtime directory under
+    // /run/private, out of QEMU's reach); the user comes from the sysusers.d file.
+    assert!(get("DynamicUser").is_empty());
+    assert_eq!(get("User"), ["cxl-accel"]);
+    let group = get("SupplementaryGroups")[0];
+    let sysusers = std::fs::read_to_string(repo().join("systemd/cxl-accel.sysusers")).unwrap();
+    assert!(sysusers.lines().any(|l| l.starts_with("u cxl-accel ")));
+    assert!(sysusers
+        .lines()
+        .any(|l| l == format!("m cxl-accel {group}")));
+    // The --socket-group is given with chown(2) and fchown(2), which @privileged holds.
+    assert!(filters
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .any(|c| c == "@chown"));
     // Socket and memory file live in the unit's runtime directory, the only writable place.
     assert_eq!(get("RuntimeDirectory"), ["cxl-accel/0"]);
     let exec = get("ExecStart")[0];
