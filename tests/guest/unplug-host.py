@@ -109,11 +109,15 @@ def main():
     target = sys.argv[4] if len(sys.argv) > 4 else "cxlacc0"
     qmp = Qmp(qmp_path)
 
-    # the daemons' logs are next to their sockets (run-guest.sh's work dir)
+    # the daemons' logs are next to their sockets (run-guest.sh's work dir). QEMU
+    # names the address the daemon bound, in the private directory (.cxlPID-N) in
+    # which it makes its socket before moving it into place.
     work = ""
     for c in qmp.cmd("query-chardev")["return"]:
         if c["label"] == "cxlacc0-sock" and "unix:" in c["filename"]:
             work = os.path.dirname(c["filename"].split("unix:", 1)[1].split(",")[0])
+            if os.path.basename(work).startswith(".cxl"):
+                work = os.path.dirname(work)
     log0, log1 = os.path.join(work, "daemon0.log"), os.path.join(work, "daemon1.log")
     at0, at1 = len(log_since(log0, 0)), len(log_since(log1, 0))
 
