@@ -50,7 +50,7 @@ rc=$?
 set -e
 # KEEP_LOG=FILE keeps the console and daemon logs.
 if [ -n "${KEEP_LOG:-}" ]; then cp "$TMP/run.log" "$KEEP_LOG"; fi
-grep -v '^[0-9]* passed, [0-9]* failed$' "$TMP/out" || true
+grep -vE '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$TMP/out" || true
 kills=$(grep -c 'killing-daemon: SIGKILL worker' "$TMP/run.log" || true)
 restarts=$(grep -c 'worker pid .* started (resuming)' "$TMP/run.log" || true)
 summary=$(tail -n 1 "$TMP/out")

@@ -145,7 +145,7 @@ set +e
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e
-grep -v '^[0-9]* passed, [0-9]* failed$' "$TMP/out" || true
+grep -vE '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$TMP/out" || true
 # per device: the daemon logs follow "===== daemonN.log" in the saved log
 counts=$(awk '/^===== daemon[0-9]+\.log/ { d = $2 }
     /killing-daemon: SIGKILL worker/ { k[d]++ }
@@ -155,7 +155,7 @@ counts=$(awk '/^===== daemon[0-9]+\.log/ { d = $2 }
 read -r k0 k1 r0 r1 <<<"$counts"
 kills=$((k0 + k1))
 summary=$(tail -n 1 "$TMP/out")
-if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ [0-9]+\ skipped)?$ ]]; then
     passed=${BASH_REMATCH[1]}
     failed=${BASH_REMATCH[2]}
 else
