@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Prints NOP round trips per second through the in-process vhost-user front-end, and COPY
 //! bandwidth (guest memory -> device memory) next to plain memcpy of the same sizes,
 //! measured in the same run, and CHECKSUM (CRC-32C) bandwidth through the device next to

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # A debug guest kernel for running the driver under the checks Debian's
 # kernels leave out: KASAN, DEBUG_VM, DEBUG_PAGEALLOC, SLUB_DEBUG, lockdep
 # (PROVE_LOCKING), DEBUG_ATOMIC_SLEEP and DEBUG_OBJECTS; also with
@@ -18,7 +19,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 JOBS=${CXL_ACCEL_JOBS:-2}
 case "${1:-}" in
 -h | --help)
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
     exit 0
     ;;
 --jobs) JOBS=${2:?--jobs needs a number} ;;

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The README's demo command: boots a guest with one cxl-accel device and the driver, and
 # shows coherent CPU access to device memory, a device computation on guest data, and
-# copy bandwidth next to the CPU's. Extra arguments go to ci/run-guest.sh.
+# copy bandwidth next to the CPU's. Runs ci/setup.sh first (cached after the first time)
+# and builds the daemon, the driver and the demo program.
+#
+# Usage: ci/demo.sh [RUN-GUEST-OPTIONS...]
+#   extra arguments go to ci/run-guest.sh (see ci/run-guest.sh --help), e.g.
+#   --log FILE to keep the guest console, --accel kvm on a host with KVM
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -10,8 +16,14 @@ ROOT=$(dirname "$HERE")
 . "$HERE/lib.sh"
 cd "$ROOT"
 
-command -v cargo >/dev/null ||
-    die "ci/demo.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.85) first"
+case "${1:-}" in
+-h | --help)
+    script_help "$0" 3
+    exit 0
+    ;;
+esac
+
+need_cargo ci/demo.sh "$ROOT"
 # The daemon builds while the set-up downloads (its progress goes to stderr).
 T0=$(now)
 BUILDLOG=$(mktemp)

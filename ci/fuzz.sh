@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Bounded coverage-guided fuzzing of the device model with cargo-fuzz (libFuzzer):
 # request decoding, request execution, and descriptor chains taken from a virtqueue and
 # handled by the daemon's backend code. Runs each target for SECONDS (default 60)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # NUMA attach mode: device memory as a CPU-less NUMA node of guest RAM, two
 # devices, QEMU as the socket server (the daemons connect); the guest side is
 # tests/guest/run-numa.sh. Extra arguments go to ci/run-guest.sh.

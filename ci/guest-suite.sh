@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Guest end-to-end suite: builds the driver against the guest kernel headers and the
 # static guest test programs, boots a guest with two devices, runs every guest test
 # (one RESULT line each) and fails on any failure or kernel warning.

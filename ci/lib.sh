@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Shared helpers for the ci/ scripts (sourced, not executed).
 # shellcheck shell=bash
 
@@ -7,6 +8,11 @@ CACHE="${CXL_ACCEL_CACHE:-$HOME/.cache/cxl-accel}"
 # ci/setup.sh wrote; CXL_ACCEL_ENV picks another one, e.g. the debug
 # kernel's of ci/debug-kernel.sh.
 ENV_FILE="${CXL_ACCEL_ENV:-$CACHE/env.sh}"
+
+# A script's --help: its comment block from line FIRST up to "set -euo".
+script_help() { # script first-line
+    sed -n "$2,/^set -euo/p" "$1" | sed '$d; s/^# \{0,1\}//'
+}
 
 die() {
     echo "$*" >&2
@@ -69,6 +75,18 @@ build_driver() { # repo
     ${KMAKE:-make} -s -C "$1/guest-driver" KDIR="$KDIR" -j2 >/dev/null
 }
 
+# The Rust toolchain the crate needs: cargo on PATH, at least Cargo.toml's
+# rust-version (one line saying what to do otherwise).
+need_cargo() { # script-name repo
+    local want have
+    want=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' "$2/Cargo.toml")
+    command -v cargo >/dev/null ||
+        die "$1: cargo not found; install a Rust toolchain (rustup, cargo >= $want) first"
+    have=$(cargo --version | awk '{print $2}')
+    [ "$(printf '%s\n%s\n' "$want" "${have%%-*}" | sort -V | head -n 1)" = "$want" ] ||
+        die "$1: cargo $have is older than the $want this crate needs (Cargo.toml rust-version); rustup update, or install cargo >= $want"
+}
+
 now() {
     date +%s.%N
 }
@@ -76,6 +94,65 @@ now() {
 # Elapsed seconds since $1 (from `now`), one decimal.
 elapsed() {
     awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'
+}
+
+# apt-get install, from the host's own apt sources and with progress lines,
+# those of the packages that are not installed yet. WHO starts the messages.
+install_missing() { # who package...
+    local who=$1 missing=() p
+    shift
+    for p in "$@"; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        log "all host packages present"
+        return 0
+    fi
+    [ "$(id -u)" = 0 ] || die "$who: need root to install ${missing[*]}; rerun as root or install them yourself"
+    mkdir -p "$CACHE"
+    log "apt-get update"
+    with_progress "apt-get update" "$CACHE/apt-update.log" apt-get update -q ||
+        { tail -n 20 "$CACHE/apt-update.log" >&2; die "$who: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"; }
+    log "installing: ${missing[*]}"
+    with_progress "apt-get install" "$CACHE/apt-install.log" \
+        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        { tail -n 20 "$CACHE/apt-install.log" >&2; die "$who: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"; }
+}
+
+# A qemu-system-x86_64 wrapper at OUT running the QEMU of the Debian root
+# ROOT with that root's dynamic loader and libraries (no chroot: every host
+# path stays visible).
+write_qemu_wrapper() { # out root
+    local out=$1 root=$2
+    cat >"$out.tmp" <<EOF
+#!/bin/sh
+# Written by ci/setup.sh: Debian trixie's QEMU with the trixie root's libraries.
+exec env QEMU_MODULE_DIR="$root/usr/lib/x86_64-linux-gnu/qemu" \\
+    "$root/lib64/ld-linux-x86-64.so.2" \\
+    --library-path "$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu" \\
+    "$root/usr/bin/qemu-system-x86_64" "\$@"
+EOF
+    chmod 755 "$out.tmp"
+    mv "$out.tmp" "$out"
+}
+
+# /etc/apt (CXL_ACCEL_ETC_APT: another directory, for tests) as one line per
+# entry: path, mode, owner, and content hash, link target or type. Equal
+# listings before and after mean the set-up left the host's apt alone.
+etc_apt_state() {
+    local d=${CXL_ACCEL_ETC_APT:-/etc/apt}
+    [ -d "$d" ] || { echo "(no $d)"; return 0; }
+    (cd "$d" && find . -print0 | LC_ALL=C sort -z | while IFS= read -r -d '' p; do
+        local what
+        if [ -L "$p" ]; then
+            what="-> $(readlink "$p")"
+        elif [ -f "$p" ]; then
+            what=$(sha256sum <"$p" | cut -d' ' -f1)
+        else
+            what=$(stat -c %F "$p")
+        fi
+        printf '%s %s %s\n' "$p" "$(stat -c '%a %U:%G' "$p")" "$what"
+    done)
 }
 
 # "install ok installed" is the only state that means a usable package

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Build a busybox initramfs for cxl-accel guests.
 #
 # Usage: ci/mkinitramfs.sh OUT.cpio.gz [options]
@@ -24,7 +25,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 
 usage() {
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
     exit "${1:-0}"
 }
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # shellcheck disable=SC2317 # steps are called through run_step
 # Bring a host to the point where cxl-accel guests boot, compiling nothing:
 #   - host packages (apt-get install from the host's own apt sources);
@@ -20,7 +21,9 @@
 # works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh" and
 # "$CACHE/qemu-10.2.env" (see ci/README.md).
 #
-# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source]
+# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source] | --check-host
+#   --check-host  only say whether the automated set-up knows this host
+#                 (CXL_ACCEL_OS_RELEASE: another os-release file, for tests)
 # Overrides (each skips its step):
 #   QEMU=/path/to/qemu-system-x86_64
 #   GUEST_KERNEL=/path/to/bzImage  KDIR=/path/to/kernel/build/dir
@@ -41,10 +44,12 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 WANT_73=0
 WANT_FLOOR=0
 WANT_SRC=0
+CHECK_HOST=0
+OS_RELEASE=${CXL_ACCEL_OS_RELEASE:-/etc/os-release}
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
-        sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        script_help "$0" 4
         exit 0
         ;;
     --kernel)
@@ -54,6 +59,7 @@ while [ $# -gt 0 ]; do
         ;;
     --qemu-floor) WANT_FLOOR=1; shift ;;
     --linux-source) WANT_SRC=1; shift ;;
+    --check-host) CHECK_HOST=1; shift ;;
     *) die "ci/setup.sh: unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -88,9 +94,9 @@ FLOOR_PACKAGES=(
 step_host() {
     local id ver
     # shellcheck source=/dev/null
-    id=$(. /etc/os-release 2>/dev/null && echo "${ID:-unknown}")
+    id=$(. "$OS_RELEASE" 2>/dev/null && echo "${ID:-unknown}")
     # shellcheck source=/dev/null
-    ver=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID:-}")
+    ver=$(. "$OS_RELEASE" 2>/dev/null && echo "${VERSION_ID:-}")
     case "$id:$ver" in
     debian:12 | debian:13)
         log "host: Debian $ver"
@@ -101,31 +107,13 @@ step_host() {
         log "host: $id $ver (not Debian 12/13): using QEMU=, GUEST_KERNEL= and KDIR= as given"
         return 0
     fi
-    die "ci/setup.sh: this host is $id $ver; the automated set-up needs Debian 12 or 13. Elsewhere install QEMU >= $QEMU_MIN and a guest kernel with its headers yourself and run with QEMU=, GUEST_KERNEL= and KDIR= (Ubuntu 26.04: apt install qemu-system-x86 busybox-static cpio kmod build-essential linux-headers-generic; Fedora 43: dnf install qemu-system-x86-core busybox cpio kmod gcc make kernel-devel)."
+    die "ci/setup.sh: this host is $id $ver; the automated set-up knows Debian 12 and 13 only. Elsewhere install QEMU >= $QEMU_MIN, a guest kernel and its headers yourself and run with QEMU=, GUEST_KERNEL= and KDIR= (Ubuntu: apt install qemu-system-x86 busybox-static cpio kmod xz-utils python3 build-essential dwarves linux-headers-generic; Fedora: dnf install qemu-system-x86-core busybox cpio kmod xz python3 gcc make dwarves kernel-devel)."
 }
 
 step_packages() {
-    local missing=() p
-    for p in "${HOST_PACKAGES[@]}"; do
-        pkg_installed "$p" || missing+=("$p")
-    done
-    if [ "$WANT_FLOOR" = 1 ]; then
-        for p in "${FLOOR_PACKAGES[@]}"; do
-            pkg_installed "$p" || missing+=("$p")
-        done
-    fi
-    if [ "${#missing[@]}" -eq 0 ]; then
-        log "all host packages present"
-        return 0
-    fi
-    [ "$(id -u)" = 0 ] || die "cxl-accel setup: need root to install ${missing[*]}; rerun as root or install them yourself"
-    log "apt-get update"
-    with_progress "apt-get update" "$CACHE/apt-update.log" apt-get update -q ||
-        { tail -n 20 "$CACHE/apt-update.log" >&2; die "cxl-accel setup: apt-get update failed (see $CACHE/apt-update.log); fix the apt sources or network"; }
-    log "installing: ${missing[*]}"
-    with_progress "apt-get install" "$CACHE/apt-install.log" \
-        env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-        { tail -n 20 "$CACHE/apt-install.log" >&2; die "cxl-accel setup: cannot install host packages (${missing[*]}); see $CACHE/apt-install.log"; }
+    local want=("${HOST_PACKAGES[@]}")
+    [ "$WANT_FLOOR" = 0 ] || want+=("${FLOOR_PACKAGES[@]}")
+    install_missing "cxl-accel setup" "${want[@]}"
 }
 
 # ------------------------------------------------- private apt configurations
@@ -399,20 +387,6 @@ root_install() { # package... (from trixie-backports where it has them)
         { tail -n 10 "$TRIXIE/apt-install.log" >&2; die "cxl-accel setup: cannot install ${missing[*]} in the trixie root (see $TRIXIE/apt-install.log)"; }
 }
 
-# QEMU from the root, run with the root's own dynamic loader and libraries:
-# no chroot, so every host path (sockets, memory files) stays visible.
-write_qemu_wrapper() {
-    cat >"$TRIXIE/qemu-system-x86_64" <<EOF
-#!/bin/sh
-# Written by ci/setup.sh: Debian trixie's QEMU with the trixie root's libraries.
-exec env QEMU_MODULE_DIR="$TROOT/usr/lib/x86_64-linux-gnu/qemu" \\
-    "$TROOT/lib64/ld-linux-x86-64.so.2" \\
-    --library-path "$TROOT/lib/x86_64-linux-gnu:$TROOT/usr/lib/x86_64-linux-gnu" \\
-    "$TROOT/usr/bin/qemu-system-x86_64" "\$@"
-EOF
-    chmod +x "$TRIXIE/qemu-system-x86_64"
-}
-
 # Debian's newest 7.3 kernel from trixie-backports: image, modules and base
 # files unpacked into $CACHE/kernel/<kver>/root, headers and compiler installed in
 # the trixie root (module builds run there: KMAKE).
@@ -483,7 +457,9 @@ step_qemu() {
     [ -z "$sys" ] || log "$sys is $(qemu_version "$sys") (needs >= $QEMU_MIN with vhost-user-test-device-pci): using Debian's trixie-backports package"
     step_trixie_root
     root_install qemu-system-x86
-    write_qemu_wrapper
+    # Run with the root's own loader and libraries: no chroot, so every host
+    # path (sockets, memory files) stays visible.
+    write_qemu_wrapper "$TRIXIE/qemu-system-x86_64" "$TROOT"
     QEMU=$TRIXIE/qemu-system-x86_64
     QEMU_FW="-L $TROOT/usr/share/seabios -L $TROOT/usr/share/qemu"
     has_test_device "$QEMU" || die "cxl-accel setup: $QEMU has no vhost-user-test-device-pci"
@@ -625,6 +601,10 @@ step_env() {
 
 main() {
     local t0
+    if [ "$CHECK_HOST" = 1 ]; then
+        step_host
+        return 0
+    fi
     t0=$(now)
     run_step host step_host
     run_step packages step_packages

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The README's test command: set-up, Rust checks and tests, fuzzing, then the
-# guest runs (each one guest boot; every guest test one RESULT line).
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# The README's test command: set-up, Rust checks and tests, fuzzing, the
+# README's command blocks, the guest runs (each one guest boot; every guest
+# test one RESULT line), the driver through Debian's dkms, the systemd unit
+# in a systemd container, and a check that /etc/apt is as it was.
 # Usage: ci/test.sh [--list | --run NAME... | --skip-guest]
 #   --list        the guest runs, one per line: name and what it does
 #   --run NAME    only these guest runs (repeatable; set-up first, no cargo
@@ -30,6 +33,7 @@ RUNS=(
     "hmm-6.12|the kernel's own hmm-tests, unmodified, on 6.12|tests/kernel/run-hmm-tests.sh"
     "hmm-7.3|the kernel's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
+    "libvirt|Debian's libvirt starts the libvirt/ examples (1 and 2 devices), the demo runs in them|ci/libvirt-demo.sh"
 )
 
 run_field() { # index field
@@ -56,15 +60,29 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     -h | --help)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        script_help "$0" 3
         exit 0
         ;;
     *) die "ci/test.sh: unknown argument '$1' (see --help)" ;;
     esac
 done
 
-command -v cargo >/dev/null ||
-    die "ci/test.sh: cargo not found; install a Rust toolchain (rustup, cargo >= 1.87) first"
+need_cargo ci/test.sh "$ROOT"
+
+# The host's apt configuration before anything runs: the set-up reads extra
+# Debian suites through private configurations and must leave it alone.
+OUT=$(mktemp)
+APT_BEFORE=$(mktemp)
+trap 'rm -f "$OUT" "$APT_BEFORE"' EXIT
+etc_apt_state >"$APT_BEFORE"
+etc_apt_unchanged() {
+    log "== /etc/apt as before the set-up"
+    if ! etc_apt_state | diff -u "$APT_BEFORE" - >&2; then
+        echo "ci/test.sh: /etc/apt changed (above); the set-up must use private apt configurations" >&2
+        return 1
+    fi
+    log "/etc/apt unchanged ($(wc -l <"$APT_BEFORE") entries)"
+}
 
 RESULTS=${CXL_ACCEL_RESULTS:-$ROOT/results}
 T0=$(now)
@@ -94,6 +112,11 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     # The benchmark binary must keep working: run it in its quick form.
     cargo bench --locked --bench throughput -- --quick
     T_CARGO=$(elapsed "$T1")
+    # The README's commands, as a user would type them (they boot guests).
+    if [ "$SKIP_GUEST" = 0 ]; then
+        log "== README command blocks (ci/readme-check.sh)"
+        "$HERE/readme-check.sh"
+    fi
     T3=$(now)
     # Coverage-guided fuzzing of request decoding and execution, bounded.
     "$HERE/fuzz.sh" "${CXL_ACCEL_FUZZ_SECONDS:-60}"
@@ -102,13 +125,12 @@ fi
 
 if [ "$SKIP_GUEST" = 1 ]; then
     log "guest runs skipped (--skip-guest)"
+    etc_apt_unchanged
     exit 0
 fi
 
 # Every guest run uses the daemon's seccomp filter (its default), so a
 # system call missing from its list fails CI instead of a user's run.
-OUT=$(mktemp)
-trap 'rm -f "$OUT"' EXIT
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"
 T2=$(now)
@@ -129,11 +151,25 @@ for i in "${!RUNS[@]}"; do
 done
 T_GUEST=$(elapsed "$T2")
 
-log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, total $(elapsed "$T0")s"
+# The driver as out-of-tree drivers ship: Debian's dkms for both guest
+# kernels, in private trees, and a guest of each with the module it built.
+T_DKMS=0
+if [ "${#ONLY[@]}" -eq 0 ]; then
+    log "== dkms: build, install and remove the driver for 6.12 and 7.3, boot with it"
+    t=$(now)
+    "$HERE/dkms-check.sh" || FAILED_RUNS+=(dkms)
+    T_DKMS=$(elapsed "$t")
+    # The systemd unit under a real systemd (a container: CI's PID 1 may be another).
+    log "== systemd: cxl-accel@.service in a systemd container"
+    "$HERE/systemd-check.sh" || FAILED_RUNS+=(systemd)
+fi
+etc_apt_unchanged || FAILED_RUNS+=(etc-apt)
+
+log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, dkms ${T_DKMS}s, total $(elapsed "$T0")s"
 echo "guest runs (KTAP, JUnit and the logs of failed runs in $RESULTS):"
 printf '  %s\n' "${SUMMARY[@]}"
 if [ "${#FAILED_RUNS[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED_RUNS[*]}"
     exit 1
 fi
-echo "all guest runs passed"
+echo "all guest runs, the dkms, systemd and /etc/apt checks passed"

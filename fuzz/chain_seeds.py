@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 """Writes the seed corpus of the `chain` fuzz target into fuzz/corpus/chain/.
 
 Input format (see fuzz_targets/chain.rs): a 16-byte header (queue size, descriptor table,

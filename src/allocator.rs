@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Device-memory allocator: buffers with stable identifiers, first fit, coalescing free list.
 
 use std::collections::BTreeMap;

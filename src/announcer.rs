@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The backend-channel thread: shared-object announcements (exported buffers' UUIDs) and
 //! shared-memory attach's map and unmap requests, sent to the front-end over the
 //! vhost-user backend channel.

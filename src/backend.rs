@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user adapter: the session's state, the vhost-user messages (features, memory
 //! table, queue start and stop, backend channel, shared memory) and the glue that runs the
 //! ring layer ([`crate::ring`]) on the vring thread and the DMA engines. Everything

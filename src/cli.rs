@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command line of the `cxl-accel` daemon.
 
 use std::path::PathBuf;
@@ -117,7 +118,7 @@ pub struct Args {
     pub memory_path: PathBuf,
 
     /// Device memory size, a multiple of 2 MiB (a power of two in shmem mode: it is a whole
-    /// BAR): bytes or with a K, M, G suffix (256M, 4G).
+    /// BAR): bytes or with a K, M, G or T suffix, either case (256M, 4g).
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub memory_size: u64,
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Decoding and structural validation of command-queue requests.
 //!
 //! Everything here works on the bytes of a request; nothing touches memory. Address ranges

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The control channel (`--control-socket`): the host side of the device, for developers and
 //! test scripts. JSON lines on a unix socket: one request object per line, one reply per
 //! line, `{"error": "..."}` when a request is refused. `cxl-accel ctl` is its client.

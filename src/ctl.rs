@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `cxl-accel ctl`: the control channel's client. Builds one request from the command line,
 //! prints the daemon's reply for people (or as JSON with `--json`), and exits 1 when the
 //! daemon refused the request.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Device memory: a file shared with QEMU, mapped here and exposed to the guest as a BAR.
 
 use std::fs::File;

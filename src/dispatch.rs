@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! DMA engines: a pool of worker threads that run commands, possibly out of order, with
 //! fences. A fenced job starts only after every job submitted before it has completed.
 

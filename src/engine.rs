@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The DMA/compute engine: resolves address ranges against guest and device memory and
 //! executes data commands. A range is checked in full before a single byte moves.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Fault injection: what a driver developer tests the error paths of a driver with.
 //!
 //! Every fault is deterministic. A rule matches commands by opcode (or all of them) and fires

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon's own files (device memory, state): created private, never reached through
 //! a symbolic link, refused when they are not regular files of the daemon's user, fully
 //! allocated up front, and locked while a daemon runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! cxl-accel: an emulated CXL Type-2 style accelerator for QEMU guests.
 //!
 //! Module map:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 use std::process::ExitCode;
 use std::sync::Arc;
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Per-command metrics for the host side: how many commands of each opcode, how many failed
 //! and with which status, and how long they took from the ring to the answer (a log2
 //! histogram). Lock-free counters: the engines update them on every completion.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Wire format between the daemon and the guest driver.
 //!
 //! The C side of this definition is `guest-driver/cxl_accel_proto.h`; the test

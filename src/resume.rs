@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Crash-resume: a daemon that replaces a dead one (its supervisor replays the front-end's
 //! set-up) takes each ring over where the journal says it stood and answers what was in
 //! flight, so the driver neither loses a request nor sees one twice.

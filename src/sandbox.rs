@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! seccomp sandbox: after start-up the daemon needs only a short list of system calls
 //! (sockets it already has, shared-memory mappings, eventfds, threads, futexes, logging).
 //! Anything else — opening files, exec, ptrace, network — is refused, and the calls that

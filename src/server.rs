@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Socket handling: one listener for the daemon's life, a fresh vhost-user session per
 //! front-end connection (so QEMU can reconnect), device state shared across sessions.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Memory we were given can shrink under us: a front-end may truncate the memfd behind
 //! guest RAM after the memory-table check, QEMU holds our device-memory file open read-write
 //! and could truncate it too. Touching a mapped page past the end of its file raises SIGBUS,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The supervisor's worker processes. They are started by the main thread, the launcher:
 //! the relay thread, which parses the front-end's bytes, runs under a seccomp filter
 //! without fork, exec or file access (see `sandbox.rs`), and a filter would be inherited by

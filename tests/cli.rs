@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `cxl-accel` binary as an operator meets it: flags, one-line errors, signals.
 
 mod common;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The control channel (`--control-socket`) and `cxl-accel ctl`, against the real binary
 //! under --supervise and the default seccomp filter: device info, counters, trace, buffers,
 //! and every fault class seen from the driver's side of the ring.

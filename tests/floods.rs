@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A front-end or guest that repeats itself: new backend channels that are never answered
 //! cost no threads, and resets, refused shared-object requests and failed announcements
 //! cost a bounded number of log lines.

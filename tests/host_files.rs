@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon's files and socket on a host shared with other users: nobody else may read
 //! device memory or state, hold the daemon's lock, or make it follow a symbolic link; a
 //! mistyped socket path destroys nothing; the socket is never open to others, and

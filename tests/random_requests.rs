@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Randomised hostile requests straight into the device model: structure-aware garbage
 //! (valid-looking headers, counts, addresses at and around every boundary) must always
 //! get a status, never a panic, and must never change memory outside the ranges a

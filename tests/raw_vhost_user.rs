@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A hostile or buggy front-end speaking raw vhost-user: malformed messages, bad file
 //! descriptors, requests out of order, rings outside memory, a memory table replaced under
 //! running queues. The daemon must reject them, end that session cleanly at worst, touch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Restart without loss: the real daemon under `--supervise`, its worker killed with
 //! SIGKILL again and again while commands stream in. Every command must come back, either
 //! done (with correct data) or INTERRUPTED; allocations, exports and counters survive.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Shared-memory attach (`--attach shmem`): device memory is a VIRTIO shared memory region
 //! of the virtio function, which the front-end maps when the daemon asks (SHMEM_MAP) and
 //! drops at every device reset without telling it. The harness plays QEMU 11.1's part:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon driven over a real unix socket by an in-process vhost-user front-end:
 //! every command, and every class of hostile input.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The wire format is defined once in Rust (src/protocol.rs) and once in C
 //! (guest-driver/cxl_accel_proto.h) for the driver. This test compiles a C program against
 //! the header and checks every constant, record size and field offset against Rust, and

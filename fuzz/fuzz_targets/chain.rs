@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Descriptor chains from a hostile driver, handled by the daemon's own ring layer
 //! (src/ring/): a split virtqueue in a small guest memory, chains taken and journaled by
 //! `ring::take`, executed and answered by `ring::answer`, returned by `ring::publish`, and

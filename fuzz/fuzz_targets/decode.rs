@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Request decoding on arbitrary bytes: never panics, and what decodes re-encodes to a
 //! request that decodes the same way.
 #![no_main]

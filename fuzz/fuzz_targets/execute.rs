@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Arbitrary requests executed by the device model against small guest and device
 //! memories: a status for everything, no panic, and failed commands change nothing.
 #![no_main]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! What the fuzz targets share: a device over anonymous shared memory, and its guest.
 
 use std::fs::File;

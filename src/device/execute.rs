@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command execution: a request decoded (its header read once, when it arrived) and run
 //! against guest memory, device memory and the allocator, with its state changes logged.
 

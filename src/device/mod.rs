@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The device model: configuration, device memory, allocator, counters, events and command
 //! execution. It knows nothing of vhost-user: a transport hands it request bytes and a
 //! snapshot of guest memory, and gets back the response to deliver.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A descriptor chain turned into a request: its bytes, the header read from them once,
 //! and where the response goes.
 

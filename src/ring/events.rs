@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The event queue: device events written into buffers the driver posted.
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The ring journal, in the state file: where each ring stood and which requests were
 //! taken from the command queue but not yet returned, with what is known of their
 //! outcome. A daemon that replaces a dead one reads it to carry on (see `crate::resume`).

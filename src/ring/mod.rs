@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The ring layer: descriptor chains turned into requests for the device model, answers
 //! turned into used entries, and the journal that lets a successor carry on after a
 //! crash. It works on `virtio_queue::Queue` and guest memory only, with no vhost-user

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The command queue: requests taken from it (journaled first), executed when their
 //! answer can be delivered, and returned as used entries (journaled around the write).
 

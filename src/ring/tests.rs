@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The ring layer driven as a driver would, with virtio-queue's `MockSplitQueue`.
 
 use std::os::fd::FromRawFd;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The allocator's log in the state file: a snapshot (two slots, the valid one named in
 //! the header) plus a write-ahead log of allocations, frees and exports, each with the
 //! answer of the command that made it, so a restarted daemon can still give that answer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Crash-safe device state: a small file next to the memory file, mapped shared, so that a
 //! daemon killed at any instruction leaves a consistent record for the one that replaces it.
 //!

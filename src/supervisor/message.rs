@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user messages as the supervisor relays them: header, payload and the file
 //! descriptors that came with them, read and written with vmm-sys-util's `ScmSocket`.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `--supervise`: the device runs in a worker process; this small parent holds the
 //! front-end's connection and restarts a worker that dies, without the front-end noticing.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! What a new worker needs of the session: the front-end's set-up messages, kept with
 //! their descriptors, compacted, and replayed in the order a start sends them.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! In-process vhost-user front-end for tests and benchmarks: guest memory in a memfd, a
 //! minimal driver-side split virtqueue, and the daemon serving a real unix socket.
 #![allow(dead_code)]
@@ -899,4 +900,20 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
+}
+
+/// A fresh directory under the system's temporary directory, removed with everything in
+/// it when dropped (also when a test panics).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        TempDir(temp_dir())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

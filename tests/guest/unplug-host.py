@@ -110,7 +110,9 @@ def main():
     target = sys.argv[4] if len(sys.argv) > 4 else "cxlacc0"
     qmp = Qmp(qmp_path)
 
-    # the daemons' logs are next to their sockets (run-guest.sh's work dir)
+    # the daemons' logs are next to their sockets (run-guest.sh's work dir). QEMU
+    # names the address the daemon bound, in the private directory (.cxlPID-N) in
+    # which it makes its socket before moving it into place.
     work = ""
     for c in qmp.cmd("query-chardev")["return"]:
         if c["label"] == "cxlacc0-sock" and "unix:" in c["filename"]:
