@@ -3344,6 +3344,20 @@ CXLA_TEST_F(peer, private_peer)
 	return PASS;
 }
 
+/* repeat device fetch-adds of 1 on *w through a device-exclusive entry */
+static int exclusive_add(int fd, uint64_t *w, uint64_t repeat,
+			 struct cxl_accel_atomic *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->target = cxla_user(w);
+	a->op = CXL_ACCEL_ATOMIC_FETCH_ADD;
+	a->width = 8;
+	a->operand = 1;
+	a->repeat = repeat;
+	a->flags = CXL_ACCEL_ATOMIC_EXCLUSIVE;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_ATOMIC, a);
+}
+
 struct cpu_adder {
 	volatile uint64_t *word;
 	volatile int *stop;
@@ -3384,14 +3398,7 @@ CXLA_TEST_F(dev, private_exclusive_atomic)
 		       1000, 0, &a));
 	CHECK(a.count == 1000 && a.result == 999, "plain: count %llu result %llu",
 	      (unsigned long long)a.count, (unsigned long long)a.result);
-	memset(&a, 0, sizeof(a));
-	a.target = cxla_user(w);
-	a.op = CXL_ACCEL_ATOMIC_FETCH_ADD;
-	a.width = 8;
-	a.operand = 1;
-	a.repeat = 1000;
-	a.flags = CXL_ACCEL_ATOMIC_EXCLUSIVE;
-	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	OK(exclusive_add(c->fd, w, 1000, &a));
 	CHECK(a.count == 1000 && a.result == 1999, "exclusive: count %llu result %llu",
 	      (unsigned long long)a.count, (unsigned long long)a.result);
 	/* the device keeps the page until the CPU wants it */
@@ -3442,14 +3449,7 @@ CXLA_TEST_F(dev, private_exclusive_mprotect)
 	NEED_PRIVATE();
 	CHECK(w, "mmap");
 	*w = 5;
-	memset(&a, 0, sizeof(a));
-	a.target = cxla_user(w);
-	a.op = CXL_ACCEL_ATOMIC_FETCH_ADD;
-	a.width = 8;
-	a.operand = 1;
-	a.repeat = 100;
-	a.flags = CXL_ACCEL_ATOMIC_EXCLUSIVE;
-	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));
+	OK(exclusive_add(c->fd, w, 100, &a));
 	CHECK(a.count == 100 && a.result == 104, "count %llu result %llu",
 	      (unsigned long long)a.count, (unsigned long long)a.result);
 	OK(snapshot(c->fd, w, PG, f));
