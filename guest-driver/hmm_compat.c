@@ -150,29 +150,10 @@ static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
 	if (!mmget_not_zero(mm))
 		return -EINVAL;
 	for (addr = start; addr < end && !ret; addr = range.end) {
-		unsigned long timeout = jiffies + msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
-
 		range.start = addr;
 		range.end = min(end, addr + (CXLA_DMIRROR_BATCH << PAGE_SHIFT));
-		for (;;) {
-			if (time_after(jiffies, timeout)) {
-				ret = -EBUSY;
-				break;
-			}
-			range.notifier_seq = mmu_interval_read_begin(&dm->notifier);
-			mmap_read_lock(mm);
-			ret = cxla_hmm_range_fault(&range);
-			mmap_read_unlock(mm);
-			if (ret == -EBUSY)
-				continue;
-			if (ret)
-				break;
-			mutex_lock(&dm->mutex);
-			if (!mmu_interval_read_retry(&dm->notifier,
-						     range.notifier_seq))
-				break;
-			mutex_unlock(&dm->mutex);
-		}
+		ret = cxla_hmm_fault_locked(&range, mm, &dm->mutex,
+					    HMM_RANGE_DEFAULT_TIMEOUT);
 		if (ret)
 			break;
 		for (i = 0; i < (range.end - range.start) >> PAGE_SHIFT; i++) {

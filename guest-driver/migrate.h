@@ -256,6 +256,9 @@ static inline unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
 #endif
 
 /* svm.c */
+struct hmm_range;
+int cxla_hmm_fault_locked(struct hmm_range *range, struct mm_struct *mm,
+			  struct mutex *lock, unsigned int timeout_ms);
 long cxla_ioc_svm(struct cxla_file *cf, void __user *arg);
 long cxla_ioc_snapshot(struct cxla_file *cf, void __user *arg);
 long cxla_ioc_pin_checksum(struct cxla_file *cf, void __user *arg);

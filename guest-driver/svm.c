@@ -687,6 +687,38 @@ out:
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
 }
 
+/*
+ * hmm_range_fault() until the range is stable: -EBUSY tries again, and the
+ * notifier's sequence is checked under lock, which stays held on success
+ * (the pfns are good until it is dropped). -EBUSY after timeout_ms,
+ * -EINTR on a fatal signal.
+ */
+int cxla_hmm_fault_locked(struct hmm_range *range, struct mm_struct *mm,
+			  struct mutex *lock, unsigned int timeout_ms)
+{
+	unsigned long timeout = jiffies + msecs_to_jiffies(timeout_ms);
+	int ret;
+
+	for (;;) {
+		if (time_after(jiffies, timeout))
+			return -EBUSY;
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		range->notifier_seq = mmu_interval_read_begin(range->notifier);
+		mmap_read_lock(mm);
+		ret = cxla_hmm_range_fault(range);
+		mmap_read_unlock(mm);
+		if (ret == -EBUSY)
+			continue;
+		if (ret)
+			return ret;
+		mutex_lock(lock);
+		if (!mmu_interval_read_retry(range->notifier, range->notifier_seq))
+			return 0;
+		mutex_unlock(lock);
+	}
+}
+
 /* ------------------------------------------------------------ snapshot */
 
 static u8 cxla_snap_flags(struct cxla_dev *cd, struct cxla_mirror *m,
@@ -734,7 +766,7 @@ long cxla_ioc_snapshot(struct cxla_file *cf, void __user *arg)
 	struct cxl_accel_snapshot sn;
 	struct cxla_mirror *m;
 	struct mm_struct *mm;
-	unsigned long *pfns = NULL, addr, end, timeout, i;
+	unsigned long *pfns = NULL, addr, end, i;
 	u8 __user *out;
 	u8 *flags = NULL;
 	int ret = 0;
@@ -772,30 +804,10 @@ long cxla_ioc_snapshot(struct cxla_file *cf, void __user *arg)
 			.dev_private_owner = cxla_priv_owner(cd),
 		};
 
-		timeout = jiffies + msecs_to_jiffies(CXLA_SVM_FAULT_MS);
-		for (;;) {
-			if (time_after(jiffies, timeout)) {
-				ret = -EBUSY;
-				goto out;
-			}
-			if (fatal_signal_pending(current)) {
-				ret = -EINTR;
-				goto out;
-			}
-			range.notifier_seq = mmu_interval_read_begin(&m->notifier);
-			mmap_read_lock(mm);
-			ret = cxla_hmm_range_fault(&range);
-			mmap_read_unlock(mm);
-			if (ret == -EBUSY)
-				continue;
-			if (ret)
-				goto out;
-			mutex_lock(&m->lock);
-			if (!mmu_interval_read_retry(&m->notifier,
-						     range.notifier_seq))
-				break;
-			mutex_unlock(&m->lock);
-		}
+		ret = cxla_hmm_fault_locked(&range, mm, &m->lock,
+					    CXLA_SVM_FAULT_MS);
+		if (ret)
+			goto out;
 		for (i = 0; i < n; i++)
 			flags[i] = cxla_snap_flags(cd, m, addr + (i << PAGE_SHIFT),
 						   pfns[i]);
