@@ -205,7 +205,8 @@ trap 'exit 143' TERM
 
 GUEST_RUN=/cxl/run
 if [ -n "$SCRIPT" ]; then
-    MK_ARGS+=(--add "$SCRIPT:$GUEST_RUN")
+    # Every guest script sources the shared helpers (result lines, KTAP).
+    MK_ARGS+=(--add "$SCRIPT:$GUEST_RUN" --add "$REPO/tests/guest/guest-lib.sh:/cxl/guest-lib.sh")
 fi
 "$HERE/mkinitramfs.sh" "$WORK/initramfs.cpio.gz" "${MK_ARGS[@]}"
 
