@@ -274,6 +274,33 @@ fn poison_fails_commands_posts_events_and_steers_allocation() {
 }
 
 #[test]
+fn poison_events_arrive_while_no_command_runs() {
+    // A driver waits for the event with nothing in flight: the device must not hold it back
+    // until the next command.
+    let (mut h, sock, _) = with_control();
+    h.post_event_buffers(0x60000, 8, 32);
+    let mut wait_for = |kind: u32| {
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            let _ = h.queues[1].wait_used(&h.guest, Duration::from_millis(100));
+            for i in 0..8u64 {
+                let ev: Event =
+                    vm_memory::Bytes::read_obj(&h.guest, vm_memory::GuestAddress(0x60000 + i * 64))
+                        .unwrap();
+                if ev.kind == kind {
+                    return Some((ev.value0, ev.value1));
+                }
+            }
+        }
+        None
+    };
+    ctl(&sock, &["poison", "0x20000", "8192"]);
+    assert_eq!(wait_for(EVENT_POISON), Some((0x20000, 8192)));
+    ctl(&sock, &["unpoison", "0x20000", "8192"]);
+    assert_eq!(wait_for(EVENT_POISON_CLEARED), Some((0x20000, 8192)));
+}
+
+#[test]
 fn the_control_socket_outlives_worker_restarts() {
     let (mut h, sock, _) = with_control();
     let pid1 = ctl(&sock, &["info"])["pid"].as_u64().unwrap();
