@@ -19,8 +19,8 @@ cd "$ROOT"
 # name | what it does | command (run from the repository, extra arguments
 # for ci/run-guest.sh follow it)
 RUNS=(
-    "stall|a device that stops answering for 6 s: timeouts, recovery, clean unload|tests/guest/run-stall.sh"
-    "hmm-stall|migration while the device stalls|tests/guest/run-hmm-stall.sh"
+    "stall|a daemon frozen (SIGSTOP) for 6 s: timeouts, recovery, clean unload|tests/guest/run-stall.sh"
+    "hmm-stall|migration and unload while the DMA engines stall (ctl stall)|tests/guest/run-hmm-stall.sh"
     "restart|daemon killed 15 times under load (--supervise)|tests/guest/run-restart.sh"
     "soak|60 s of commands, migration and DMA-BUF on two devices whose workers are killed|tests/guest/run-soak.sh"
     "unplug|hot-unplug under load|tests/guest/run-unplug.sh"
@@ -30,6 +30,9 @@ RUNS=(
     "hmm-6.12|the kernel's own hmm-tests, unmodified, on 6.12|tests/kernel/run-hmm-tests.sh"
     "hmm-7.3|the kernel's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
+    "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/run-faults.sh"
+    "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/run-faults.sh"
+    "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/run-faults.sh --supervise"
 )
 
 run_field() { # index field
@@ -39,7 +42,7 @@ run_field() { # index field
 list_runs() {
     local i
     for i in "${!RUNS[@]}"; do
-        printf '%-12s %s\n' "$(run_field "$i" 1)" "$(run_field "$i" 2)"
+        printf '%-16s %s\n' "$(run_field "$i" 1)" "$(run_field "$i" 2)"
     done
 }
 
@@ -93,6 +96,8 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     cargo test --locked
     # The benchmark binary must keep working: run it in its quick form.
     cargo bench --locked --bench throughput -- --quick
+    # The checker of the guest runs' KTAP and JUnit files refuses broken ones.
+    python3 "$HERE/check-results.py" --self-test
     T_CARGO=$(elapsed "$T1")
     T3=$(now)
     # Coverage-guided fuzzing of request decoding and execution, bounded.
@@ -124,7 +129,9 @@ for i in "${!RUNS[@]}"; do
     rc=0
     # shellcheck disable=SC2046 # the command is words by design
     $(run_field "$i" 3) --quiet --results "$RESULTS/$name" | tee "$OUT" || rc=$?
-    SUMMARY+=("$(printf '%-12s %-40s %6ss' "$name" "$(tail -n 1 "$OUT")" "$(elapsed "$t")")")
+    SUMMARY+=("$(printf '%-16s %-40s %6ss' "$name" "$(tail -n 1 "$OUT")" "$(elapsed "$t")")")
+    # What CI systems read must be valid: KTAP, JUnit, and the two agreeing.
+    python3 "$HERE/check-results.py" "$RESULTS/$name" || rc=1
     [ "$rc" = 0 ] || FAILED_RUNS+=("$name")
 done
 T_GUEST=$(elapsed "$T2")

@@ -135,6 +135,14 @@ wait "$HOST_PID" 2>/dev/null || true
 HOST_PID=
 echo "----- fault-host.py (the host's side of the requests)"
 tail -n 80 "$TMP/host.log"
+# a failed run keeps the host's side next to run-guest.sh's logs
+prev=
+for a in "$@"; do
+    if [ "$prev" = --results ] && [ "$RG_RC" != 0 ] && [ -d "$a" ]; then
+        cp "$TMP/host.log" "$a/fault-host.log"
+    fi
+    prev=$a
+done
 echo "-----"
 # the verdict line last, as run-guest.sh prints it
 tail -n 1 "$TMP/guest.out"
