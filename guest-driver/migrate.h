@@ -18,6 +18,7 @@
 struct cxla_buf;
 struct cxla_dev;
 struct cxl_accel_migrate;
+struct cxl_accel_hmm_info;
 struct mm_struct;
 struct vm_area_struct;
 struct cxla_file;
@@ -177,7 +178,6 @@ unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned);
 unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig);
 void cxla_pool_poison(struct cxla_mig *mig, u64 start, u64 end);
 void cxla_pool_unpoison(struct cxla_mig *mig);
-struct cxl_accel_hmm_info;
 void cxla_pool_poison_info(struct cxla_mig *mig, struct cxl_accel_hmm_info *h);
 bool cxla_mem_poisoned(phys_addr_t pa);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);

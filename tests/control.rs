@@ -301,6 +301,61 @@ fn poison_events_arrive_while_no_command_runs() {
 }
 
 #[test]
+fn a_worker_restart_keeps_buffers_and_counters_but_no_fault_state() {
+    // What the README promises: the state file carries buffers and the device's counters;
+    // fault rules, the stall, the model, tracing, poison and the per-opcode metrics belong
+    // to the worker and are gone with it.
+    let (mut h, sock, _) = with_control();
+    let (id, _) = h.alloc(8192);
+    for _ in 0..3 {
+        assert_eq!(h.call(&nop()).status(), Status::Ok);
+    }
+    ctl(
+        &sock,
+        &["fault", "add", "--opcode", "FILL", "--nth", "9", "--hang"],
+    );
+    ctl(
+        &sock,
+        &["model", "--enforce", "true", "--read-latency-ns", "5"],
+    );
+    ctl(&sock, &["trace", "on"]);
+    ctl(&sock, &["poison", "0x40000", "4096"]);
+    ctl(&sock, &["stall"]);
+    let before = ctl(&sock, &["counters"]);
+    let pid1 = ctl(&sock, &["info"])["pid"].as_u64().unwrap();
+    // SAFETY: kills our own daemon's worker.
+    unsafe { libc::kill(pid1 as i32, libc::SIGKILL) };
+    wait_for_child(h.process.as_ref().unwrap().id(), Some(pid1 as u32));
+    let info = ctl(&sock, &["info"]);
+    assert_ne!(info["pid"].as_u64().unwrap(), pid1);
+    assert_eq!(info["stalled"], false);
+    assert_eq!(info["trace"], false);
+    let f = ctl(&sock, &["fault", "list"]);
+    assert_eq!(f["rules"], serde_json::json!([]));
+    assert_eq!(f["poison"], serde_json::json!([]));
+    assert_eq!(f["model"]["enforce"], false);
+    // The device answers (not stalled), its buffer is still there, its counters went on.
+    assert_eq!(h.call(&nop()).status(), Status::Ok);
+    let bufs = ctl(&sock, &["buffers"]);
+    assert_eq!(bufs["buffers"][0]["id"], id);
+    let after = ctl(&sock, &["counters"]);
+    assert!(
+        after["device"]["commands"].as_u64() > before["device"]["commands"].as_u64(),
+        "{before} -> {after}"
+    );
+    let nops = |c: &Value| {
+        c["opcodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["opcode"] == "NOP")
+            .map_or(0, |o| o["count"].as_u64().unwrap())
+    };
+    assert_eq!(nops(&before), 3);
+    assert_eq!(nops(&after), 1, "per-opcode metrics start again");
+}
+
+#[test]
 fn the_control_socket_outlives_worker_restarts() {
     let (mut h, sock, _) = with_control();
     let pid1 = ctl(&sock, &["info"])["pid"].as_u64().unwrap();
