@@ -5,7 +5,8 @@
 #   --list        the guest runs, one per line: name and what it does
 #   --run NAME    only these guest runs (repeatable; set-up first, no cargo
 #                 or fuzz stage), e.g. to spread the runs over machines
-#   --skip-guest  cargo and fuzz only (daemon iteration; CI never uses it)
+#   --skip-guest  cargo and fuzz only (daemon iteration, or the non-guest job
+#                 of a CI matrix whose guest jobs use --run)
 # Results: every guest run writes KTAP, JUnit XML and (when it failed) its
 # logs into $CXL_ACCEL_RESULTS/NAME (default results/ in the repository).
 set -euo pipefail
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     -h | --help)
-        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "ci/test.sh: unknown argument '$1' (see --help)" ;;
