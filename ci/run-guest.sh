@@ -466,7 +466,8 @@ write_results() {
         cp "$KLOG" "$dir/kernel.log"
         local f
         for f in "$WORK"/daemon*.log "$WORK/qemu.log"; do
-            [ -s "$f" ] && cp "$f" "$dir/"
+            # (an empty last file must not end the function, and set -e the run)
+            if [ -s "$f" ]; then cp "$f" "$dir/"; fi
         done
     fi
 }
