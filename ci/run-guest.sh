@@ -35,6 +35,15 @@
 #                        devices reach each other by bus address (7.x)
 #   --daemon PATH        daemon binary (default: target/release/cxl-accel)
 #   --daemon-arg ARG     extra daemon argument (repeatable)
+#   --control DIR        give daemon i a control socket, DIR/ctl<i>.sock
+#                        (--control-socket; `cxl-accel ctl --control-socket
+#                        DIR/ctl0.sock ...` talks to device 0's daemon)
+#   --control-devices L  only these daemons get one (comma-separated indices;
+#                        default: all)
+#   --only NAME          run only the guest tests NAME (repeatable, or
+#                        comma-separated): a test ("hmm.migrate",
+#                        "copy_roundtrip") or a suite ("hmm", "dmabuf"); passed
+#                        to the guest script as cxlaccel.only= (run-all.sh)
 #   --log FILE           also save the console (then the daemon logs) to FILE
 #   --results DIR        write the verdict for CI systems into DIR: results.ktap
 #                        (KTAP), junit.xml (JUnit, suite named after DIR) and
@@ -89,6 +98,9 @@ SWITCH=0
 MK_ARGS=()
 QEMU_EXTRA=()
 DAEMON_EXTRA=()
+CONTROL_DIR=
+CONTROL_DEVICES=
+ONLY=
 
 need() { [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage 2; }; }
 while [ $# -gt 0 ]; do
@@ -112,6 +124,9 @@ while [ $# -gt 0 ]; do
     --switch) SWITCH=1; shift ;;
     --daemon) need "$@"; DAEMON=$2; shift 2 ;;
     --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
+    --control) need "$@"; CONTROL_DIR=$2; shift 2 ;;
+    --control-devices) need "$@"; CONTROL_DEVICES=$2; shift 2 ;;
+    --only) need "$@"; ONLY="${ONLY:+$ONLY,}$2"; shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
     --results) need "$@"; RESULTS=$2; shift 2 ;;
     --console) need "$@"; CONSOLE=$2; shift 2 ;;
@@ -150,6 +165,15 @@ if [ "$ATTACH" = shmem ] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
 fi
 # For guest scripts that check how the devices look.
 APPEND="$APPEND cxlaccel.attach=$ATTACH"
+if [ -n "$ONLY" ]; then
+    [[ "$ONLY" =~ ^[A-Za-z0-9_.,-]+$ ]] || die "run-guest: --only takes test names (letters, digits, . _ -)"
+    APPEND="$APPEND cxlaccel.only=$ONLY"
+fi
+if [ -n "$CONTROL_DIR" ]; then
+    [ -d "$CONTROL_DIR" ] || die "run-guest: --control $CONTROL_DIR is not a directory"
+    CONTROL_DIR=$(cd "$CONTROL_DIR" && pwd)
+    [[ "$CONTROL_DEVICES" =~ ^[0-9,]*$ ]] || die "run-guest: --control-devices wants indices like 0,1"
+fi
 
 # ------------------------------------------------------------- cleanup
 
@@ -231,7 +255,12 @@ start_daemon() {
     for ((j = 0; j < DEVICES; j++)); do
         [ "$j" = "$i" ] || peers+=(--peer-memory-path "$WORK/devmem$j")
     done
-    "$DAEMON" "${common[@]}" "${peers[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
+    local control=()
+    if [ -n "$CONTROL_DIR" ] && { [ -z "$CONTROL_DEVICES" ] || [[ ",$CONTROL_DEVICES," == *",$i,"* ]]; }; then
+        control=(--control-socket "$CONTROL_DIR/ctl$i.sock")
+        echo "run-guest: daemon $i control socket $CONTROL_DIR/ctl$i.sock" >&2
+    fi
+    "$DAEMON" "${common[@]}" "${peers[@]}" "${control[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
     pid=$!
     DAEMON_PIDS+=("$pid")
     # Wait for the listening socket; a daemon that dies early is reported. In client mode

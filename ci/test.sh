@@ -8,7 +8,8 @@
 #   --list        the guest runs, one per line: name and what it does
 #   --run NAME    only these guest runs (repeatable; set-up first, no cargo
 #                 or fuzz stage), e.g. to spread the runs over machines
-#   --skip-guest  cargo and fuzz only (daemon iteration; CI never uses it)
+#   --skip-guest  cargo and fuzz only (daemon iteration, or the non-guest job
+#                 of a CI matrix whose guest jobs use --run)
 # Results: every guest run writes KTAP, JUnit XML and (when it failed) its
 # logs into $CXL_ACCEL_RESULTS/NAME (default results/ in the repository).
 set -euo pipefail
@@ -22,8 +23,8 @@ cd "$ROOT"
 # name | what it does | command (run from the repository, extra arguments
 # for ci/run-guest.sh follow it)
 RUNS=(
-    "stall|a device that stops answering for 6 s: timeouts, recovery, clean unload|tests/guest/run-stall.sh"
-    "hmm-stall|migration while the device stalls|tests/guest/run-hmm-stall.sh"
+    "stall|a daemon frozen (SIGSTOP) for 6 s: timeouts, recovery, clean unload|tests/guest/run-stall.sh"
+    "hmm-stall|migration and unload while the DMA engines stall (ctl stall)|tests/guest/run-hmm-stall.sh"
     "restart|daemon killed 15 times under load (--supervise)|tests/guest/run-restart.sh"
     "soak|60 s of commands, migration and DMA-BUF on two devices whose workers are killed|tests/guest/run-soak.sh"
     "unplug|hot-unplug under load|tests/guest/run-unplug.sh"
@@ -34,6 +35,9 @@ RUNS=(
     "hmm-7.3|the kernel's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
     "libvirt|Debian's libvirt starts the libvirt/ examples (1 and 2 devices), the demo runs in them|ci/libvirt-demo.sh"
+    "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/run-faults.sh"
+    "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/run-faults.sh"
+    "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/run-faults.sh --supervise"
 )
 
 run_field() { # index field
@@ -43,7 +47,7 @@ run_field() { # index field
 list_runs() {
     local i
     for i in "${!RUNS[@]}"; do
-        printf '%-12s %s\n' "$(run_field "$i" 1)" "$(run_field "$i" 2)"
+        printf '%-16s %s\n' "$(run_field "$i" 1)" "$(run_field "$i" 2)"
     done
 }
 
@@ -111,6 +115,8 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     cargo test --locked
     # The benchmark binary must keep working: run it in its quick form.
     cargo bench --locked --bench throughput -- --quick
+    # The checker of the guest runs' KTAP and JUnit files refuses broken ones.
+    python3 "$HERE/check-results.py" --self-test
     T_CARGO=$(elapsed "$T1")
     # The README's commands, as a user would type them (they boot guests).
     if [ "$SKIP_GUEST" = 0 ]; then
@@ -146,7 +152,9 @@ for i in "${!RUNS[@]}"; do
     rc=0
     # shellcheck disable=SC2046 # the command is words by design
     $(run_field "$i" 3) --quiet --results "$RESULTS/$name" | tee "$OUT" || rc=$?
-    SUMMARY+=("$(printf '%-12s %-40s %6ss' "$name" "$(tail -n 1 "$OUT")" "$(elapsed "$t")")")
+    SUMMARY+=("$(printf '%-16s %-40s %6ss' "$name" "$(tail -n 1 "$OUT")" "$(elapsed "$t")")")
+    # What CI systems read must be valid: KTAP, JUnit, and the two agreeing.
+    python3 "$HERE/check-results.py" "$RESULTS/$name" || rc=1
     [ "$rc" = 0 ] || FAILED_RUNS+=("$name")
 done
 T_GUEST=$(elapsed "$T2")

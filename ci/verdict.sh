@@ -76,7 +76,8 @@ guest_verdict() {
         mkdir -p "$dir"
         total=$(( ${#RESULT_LINES[@]} + ${#RUNNER_FAILS[@]} ))
         suite=$(basename "$dir")
-        xml() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
+        # control characters (but tab) are not allowed in XML 1.0 at all
+        xml() { tr -d '\000-\010\013\014\016-\037' | sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
         {
             echo "KTAP version 1"
             echo "1..$total"

@@ -18,7 +18,8 @@
  *    coherent memory.
  * On removal the driver zaps every mapping (unmap_mapping_range over each
  * open file) before dropping its own page references and calling
- * memunmap_pages(); later faults get SIGBUS.
+ * memunmap_pages(); later faults get SIGBUS. Poisoned pages (poison.c) are
+ * zapped too and refused with VM_FAULT_HWPOISON until the range is cleared.
  */
 #include <linux/fs.h>
 #include <linux/mm.h>
@@ -61,7 +62,13 @@ static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 	if (idx >= buf->npages)
 		return VM_FAULT_SIGBUS;
 	down_read(&cd->map_sem);
-	if (!cd->dead && buf->pages_held) {
+	if (!cd->dead && buf->pages_held &&
+	    cxla_poison_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),
+			    PAGE_SIZE)) {
+		/* a media error: SIGBUS with BUS_MCEERR_AR, as a machine check */
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
+		ret = VM_FAULT_HWPOISON;
+	} else if (!cd->dead && buf->pages_held) {
 		err = vm_insert_page(vma, vmf->address, cxla_buf_page(buf, idx));
 		if (!err || err == -EBUSY)	/* -EBUSY: raced, already mapped */
 			ret = VM_FAULT_NOPAGE;
@@ -314,6 +321,28 @@ static long cxla_ioc_free(struct cxla_file *cf, void __user *arg)
 	return 0;
 }
 
+/* One NOP: the device round trip alone (latency, liveness). */
+static long cxla_ioc_nop(struct cxla_file *cf, void __user *arg)
+{
+	struct cxla_dev *cd = cf->dev;
+	struct cxl_accel_nop n;
+	struct cxla_req *req;
+	int ret;
+
+	if (copy_from_user(&n, arg, sizeof(n)))
+		return -EFAULT;
+	if (n.flags & ~CXL_ACCEL_OP_FENCE)
+		return -EINVAL;
+	req = cxla_req_alloc(cd, CXLA_OP_NOP,
+			     (n.flags & CXL_ACCEL_OP_FENCE) ? CXLA_FLAG_FENCE : 0,
+			     0, 0);
+	if (IS_ERR(req))
+		return PTR_ERR(req);
+	ret = cxla_exec(cd, &req, n.timeout_ms, true);
+	cxla_req_free(cd, req);
+	return ret;
+}
+
 static long cxla_ioc_signal(struct cxla_file *cf, void __user *arg)
 {
 	struct cxla_dev *cd = cf->dev;
@@ -460,6 +489,8 @@ static long cxla_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return cxla_ioc_wait_event(cf, uarg);
 	case CXL_ACCEL_IOC_STATS:
 		return cxla_ioc_stats(cf, uarg);
+	case CXL_ACCEL_IOC_NOP:
+		return cxla_ioc_nop(cf, uarg);
 	/* DMA-BUF (dmabuf.c) */
 	case CXL_ACCEL_IOC_EXPORT_DMABUF:
 		return cxla_ioc_export_dmabuf(cf, uarg);

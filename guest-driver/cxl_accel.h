@@ -29,6 +29,8 @@
 #define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
 #define CXLA_DEVMEM_ALIGN	SZ_2M	/* memremap_pages granularity */
 #define CXLA_DMABUF_NSTATS	10	/* counters of dmabuf.c */
+/* the highest status the protocol defines: above it, a protocol error */
+#define CXLA_S_LAST		CXLA_S_MEDIA_ERROR
 
 /* ivshmem-plain, the function that carries the device memory BAR */
 #define CXLA_IVSHMEM_VENDOR	0x1af4
@@ -114,6 +116,7 @@ struct cxla_dev {
 
 	struct cxla_mig *mig;		/* migration pool, counters (migrate.c) */
 	struct cxla_priv *priv;		/* private device pages (private.c) */
+	struct cxla_poison *poison;	/* poisoned ranges (poison.c) */
 };
 
 /* A device-memory buffer */
@@ -283,7 +286,16 @@ int cxla_import_sges(struct cxla_dev *cd, struct cxla_import *imp, u64 off,
 		     u64 len, struct cxla_pin *pin, struct cxla_sge *sge,
 		     unsigned int max);
 void cxla_import_unpin(struct cxla_pin *pin);
+void cxla_dmabuf_zap(struct cxla_dev *cd, u64 start, u64 end);
 extern const struct attribute_group cxla_dmabuf_group;
+
+/* poison.c: poisoned device memory */
+int cxla_poison_init(struct cxla_dev *cd);
+void cxla_poison_kick(struct cxla_dev *cd);
+void cxla_poison_stop(struct cxla_dev *cd);
+void cxla_poison_free(struct cxla_dev *cd);
+bool cxla_poison_hit(struct cxla_dev *cd, u64 off, u64 len);
+extern const struct attribute_group cxla_poison_group;
 
 /* hmm_compat.c: the test_hmm interface */
 int cxla_hmm_compat_init(void);

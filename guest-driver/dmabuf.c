@@ -386,7 +386,13 @@ static vm_fault_t cxla_dmabuf_fault(struct vm_fault *vmf)
 	if (vmf->pgoff >= buf->npages)
 		return VM_FAULT_SIGBUS;
 	down_read(&cd->map_sem);
-	if (!cd->dead && !READ_ONCE(exp->revoked) && buf->pages_held) {
+	if (!cd->dead && !READ_ONCE(exp->revoked) && buf->pages_held &&
+	    cxla_poison_hit(cd, buf->offset + ((u64)vmf->pgoff << PAGE_SHIFT),
+			    PAGE_SIZE)) {
+		/* a media error (poison.c): SIGBUS with BUS_MCEERR_AR */
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
+		ret = VM_FAULT_HWPOISON;
+	} else if (!cd->dead && !READ_ONCE(exp->revoked) && buf->pages_held) {
 		err = vm_insert_page(vmf->vma, vmf->address,
 				     cxla_buf_page(buf, vmf->pgoff));
 		if (!err || err == -EBUSY)	/* -EBUSY: raced, mapped */
@@ -782,6 +788,45 @@ void cxla_dmabuf_revoke_exports(struct cxla_dev *cd)
 			 exp->buf->id, &exp->uuid);
 		dma_buf_put(dmabuf);
 	}
+}
+
+/*
+ * Poison in [start, end) of device memory (poison.c): CPU mappings through
+ * DMA-BUF fds of buffers there are zapped, so that the next access faults
+ * and meets the poison check. The DMA-BUFs are taken with a file reference
+ * under dmabuf_lock and zapped outside it.
+ */
+void cxla_dmabuf_zap(struct cxla_dev *cd, u64 start, u64 end)
+{
+	struct cxla_exported *exp;
+	struct dma_buf **list;
+	unsigned int n = 0, max = 0, i;
+
+	mutex_lock(&cd->dmabuf_lock);
+	list_for_each_entry(exp, &cd->exports, node)
+		max++;
+	mutex_unlock(&cd->dmabuf_lock);
+	if (!max)
+		return;
+	list = kcalloc(max, sizeof(*list), GFP_KERNEL);
+	if (!list)
+		return;
+	mutex_lock(&cd->dmabuf_lock);
+	list_for_each_entry(exp, &cd->exports, node) {
+		if (n == max)
+			break;	/* exported meanwhile: not mapped yet there */
+		if (exp->buf->offset >= end ||
+		    exp->buf->offset + exp->buf->size <= start)
+			continue;
+		if (cxla_dmabuf_tryget(exp->dmabuf))
+			list[n++] = exp->dmabuf;
+	}
+	mutex_unlock(&cd->dmabuf_lock);
+	for (i = 0; i < n; i++) {
+		unmap_mapping_range(list[i]->file->f_mapping, 0, 0, 1);
+		dma_buf_put(list[i]);
+	}
+	kfree(list);
 }
 
 /* ------------------------------------------------------------- importer */

@@ -302,10 +302,15 @@ static int cxla_evict_set(struct cxla_mig_ctx *x, struct cxla_mm_set *set,
 	return err;
 }
 
-/* Pages of this device that a page table maps: coherent and private */
-static unsigned long cxla_evict_mapped(struct cxla_mig *mig)
+/*
+ * Pages of this device that a page table maps: coherent and private; not
+ * those on poisoned memory unless the eviction copies them anyway (removal).
+ */
+static unsigned long cxla_evict_mapped(struct cxla_mig_ctx *x)
 {
-	return cxla_pool_mapped(mig) + cxla_priv_mapped(mig->cd);
+	bool skip = !x->cpu_fallback;
+
+	return cxla_pool_mapped(x->mig, skip) + cxla_priv_mapped(x->mig->cd, skip);
 }
 
 /*
@@ -332,7 +337,7 @@ static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
 		cxla_mm_set_put(&set);
 		if (ret == -EINTR || (ret && !x->cpu_fallback))
 			break;
-		if (!cxla_evict_mapped(mig))
+		if (!cxla_evict_mapped(x))
 			break;
 		/* mapped by processes that did not migrate them: look at all */
 		if (time_after_eq(jiffies, all_next)) {
@@ -343,7 +348,7 @@ static int cxla_evict_loop(struct cxla_mig_ctx *x, unsigned int retry_ms)
 			cxla_mm_set_put(&set);
 			if (ret == -EINTR || (ret && !x->cpu_fallback))
 				break;
-			if (!cxla_evict_mapped(mig))
+			if (!cxla_evict_mapped(x))
 				break;
 		}
 		if (time_after(jiffies, deadline) ||
@@ -422,6 +427,8 @@ long cxla_ioc_evict(struct cxla_file *cf, void __user *arg)
 	e.evicted = res.migrated;
 	e.chunks_freed = cxla_pool_shrink(mig);
 	e.remaining = READ_ONCE(mig->pages_used);
+	/* left in place: the data there cannot be read */
+	e.poisoned = cxla_pool_poisoned_used(mig);
 	up_write(&mig->sem);
 	cxla_mig_ctx_free(&x);
 	if (ret)

@@ -30,6 +30,7 @@ static void cxla_dev_release(struct device *dev)
 	struct cxla_dev *cd = to_cxla_dev(dev);
 
 	cancel_work_sync(&cd->reap_work);
+	cxla_poison_free(cd);
 	cxla_mig_free(cd);
 	kfree(cd->evt_bufs);
 	if (cd->minor >= 0)
@@ -140,6 +141,8 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	/* shared memory: the reset takes device memory away */
 	cxla_devmem_before_reset(cd);
 	virtio_reset_device(vdev);
+	/* no event comes any more: poison.c is done with the pool and files */
+	cxla_poison_stop(cd);
 	/* the device touches no request any more: wake waiters, reap */
 	cxla_cancel_all(cd);
 	flush_work(&cd->reap_work);
@@ -187,6 +190,8 @@ static int cxla_probe(struct virtio_device *vdev)
 	cxla_dmabuf_init_dev(cd);
 	cxla_devmem_init_dev(cd);
 	ret = cxla_mig_init(cd);
+	if (!ret)
+		ret = cxla_poison_init(cd);
 	if (ret)
 		goto err_put;
 

@@ -115,6 +115,23 @@ static bool cxla_mig_ours(struct cxla_mig_ctx *x, struct page *page)
 }
 
 /*
+ * A source page on poisoned device memory: its data cannot be read, so the
+ * page stays where it is (counted as busy and as poisoned). With
+ * cpu_fallback (removal, a CPU fault) the caller handles it: removal must
+ * move every page (the device copy fails, the CPU copies), a fault on a
+ * private page checked its backing first.
+ */
+static bool cxla_mig_poisoned(struct cxla_mig_ctx *x, struct page *src)
+{
+	if (x->cpu_fallback || !cxla_mem_poisoned(page_to_phys(src)))
+		return false;
+	x->res->busy++;
+	x->res->poisoned++;
+	atomic64_inc(&x->mig->stat[CXLA_MS_POISON_SKIPPED]);
+	return true;
+}
+
+/*
  * Where the pages found in a window go. Fills x->xp[] (source, space) and
  * returns how many move; counts the others in x->res.
  */
@@ -227,6 +244,8 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 		}
 		if (!to_dev && x->priv) {
 			/* this device's private page: its data is in the backing */
+			if (cxla_mig_poisoned(x, cxla_priv_backing(sp)))
+				continue;
 			e->spage = cxla_priv_backing(sp);
 			e->src = page_to_phys(e->spage) - cd->devmem_gpa;
 			e->sspace = CXLA_SPACE_DEVMEM;
@@ -237,6 +256,10 @@ static unsigned long cxla_mig_select(struct cxla_mig_ctx *x,
 		/* evicting: ours, also once removal took it off the list */
 		where = x->mode == CXLA_MIG_EVICT ? CXLA_ON_LOCAL :
 			cxla_page_owner_dev(cd, sp);
+		if (where != CXLA_ON_RAM && !(to_dev && where == CXLA_ON_LOCAL &&
+					      !x->priv) &&
+		    cxla_mig_poisoned(x, sp))
+			continue;
 		if (to_dev) {
 			if (where == CXLA_ON_LOCAL && !x->priv) {
 				res->already++;
@@ -703,7 +726,9 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	int ret, pass;
 
 	ret = cxla_migrate_pass(x, mm, start, end);
-	for (pass = 1; !ret && res->busy && pass < CXLA_MIG_BUSY_PASSES; pass++) {
+	/* pages on poisoned memory stay busy: no use looking again for them */
+	for (pass = 1; !ret && res->busy > res->poisoned &&
+	     pass < CXLA_MIG_BUSY_PASSES; pass++) {
 		/* in place after the passes so far: found so or moved */
 		u64 known = res->migrated + res->already;
 
@@ -720,6 +745,7 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 		if (again.already > known)
 			res->already += again.already - known;
 		res->busy = again.busy;
+		res->poisoned = again.poisoned;
 	}
 	return ret;
 }
@@ -827,6 +853,7 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev)
 	m.refused = 0;
 	m.busy = 0;
 	m.no_space = 0;
+	m.poisoned = 0;
 	x.res = &m;
 	/* mmap_lock is held while the device copies: bounded well below hung-task */
 	x.timeout_ms = min_t(u32, m.timeout_ms ?: READ_ONCE(cxla_cmd_timeout_ms),
@@ -876,6 +903,7 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 	h->svm_mirrors = atomic64_read(&mig->stat[CXLA_MS_SVM_MIRRORS]);
 	h->private_pages = cxla_priv_used(cd);
 	h->cpu_faults = atomic64_read(&mig->stat[CXLA_MS_CPU_FAULTS]);
+	cxla_pool_poison_info(mig, h);
 }
 
 long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg)
@@ -895,7 +923,7 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 
 	cxla_hmm_info(to_cxla_dev(dev), &h);
 	return sysfs_emit(buf,
-			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\n",
+			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\n",
 			  h.flags & CXL_ACCEL_HMM_NUMA ? "numa" :
 			  h.flags & CXL_ACCEL_HMM_COHERENT ? "coherent" : "none",
 			  h.flags & CXL_ACCEL_HMM_PRIVATE ? " private" : "",
@@ -905,7 +933,7 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 			  h.copy_failures, h.svm_faults, h.svm_retries,
 			  h.svm_mirror_hits, h.svm_invalidations,
 			  h.svm_invalidate_waits, h.svm_mirrors, h.private_pages,
-			  h.cpu_faults);
+			  h.cpu_faults, h.pool_pages_poisoned, h.poison_skipped);
 }
 static DEVICE_ATTR_RO(migration);
 

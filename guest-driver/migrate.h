@@ -18,6 +18,7 @@
 struct cxla_buf;
 struct cxla_dev;
 struct cxl_accel_migrate;
+struct cxl_accel_hmm_info;
 struct mm_struct;
 struct vm_area_struct;
 struct cxla_file;
@@ -38,7 +39,9 @@ struct cxla_chunk {
 	unsigned int nfree;		/* pages with refcount 0 */
 	unsigned int cursor;		/* next page to look at */
 	bool live;			/* on mig->chunks: hands out pages */
+	unsigned int nquar;		/* free pages held back: poisoned */
 	DECLARE_BITMAP(free, CXLA_CHUNK_PAGES);
+	DECLARE_BITMAP(quar, CXLA_CHUNK_PAGES);
 };
 
 /* Counters (cxla_mig.stat) */
@@ -56,6 +59,7 @@ enum {
 	CXLA_MS_SVM_INVAL_WAITS,
 	CXLA_MS_SVM_MIRRORS,	/* gauge */
 	CXLA_MS_CPU_FAULTS,	/* migrate_to_ram() of private pages */
+	CXLA_MS_POISON_SKIPPED,	/* pages left in place: poisoned memory */
 	CXLA_MS_COUNT
 };
 
@@ -73,6 +77,7 @@ struct cxla_mig {
 	unsigned long nchunks;
 	unsigned long pages_used;	/* handed out, not yet back */
 	unsigned long pages_free;
+	unsigned long pages_quar;	/* free but poisoned: never handed out */
 	bool closed;			/* removal: no more pages handed out */
 	bool coherent;			/* ZONE_DEVICE pages exist (BAR mode) */
 	int node;			/* NUMA mode: node of device memory */
@@ -173,7 +178,12 @@ unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 			    struct page **pages, int *err);
 unsigned long cxla_pool_shrink(struct cxla_mig *mig);
 struct page *cxla_pool_get_chunk(struct cxla_mig *mig);
-unsigned long cxla_pool_mapped(struct cxla_mig *mig);
+unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned);
+unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig);
+void cxla_pool_poison(struct cxla_mig *mig, u64 start, u64 end);
+void cxla_pool_unpoison(struct cxla_mig *mig);
+void cxla_pool_poison_info(struct cxla_mig *mig, struct cxl_accel_hmm_info *h);
+bool cxla_mem_poisoned(phys_addr_t pa);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);
 int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
 		       u16 *space);
@@ -217,7 +227,7 @@ bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page);
 void *cxla_priv_owner(struct cxla_dev *cd);
 struct page *cxla_priv_backing(struct page *page);
 unsigned long cxla_priv_used(struct cxla_dev *cd);
-unsigned long cxla_priv_mapped(struct cxla_dev *cd);
+unsigned long cxla_priv_mapped(struct cxla_dev *cd, bool skip_poisoned);
 void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
 		    unsigned long *last);
 unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
@@ -239,7 +249,11 @@ static inline struct page *cxla_priv_backing(struct page *page)
 	return page;
 }
 static inline unsigned long cxla_priv_used(struct cxla_dev *cd) { return 0; }
-static inline unsigned long cxla_priv_mapped(struct cxla_dev *cd) { return 0; }
+static inline unsigned long cxla_priv_mapped(struct cxla_dev *cd,
+					     bool skip_poisoned)
+{
+	return 0;
+}
 static inline void cxla_priv_pfns(struct cxla_dev *cd, unsigned long *first,
 				  unsigned long *last)
 {

@@ -11,6 +11,13 @@
  * chunk whose pages are all back is given back to the device (FREE), from
  * a work item, so that device memory is not kept by the pool.
  *
+ * Poisoned device memory (poison.c): free pool pages in a poisoned range
+ * are quarantined (c->quar) instead of being handed out, and so are pages
+ * that come back there later; they count as free when the pool decides
+ * whether a chunk is empty (a chunk goes back to the device all the same:
+ * the device never allocates poisoned memory again), and go back to the
+ * free pages when the range is cleared.
+ *
  * Device commands that time out or are interrupted stay quarantined (vq.c)
  * together with a reference on every destination page they write
  * (cxla_page_hold), so the device can never write into a page that went
@@ -138,6 +145,18 @@ void cxla_req_set_hold(struct cxla_req *req, struct cxla_page_hold *h)
 
 /* ------------------------------------------------------------- pool */
 
+/* Whether every page of the chunk is back (free or quarantined) */
+static bool cxla_chunk_empty(const struct cxla_chunk *c)
+{
+	return c->nfree + c->nquar == CXLA_CHUNK_PAGES;
+}
+
+/* Device-memory offset of page bit of a chunk */
+static u64 cxla_chunk_off(const struct cxla_chunk *c, unsigned int bit)
+{
+	return PFN_PHYS(c->first_pfn + bit) - c->mig->cd->devmem_gpa;
+}
+
 /* devmem.c's page_free() for pool pages: the page is free again. */
 void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 {
@@ -148,15 +167,23 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 	bool empty;
 
 	spin_lock_irqsave(&mig->lock, flags);
-	if (WARN_ON_ONCE(idx >= CXLA_CHUNK_PAGES || test_bit(idx, c->free))) {
+	if (WARN_ON_ONCE(idx >= CXLA_CHUNK_PAGES || test_bit(idx, c->free) ||
+			 test_bit(idx, c->quar))) {
 		spin_unlock_irqrestore(&mig->lock, flags);
 		return;
 	}
-	__set_bit(idx, c->free);
-	c->nfree++;
+	if (cxla_poison_hit(mig->cd, cxla_chunk_off(c, idx), PAGE_SIZE)) {
+		/* back inside a poisoned range: never handed out again */
+		__set_bit(idx, c->quar);
+		c->nquar++;
+		mig->pages_quar++;
+	} else {
+		__set_bit(idx, c->free);
+		c->nfree++;
+		mig->pages_free++;
+	}
 	mig->pages_used--;
-	mig->pages_free++;
-	empty = c->live && c->nfree == CXLA_CHUNK_PAGES && !mig->closed;
+	empty = c->live && cxla_chunk_empty(c) && !mig->closed;
 	spin_unlock_irqrestore(&mig->lock, flags);
 	if (empty)
 		queue_work(cxla_wq, &mig->shrink_work);
@@ -351,12 +378,13 @@ unsigned long cxla_pool_shrink(struct cxla_mig *mig)
 
 	spin_lock_irq(&mig->lock);
 	list_for_each_entry_safe(c, t, &mig->chunks, node) {
-		if (c->nfree != CXLA_CHUNK_PAGES)
+		if (!cxla_chunk_empty(c))
 			continue;
 		c->live = false;
 		list_move_tail(&c->node, &gone);
 		mig->nchunks--;
-		mig->pages_free -= CXLA_CHUNK_PAGES;
+		mig->pages_free -= c->nfree;
+		mig->pages_quar -= c->nquar;
 		n++;
 	}
 	spin_unlock_irq(&mig->lock);
@@ -414,8 +442,11 @@ void cxla_mig_free(struct cxla_dev *cd)
 	kfree(mig);
 }
 
-/* Pool pages that a page table still maps */
-unsigned long cxla_pool_mapped(struct cxla_mig *mig)
+/*
+ * Pool pages that a page table still maps; with skip_poisoned, not those
+ * on poisoned memory (eviction leaves them where they are).
+ */
+unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned)
 {
 	unsigned long n = 0, flags;
 	struct cxla_chunk *c;
@@ -423,13 +454,123 @@ unsigned long cxla_pool_mapped(struct cxla_mig *mig)
 
 	spin_lock_irqsave(&mig->lock, flags);
 	list_for_each_entry(c, &mig->chunks, node) {
-		if (c->nfree == CXLA_CHUNK_PAGES)
+		if (cxla_chunk_empty(c))
 			continue;
 		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
-			if (!test_bit(i, c->free) &&
-			    folio_mapped(page_folio(pfn_to_page(c->first_pfn + i))))
+			if (!test_bit(i, c->free) && !test_bit(i, c->quar) &&
+			    folio_mapped(page_folio(pfn_to_page(c->first_pfn + i))) &&
+			    !(skip_poisoned &&
+			      cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
+					      PAGE_SIZE)))
 				n++;
 	}
 	spin_unlock_irqrestore(&mig->lock, flags);
 	return n;
+}
+
+/* Pool pages in use (process data, private pages' backing) on poisoned memory */
+unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig)
+{
+	unsigned long n = 0, flags;
+	struct cxla_chunk *c;
+	unsigned int i;
+
+	spin_lock_irqsave(&mig->lock, flags);
+	list_for_each_entry(c, &mig->chunks, node) {
+		if (cxla_chunk_empty(c))
+			continue;
+		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
+			if (!test_bit(i, c->free) && !test_bit(i, c->quar) &&
+			    cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
+					    PAGE_SIZE))
+				n++;
+	}
+	spin_unlock_irqrestore(&mig->lock, flags);
+	return n;
+}
+
+/* POISON (poison.c): the free pages of [start, end) are held back. */
+void cxla_pool_poison(struct cxla_mig *mig, u64 start, u64 end)
+{
+	struct cxla_chunk *c;
+	unsigned int i;
+
+	spin_lock_irq(&mig->lock);
+	list_for_each_entry(c, &mig->chunks, node) {
+		u64 cs = cxla_chunk_off(c, 0);
+
+		if (cs >= end || cs + CXLA_CHUNK_SIZE <= start)
+			continue;
+		for (i = 0; i < CXLA_CHUNK_PAGES; i++) {
+			u64 off = cs + ((u64)i << PAGE_SHIFT);
+
+			if (off + PAGE_SIZE <= start || off >= end ||
+			    !test_bit(i, c->free))
+				continue;
+			__clear_bit(i, c->free);
+			c->nfree--;
+			mig->pages_free--;
+			__set_bit(i, c->quar);
+			c->nquar++;
+			mig->pages_quar++;
+		}
+	}
+	spin_unlock_irq(&mig->lock);
+}
+
+/*
+ * POISON_CLEARED (poison.c): quarantined pages that no poisoned range
+ * covers any more are free again.
+ */
+void cxla_pool_unpoison(struct cxla_mig *mig)
+{
+	struct cxla_chunk *c;
+	unsigned int i;
+
+	spin_lock_irq(&mig->lock);
+	list_for_each_entry(c, &mig->chunks, node) {
+		if (!c->nquar)
+			continue;
+		for_each_set_bit(i, c->quar, CXLA_CHUNK_PAGES) {
+			if (cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
+					    PAGE_SIZE))
+				continue;
+			__clear_bit(i, c->quar);
+			c->nquar--;
+			mig->pages_quar--;
+			__set_bit(i, c->free);
+			c->nfree++;
+			mig->pages_free++;
+		}
+	}
+	spin_unlock_irq(&mig->lock);
+}
+
+void cxla_pool_poison_info(struct cxla_mig *mig, struct cxl_accel_hmm_info *h)
+{
+	spin_lock_irq(&mig->lock);
+	h->pool_pages_poisoned = mig->pages_quar;
+	spin_unlock_irq(&mig->lock);
+	h->poison_skipped = atomic64_read(&mig->stat[CXLA_MS_POISON_SKIPPED]);
+}
+
+/*
+ * Whether the memory at guest-physical address pa is a poisoned page of a
+ * cxl-accel device (this one or a peer); RAM never is, as far as we know.
+ */
+bool cxla_mem_poisoned(phys_addr_t pa)
+{
+	struct cxla_mig *m;
+	bool hit = false;
+
+	spin_lock(&cxla_reg_lock);
+	list_for_each_entry(m, &cxla_reg, reg) {
+		if (pa >= m->mem_start && pa < m->mem_end) {
+			hit = cxla_poison_hit(m->cd, pa - m->mem_start,
+					      PAGE_SIZE);
+			break;
+		}
+	}
+	spin_unlock(&cxla_reg_lock);
+	return hit;
 }

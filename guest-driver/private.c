@@ -82,8 +82,22 @@ unsigned long cxla_priv_used(struct cxla_dev *cd)
 	return cd->priv ? READ_ONCE(cd->priv->used) : 0;
 }
 
-/* Private pages of this device that a page table maps */
-unsigned long cxla_priv_mapped(struct cxla_dev *cd)
+/*
+ * Whether the device memory holding a private page's data is poisoned (the
+ * page is referenced, so its backing stays).
+ */
+static bool cxla_priv_backing_poisoned(struct page *page)
+{
+	struct page *backing = READ_ONCE(page->zone_device_data);
+
+	return backing && cxla_mem_poisoned(page_to_phys(backing));
+}
+
+/*
+ * Private pages of this device that a page table maps; with skip_poisoned,
+ * not those whose backing is poisoned.
+ */
+unsigned long cxla_priv_mapped(struct cxla_dev *cd, bool skip_poisoned)
 {
 	struct cxla_priv *pv = cd->priv;
 	unsigned long i, n = 0;
@@ -93,7 +107,8 @@ unsigned long cxla_priv_mapped(struct cxla_dev *cd)
 	for (i = 0; i < pv->npages; i++) {
 		struct page *page = pfn_to_page(pv->first_pfn + i);
 
-		if (page_ref_count(page) && folio_mapped(page_folio(page)))
+		if (page_ref_count(page) && folio_mapped(page_folio(page)) &&
+		    !(skip_poisoned && cxla_priv_backing_poisoned(page)))
 			n++;
 		if (!(i % 4096))
 			cond_resched();
@@ -304,6 +319,15 @@ static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
 		return cxla_priv_fault_huge(vmf);
 #endif
 	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
+	/*
+	 * Its data is on poisoned memory: the access cannot be satisfied, as
+	 * a machine check on real memory would say. The page stays private;
+	 * once the range is cleared the next access brings it back.
+	 */
+	if (cxla_priv_backing_poisoned(vmf->page)) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
+		return VM_FAULT_HWPOISON;
+	}
 	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
 		return VM_FAULT_SIGBUS;
 	/* not moved (busy): the access faults again */

@@ -112,6 +112,7 @@ CXLA_DSTAT_ATTR(interrupted, CXL_ACCEL_DSTAT_INTERRUPTED);
 CXLA_DSTAT_ATTR(quarantined, CXL_ACCEL_DSTAT_QUARANTINED);
 CXLA_DSTAT_ATTR(protocol_errors, CXL_ACCEL_DSTAT_PROTOCOL);
 CXLA_DSTAT_ATTR(events, CXL_ACCEL_DSTAT_EVENTS);
+CXLA_DSTAT_ATTR(hwpoison_faults, CXL_ACCEL_DSTAT_HWPOISON);
 
 static const char * const cxla_stat_names[CXLA_STAT_COUNT] = {
 	[CXLA_STAT_COMMANDS] = "commands",
@@ -124,6 +125,7 @@ static const char * const cxla_stat_names[CXLA_STAT_COUNT] = {
 	[CXLA_STAT_PAGES_COPIED] = "pages_copied",
 	[CXLA_STAT_EVENTS_SENT] = "events_sent",
 	[CXLA_STAT_EVENTS_DROPPED] = "events_dropped",
+	[CXLA_STAT_MEDIA_ERRORS] = "media_errors",
 };
 
 /* The device's own counters (STATS command), one "name value" per line. */
@@ -169,6 +171,7 @@ static struct attribute *cxla_attrs[] = {
 	&dev_attr_quarantined.attr,
 	&dev_attr_protocol_errors.attr,
 	&dev_attr_events.attr,
+	&dev_attr_hwpoison_faults.attr,
 	&dev_attr_device_stats.attr,
 	NULL,
 };
@@ -181,5 +184,6 @@ const struct attribute_group *cxla_groups[] = {
 	&cxla_group,
 	&cxla_dmabuf_group,	/* dmabuf/ (dmabuf.c) */
 	&cxla_mig_group,	/* numa_node, migration (migrate.c) */
+	&cxla_poison_group,	/* poison, poison_stats (poison.c) */
 	NULL,
 };

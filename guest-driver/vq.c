@@ -59,6 +59,8 @@ int cxla_status_to_errno(u32 status)
 		return -EEXIST;
 	case CXLA_S_INTERRUPTED:	/* destination contents undefined */
 		return -EIO;
+	case CXLA_S_MEDIA_ERROR:	/* poisoned device memory (poison.c) */
+		return -EIO;
 	default:	/* TRUNCATED, BAD_CHAIN, INTERNAL: a driver/device mismatch */
 		return -EIO;
 	}
@@ -278,6 +280,18 @@ static int cxla_req_result(struct cxla_dev *cd, struct cxla_req *req)
 	}
 	WRITE_ONCE(cd->wedged, false);
 	status = le32_to_cpu(resp->status);
+	if (status > CXLA_S_LAST) {
+		/*
+		 * No version of the protocol this driver speaks defines it: the
+		 * device is broken or speaks another protocol, so the outcome
+		 * of the command is unknown.
+		 */
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+		dev_err_ratelimited(&cd->dev,
+				    "opcode %#x tag %llu: undefined status %u\n",
+				    req->opcode, req->tag, status);
+		return -EIO;
+	}
 	if (status) {
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_ERRORS);
 		dev_dbg(&cd->dev, "opcode %#x tag %llu: status %u detail %u\n",
@@ -550,6 +564,11 @@ static void cxla_evt_record(struct cxla_dev *cd, const struct cxla_event *ev)
 		dev_info_ratelimited(&cd->dev,
 				     "device memory mapped at %#llx\n",
 				     rec->value0);
+		break;
+	case CXLA_EVENT_POISON:
+	case CXLA_EVENT_POISON_CLEARED:
+		/* interrupt context: poison.c acts on it from a work item */
+		cxla_poison_kick(cd);
 		break;
 	}
 }

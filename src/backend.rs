@@ -118,9 +118,27 @@ struct Session {
 
 pub struct CxlBackend {
     s: Arc<Session>,
+    /// Signalled when the device posts an event outside a command (the control channel's
+    /// POISON, POISON_CLEARED): the epoll thread then delivers it (custom event EVENT_WAKE).
+    wake: Option<vmm_sys_util::eventfd::EventFd>,
 }
 
+/// The epoll event of `CxlBackend::wake` (0..=NUM_QUEUES are the queues' and the exit's).
+pub const EVENT_WAKE: u16 = NUM_QUEUES as u16 + 1;
+
 impl CxlBackend {
+    /// The fd to register for EVENT_WAKE, and the device's waker that signals it.
+    pub fn event_waker(&self) -> Option<(std::os::fd::RawFd, Arc<dyn Fn() + Send + Sync>)> {
+        let wake = self.wake.as_ref()?;
+        let signal = wake.try_clone().ok()?;
+        Some((
+            wake.as_raw_fd(),
+            Arc::new(move || {
+                let _ = signal.write(1);
+            }),
+        ))
+    }
+
     /// The session is over: commands still running or queued end early (INTERRUPTED).
     pub fn stop_commands(&self) {
         self.s.cancel.store(true, Ordering::Release);
@@ -168,6 +186,7 @@ impl CxlBackend {
                 started: AtomicBool::new(false),
                 map_requested: Mutex::new(None),
             }),
+            wake: vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).ok(),
         }
     }
 }
@@ -556,6 +575,23 @@ impl VhostUserBackend for CxlBackend {
                         &self.s,
                         vrings,
                         snapshot,
+                        self.s.event_idx.load(Ordering::Relaxed),
+                    );
+                }
+            }
+            // Events posted outside a command: delivered once the event queue runs.
+            e if e == EVENT_WAKE as usize => {
+                if let Some(w) = &self.wake {
+                    let _ = w.read();
+                }
+                let ready = vrings
+                    .get(QUEUE_EVENT)
+                    .is_some_and(|v| v.get_ref().get_queue().ready());
+                if let (true, Some(table)) = (ready, self.s.memory()) {
+                    deliver_events(
+                        &self.s,
+                        vrings,
+                        &table.mem,
                         self.s.event_idx.load(Ordering::Relaxed),
                     );
                 }

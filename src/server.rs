@@ -231,6 +231,19 @@ pub fn serve_endpoint(
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| ServerError::Session("create vhost-user daemon", e))?;
+        // Events the control channel posts are delivered without waiting for a command.
+        if let (Some((fd, waker)), Some(h)) =
+            (backend.event_waker(), daemon.get_epoll_handlers().first())
+        {
+            match h.register_listener(
+                fd,
+                vmm_sys_util::epoll::EventSet::IN,
+                crate::backend::EVENT_WAKE as u64,
+            ) {
+                Ok(()) => device.set_event_waker(Some(waker)),
+                Err(e) => log::warn!("events will wait for the next command: {e}"),
+            }
+        }
         match &mut endpoint {
             Endpoint::Listen(listener) => daemon
                 .start(listener)
@@ -254,8 +267,9 @@ pub fn serve_endpoint(
         for handler in daemon.get_epoll_handlers() {
             handler.send_exit_event();
         }
-        // The backend channel died with the session.
+        // The backend channel died with the session, and so did its epoll thread.
         device.set_export_sink(None, false);
+        device.set_event_waker(None);
         backend.stop_commands();
         if !dispatcher.drain(Duration::from_secs(5)) {
             log::warn!("commands still running after the session ended");

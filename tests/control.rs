@@ -275,6 +275,88 @@ fn poison_fails_commands_posts_events_and_steers_allocation() {
 }
 
 #[test]
+fn poison_events_arrive_while_no_command_runs() {
+    // A driver waits for the event with nothing in flight: the device must not hold it back
+    // until the next command.
+    let (mut h, sock, _) = with_control();
+    h.post_event_buffers(0x60000, 8, 32);
+    let mut wait_for = |kind: u32| {
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            let _ = h.queues[1].wait_used(&h.guest, Duration::from_millis(100));
+            for i in 0..8u64 {
+                let ev: Event =
+                    vm_memory::Bytes::read_obj(&h.guest, vm_memory::GuestAddress(0x60000 + i * 64))
+                        .unwrap();
+                if ev.kind == kind {
+                    return Some((ev.value0, ev.value1));
+                }
+            }
+        }
+        None
+    };
+    ctl(&sock, &["poison", "0x20000", "8192"]);
+    assert_eq!(wait_for(EVENT_POISON), Some((0x20000, 8192)));
+    ctl(&sock, &["unpoison", "0x20000", "8192"]);
+    assert_eq!(wait_for(EVENT_POISON_CLEARED), Some((0x20000, 8192)));
+}
+
+#[test]
+fn a_worker_restart_keeps_buffers_and_counters_but_no_fault_state() {
+    // What the README promises: the state file carries buffers and the device's counters;
+    // fault rules, the stall, the model, tracing, poison and the per-opcode metrics belong
+    // to the worker and are gone with it.
+    let (mut h, sock, _) = with_control();
+    let (id, _) = h.alloc(8192);
+    for _ in 0..3 {
+        assert_eq!(h.call(&nop()).status(), Status::Ok);
+    }
+    ctl(
+        &sock,
+        &["fault", "add", "--opcode", "FILL", "--nth", "9", "--hang"],
+    );
+    ctl(
+        &sock,
+        &["model", "--enforce", "true", "--read-latency-ns", "5"],
+    );
+    ctl(&sock, &["trace", "on"]);
+    ctl(&sock, &["poison", "0x40000", "4096"]);
+    ctl(&sock, &["stall"]);
+    let before = ctl(&sock, &["counters"]);
+    let pid1 = ctl(&sock, &["info"])["pid"].as_u64().unwrap();
+    // SAFETY: kills our own daemon's worker.
+    unsafe { libc::kill(pid1 as i32, libc::SIGKILL) };
+    wait_for_child(h.process.as_ref().unwrap().id(), Some(pid1 as u32));
+    let info = ctl(&sock, &["info"]);
+    assert_ne!(info["pid"].as_u64().unwrap(), pid1);
+    assert_eq!(info["stalled"], false);
+    assert_eq!(info["trace"], false);
+    let f = ctl(&sock, &["fault", "list"]);
+    assert_eq!(f["rules"], serde_json::json!([]));
+    assert_eq!(f["poison"], serde_json::json!([]));
+    assert_eq!(f["model"]["enforce"], false);
+    // The device answers (not stalled), its buffer is still there, its counters went on.
+    assert_eq!(h.call(&nop()).status(), Status::Ok);
+    let bufs = ctl(&sock, &["buffers"]);
+    assert_eq!(bufs["buffers"][0]["id"], id);
+    let after = ctl(&sock, &["counters"]);
+    assert!(
+        after["device"]["commands"].as_u64() > before["device"]["commands"].as_u64(),
+        "{before} -> {after}"
+    );
+    let nops = |c: &Value| {
+        c["opcodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["opcode"] == "NOP")
+            .map_or(0, |o| o["count"].as_u64().unwrap())
+    };
+    assert_eq!(nops(&before), 3);
+    assert_eq!(nops(&after), 1, "per-opcode metrics start again");
+}
+
+#[test]
 fn the_control_socket_outlives_worker_restarts() {
     let (mut h, sock, _) = with_control();
     let pid1 = ctl(&sock, &["info"])["pid"].as_u64().unwrap();

@@ -54,6 +54,27 @@ fn named_paths(text: &str) -> Vec<String> {
     out
 }
 
+/// The anchor GitHub gives a Markdown heading: lower case, spaces to dashes,
+/// punctuation but dashes and underscores dropped.
+fn heading_anchor(line: &str) -> Option<String> {
+    let title = line.trim_start_matches('#');
+    if title.len() == line.len() || !title.starts_with(' ') {
+        return None;
+    }
+    Some(
+        title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 #[test]
 fn files_the_readmes_name_exist() {
     let mut missing = Vec::new();
@@ -73,8 +94,18 @@ fn files_the_readmes_name_exist() {
                 repo().join(&p)
             };
             checked += 1;
+            // A link may name a heading of the file: it must exist too.
+            let (path, anchor) = match path.to_str().and_then(|s| s.split_once('#')) {
+                Some((file, anchor)) => (PathBuf::from(file), Some(anchor.to_string())),
+                None => (path, None),
+            };
             if !path.exists() {
                 missing.push(format!("{readme}: {p}"));
+            } else if let Some(anchor) = anchor {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                if !text.lines().any(|l| heading_anchor(l).as_deref() == Some(&anchor)) {
+                    missing.push(format!("{readme}: {p} (no such heading)"));
+                }
             }
         }
     }

@@ -22,7 +22,8 @@
  * unmapped user memory (or a device-reported bad address), -ENOENT unknown
  * handle, -ENOSPC device memory exhausted, -ENOMEM kernel memory, -ETIMEDOUT
  * no completion in time, -EINTR interrupted by a signal while waiting, -EIO
- * device or protocol failure, -ENODEV device removed.
+ * device or protocol failure, or poisoned device memory (a media error),
+ * -ENODEV device removed.
  */
 #ifndef _UAPI_CXL_ACCEL_H
 #define _UAPI_CXL_ACCEL_H
@@ -157,6 +158,15 @@ struct cxl_accel_signal {
 #define CXL_ACCEL_EVENT_SIGNAL		1	/* value0 = SIGNAL value */
 #define CXL_ACCEL_EVENT_ERROR		2	/* value0 = opcode, value1 = status */
 #define CXL_ACCEL_EVENT_DEVMEM_MAPPED	3	/* value0 = gpa of device memory */
+/*
+ * Media errors: value0 = offset, value1 = length of device memory that
+ * became poisoned (or usable again). While a range is poisoned, commands
+ * that touch it fail with -EIO and CPU accesses through a buffer or
+ * DMA-BUF mapping get SIGBUS (BUS_MCEERR_AR); sysfs "poison" lists the
+ * ranges the driver knows of.
+ */
+#define CXL_ACCEL_EVENT_POISON		4
+#define CXL_ACCEL_EVENT_POISON_CLEARED	5
 
 struct cxl_accel_event {
 	__u32 type;
@@ -183,6 +193,15 @@ struct cxl_accel_wait_event {
 	struct cxl_accel_event event;	/* out */
 };
 
+/*
+ * One NOP command: the device round trip alone, for latency measurements
+ * and liveness checks.
+ */
+struct cxl_accel_nop {
+	__u32 flags;			/* in: CXL_ACCEL_OP_FENCE or 0 */
+	__u32 timeout_ms;		/* in: 0 = default */
+};
+
 /* Driver counters (cxl_accel_stats.driver[]) */
 #define CXL_ACCEL_DSTAT_SUBMITTED	0
 #define CXL_ACCEL_DSTAT_COMPLETED	1
@@ -194,6 +213,8 @@ struct cxl_accel_wait_event {
 #define CXL_ACCEL_DSTAT_EVENTS		7
 #define CXL_ACCEL_DSTAT_BUFFERS		8	/* live buffers */
 #define CXL_ACCEL_DSTAT_EXCLUSIVE	9	/* exclusive device atomics (ATOMIC_EXCLUSIVE) */
+#define CXL_ACCEL_DSTAT_POISON		10	/* POISON events handled */
+#define CXL_ACCEL_DSTAT_HWPOISON	11	/* CPU faults on poisoned pages (SIGBUS) */
 #define CXL_ACCEL_DSTAT_COUNT		16
 
 /* Device counters (cxl_accel_stats.device[]) */
@@ -207,6 +228,7 @@ struct cxl_accel_wait_event {
 #define CXL_ACCEL_STAT_PAGES_COPIED	7
 #define CXL_ACCEL_STAT_EVENTS_SENT	8
 #define CXL_ACCEL_STAT_EVENTS_DROPPED	9
+#define CXL_ACCEL_STAT_MEDIA_ERRORS	10	/* commands that met poisoned memory */
 #define CXL_ACCEL_STAT_COUNT		16
 
 struct cxl_accel_stats {
@@ -224,6 +246,7 @@ struct cxl_accel_stats {
 #define CXL_ACCEL_IOC_SIGNAL	_IOW(CXL_ACCEL_IOC_MAGIC, 0x47, struct cxl_accel_signal)
 #define CXL_ACCEL_IOC_WAIT_EVENT _IOWR(CXL_ACCEL_IOC_MAGIC, 0x48, struct cxl_accel_wait_event)
 #define CXL_ACCEL_IOC_STATS	_IOR(CXL_ACCEL_IOC_MAGIC, 0x49, struct cxl_accel_stats)
+#define CXL_ACCEL_IOC_NOP	_IOW(CXL_ACCEL_IOC_MAGIC, 0x4a, struct cxl_accel_nop)
 
 /*
  * DMA-BUF export and import (ioctl numbers 0x60-0x6F).
@@ -352,7 +375,8 @@ struct cxl_accel_migrate {
 	__u64 refused;			/* out: pages that cannot move (see above) */
 	__u64 busy;			/* out: pinned, locked, racing, or copy failed */
 	__u64 no_space;			/* out: left behind, device memory full */
-	__u64 reserved[3];		/* 0 */
+	__u64 poisoned;			/* out: of busy, on poisoned device memory */
+	__u64 reserved[2];		/* 0 */
 };
 
 struct cxl_accel_evict {
@@ -361,7 +385,8 @@ struct cxl_accel_evict {
 	__u64 evicted;			/* out: pages moved back to system RAM */
 	__u64 remaining;		/* out: pages still on device memory (pinned) */
 	__u64 chunks_freed;		/* out: pool buffers returned to the device */
-	__u64 reserved[4];		/* 0 */
+	__u64 poisoned;			/* out: pages left on poisoned device memory */
+	__u64 reserved[3];		/* 0 */
 };
 
 #define CXL_ACCEL_HMM_COHERENT		(1U << 0) /* ZONE_DEVICE coherent pages: migration ioctls */
@@ -391,7 +416,9 @@ struct cxl_accel_hmm_info {
 	__u64 svm_mirrors;		/* live mirrors (file, process) */
 	__u64 private_pages;		/* private pages in use now */
 	__u64 cpu_faults;		/* CPU accesses that brought one back */
-	__u64 reserved[6];
+	__u64 pool_pages_poisoned;	/* free pool pages held back: poisoned */
+	__u64 poison_skipped;		/* pages migration left on poisoned memory */
+	__u64 reserved[4];
 };
 
 #define CXL_ACCEL_SVM_READ		0 /* device copies the user range into the buffer */

@@ -192,6 +192,8 @@ pub struct Device {
     state: Arc<StateFile>,
     layout: RwLock<Layout>,
     events: Mutex<VecDeque<Event>>,
+    /// Tells the transport that an event waits (set while a session runs).
+    event_waker: Mutex<Option<std::sync::Arc<dyn Fn() + Send + Sync>>>,
     event_seq: AtomicU64,
     errlog: RateLimitedLog,
     /// What a guest can make the device say again and again (resets).
@@ -234,6 +236,7 @@ impl Device {
             state,
             layout: RwLock::new(Layout::default()),
             events: Mutex::new(VecDeque::new()),
+            event_waker: Mutex::new(None),
             event_seq: AtomicU64::new(0),
             errlog: RateLimitedLog::new(10),
             notes: RateLimitedLog::new(10),
@@ -489,6 +492,19 @@ impl Device {
                 self.add_stat(STAT_EVENTS_DROPPED, 1);
             }
             q.push_back(ev);
+        }
+        // Events come from commands (delivered when they complete) and from the control
+        // channel, which has no command to ride on: wake the transport.
+        let waker = self.event_waker.lock().ok().and_then(|w| w.clone());
+        if let Some(wake) = waker {
+            wake();
+        }
+    }
+
+    /// Installs (or removes) what `post_event` wakes the transport with.
+    pub fn set_event_waker(&self, waker: Option<std::sync::Arc<dyn Fn() + Send + Sync>>) {
+        if let Ok(mut w) = self.event_waker.lock() {
+            *w = waker;
         }
     }
 

@@ -12,6 +12,15 @@
 # Prints "RESULT <name> PASS|FAIL <detail>".
 # Environment: CXLA_TESTS="name ..." runs only these tests of the table;
 # CXLA_QUICK=1 skips the slow ones (exhaustion, timeout).
+# Kernel command line: cxlaccel.only=NAME[,NAME...] (ci/run-guest.sh --only)
+# runs only these (module load and device checks always run). NAME is a
+# suite: tests (cxl-accel-tests' table on every device), multi, dmabuf, hmm,
+# stress, race, demo, removal (unbind, rebind, unload); or one test,
+# SUITE.TEST as its RESULT line names it (hmm.migrate, dmabuf.fd_passing,
+# race.garbage_ioctl_args, with or without the cxl-acceleN. in front) or a
+# test of cxl-accel-tests' table (copy_roundtrip). A suite's extras (the
+# benchmarks, the removal cases of hmm, race.unload_reload) run only when the
+# whole suite is named.
 
 # result, find_file, device_list, ensure_nodes, wait_for_line...
 GL=$(dirname "$0")/guest-lib.sh
@@ -25,6 +34,36 @@ if [ -z "$TESTS" ] || [ -z "$DEMO" ]; then
     result module_load FAIL "cxl-accel-tests or cxl-accel-demo not found"
     exit 1
 fi
+
+# cxlaccel.only: names without a device prefix; bare names of the table are "tests.NAME"
+SUITES="tests multi dmabuf hmm stress race demo removal"
+ONLY=
+for o in $(sed -n 's/.*cxlaccel\.only=\([^ ]*\).*/\1/p' /proc/cmdline | tr ',' ' '); do
+    o=$(echo "$o" | sed 's/^cxl-accel[0-9]*\.//')
+    case " $SUITES " in
+    *" ${o%%.*} "*) ;;
+    *) if "$TESTS" -l | grep -qx "$o"; then o=tests.$o; else echo "run-all: cxlaccel.only: no suite or test '$o'"; fi ;;
+    esac
+    ONLY="$ONLY $o"
+done
+[ -z "$ONLY" ] || echo "run-all: only$ONLY"
+want() { # suite: does any of it run?
+    [ -z "$ONLY" ] && return 0
+    for o in $ONLY; do
+        case "$o" in "$1" | "$1".*) return 0 ;; esac
+    done
+    return 1
+}
+whole() { # suite: does all of it run?
+    [ -z "$ONLY" ] && return 0
+    for o in $ONLY; do [ "$o" = "$1" ] && return 0; done
+    return 1
+}
+picks() { # suite: "-t TEST" for each SUITE.TEST named
+    for o in $ONLY; do
+        case "$o" in "$1".*) printf ' -t %s' "${o#"$1".}" ;; esac
+    done
+}
 
 expected=$(expected_devices)
 
@@ -95,7 +134,9 @@ done
 
 select_tests() {
     args=
-    if [ -n "${CXLA_TESTS:-}" ]; then
+    if ! whole tests; then
+        args=$(picks tests)
+    elif [ -n "${CXLA_TESTS:-}" ]; then
         for t in $CXLA_TESTS; do args="$args -t $t"; done
     elif [ -n "${CXLA_QUICK:-}" ]; then
         for t in $("$TESTS" -l); do
@@ -109,6 +150,7 @@ select_tests() {
 }
 
 # the test table, on every device (in parallel when there are several)
+if want tests; then
 pids=
 for dev in $(device_list); do
     # shellcheck disable=SC2046
@@ -117,15 +159,19 @@ for dev in $(device_list); do
 done
 for p in $pids; do wait "$p" || RC=1; done
 for dev in $(device_list); do cat "/tmp/$dev.out"; done
+fi
 
-"$TESTS" --multi || RC=1
+if want multi; then "$TESTS" --multi || RC=1; fi
 
 # DMA-BUF export/import, peer-to-peer, revocation (tests/guest/dmabuf-tests.c),
 # then the quick form of its benchmark (P2P copy next to a bounce through RAM).
 DMABUF=$(find_file dmabuf-tests)
-if [ -n "$DMABUF" ]; then
-    "$DMABUF" || RC=1
-    "$DMABUF" --bench || RC=1
+if ! want dmabuf; then
+    :
+elif [ -n "$DMABUF" ]; then
+    # shellcheck disable=SC2046
+    "$DMABUF" $(picks dmabuf) || RC=1
+    if whole dmabuf; then "$DMABUF" --bench || RC=1; fi
 else
     result dmabuf FAIL "dmabuf-tests not found"
 fi
@@ -136,7 +182,21 @@ fi
 # pages on device memory (they must come back to system RAM intact).
 HMM=$(find_file hmm-tests)
 HMMBENCH=$(find_file hmm-bench)
-if [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
+if ! want hmm; then
+    :
+elif ! whole hmm && [ -n "$HMM" ]; then
+    # named tests only: the table on every device, the two-device ones
+    for dev in $(device_list); do
+        # shellcheck disable=SC2046
+        "$HMM" -d "/dev/$dev" -p "$dev.hmm." -s 6 $(picks hmm) || RC=1
+    done
+    # shellcheck disable=SC2046
+    set -- $(device_list)
+    if [ $# -ge 2 ]; then
+        # shellcheck disable=SC2046
+        "$HMM" -d "/dev/$1" -P "/dev/$2" --peer-only -p "hmm." $(picks hmm) || RC=1
+    fi
+elif [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     pids=
     for dev in $(device_list); do
         "$HMM" -d "/dev/$dev" -p "$dev.hmm." -s 6 >"/tmp/$dev.hmm.out" 2>&1 &
@@ -280,7 +340,9 @@ fi
 # late, pins, EVICT, fork, kills, vmsplice; every process checks its memory
 # after every operation.
 STRESSRUN=$(find_file stress-guest.sh)
-if [ -n "$STRESSRUN" ]; then
+if ! want stress; then
+    :
+elif [ -n "$STRESSRUN" ]; then
     sh "$STRESSRUN" || RC=1
 else
     result mm_stress FAIL "stress-guest.sh not found"
@@ -291,16 +353,21 @@ fi
 # checks the exact leak counters of both. Then the module must unload:
 # nothing the races left behind may hold it.
 RACE=$(find_file race-tests)
-if [ -n "$RACE" ]; then
+if ! want race; then
+    :
+elif [ -n "$RACE" ]; then
     for dev in $(device_list); do
         peer=$(device_list | grep -vx "$dev" | head -n 1)
+        # shellcheck disable=SC2046
         if [ -n "$peer" ]; then
-            "$RACE" -d "/dev/$dev" -P "/dev/$peer" -p "$dev.race." || RC=1
+            "$RACE" -d "/dev/$dev" -P "/dev/$peer" -p "$dev.race." $(picks race) || RC=1
         else
-            "$RACE" -d "/dev/$dev" -p "$dev.race." || RC=1
+            "$RACE" -d "/dev/$dev" -p "$dev.race." $(picks race) || RC=1
         fi
     done
-    if [ -z "$KO" ]; then
+    if ! whole race; then
+        :
+    elif [ -z "$KO" ]; then
         result race.unload_reload FAIL "cxl_accel.ko not found"
     elif rmmod cxl_accel; then
         # shellcheck disable=SC2086
@@ -318,15 +385,19 @@ else
     result race FAIL "race-tests not found"
 fi
 
-echo "----- cxl-accel-demo"
-if "$DEMO" /dev/cxl-accel0 32 >/tmp/demo.out 2>&1; then
+if ! want demo; then
+    :
+elif echo "----- cxl-accel-demo" && "$DEMO" /dev/cxl-accel0 32 >/tmp/demo.out 2>&1; then
     cat /tmp/demo.out
     result demo PASS "$(grep -c . /tmp/demo.out) lines"
 else
     cat /tmp/demo.out
     result demo FAIL "exit status $?"
 fi
-echo "-----"
+want demo && echo "-----"
+if ! whole removal; then
+    exit $RC
+fi
 
 # Removal while a process holds allocated, mapped buffers.
 dev=$(device_list | head -n 1)

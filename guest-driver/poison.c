@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: poisoned device memory (media errors).
+ *
+ * The device reports a range of its memory that went bad with a POISON
+ * event, and a range that is usable again with POISON_CLEARED (device
+ * specification, section 8). Until it is cleared:
+ *  - commands that touch the range fail on the device (MEDIA_ERROR, which
+ *    user space sees as -EIO);
+ *  - CPU mappings of its pages fault with SIGBUS (BUS_MCEERR_AR): the buffer
+ *    and DMA-BUF fault handlers refuse them with VM_FAULT_HWPOISON, and the
+ *    pages already mapped are zapped so that the next access faults;
+ *  - the migration pool hands none of its pages out (pool.c quarantines
+ *    them, including pages given back later), and migration leaves
+ *    migrated pages there in place rather than copy from bad memory;
+ *  - a device-private page whose backing is poisoned cannot come back to
+ *    RAM: the CPU access gets SIGBUS (private.c).
+ *
+ * The emulation raises no machine check, so a CPU load from a coherent
+ * page that was migrated there before the event is not intercepted; real
+ * hardware would deliver a machine check for it instead.
+ *
+ * Events arrive in interrupt context (vq.c records them in the event
+ * ring); a work item reads the ring behind them, in order, and acts.
+ */
+#include <linux/mm.h>
+#include <linux/slab.h>
+#include <linux/sysfs.h>
+
+#include "cxl_accel.h"
+
+/* Ranges the driver remembers; the device keeps at most as many (MAX_RULES) */
+#define CXLA_POISON_MAX		256
+
+struct cxla_prange {
+	u64 start;
+	u64 end;		/* exclusive */
+};
+
+struct cxla_poison {
+	struct cxla_dev *cd;
+	spinlock_t lock;		/* r, n; taken inside mig->lock */
+	unsigned int n;
+	struct cxla_prange r[CXLA_POISON_MAX];
+	u64 pos;			/* next event ring index (evt_lock) */
+	u64 cleared;			/* POISON_CLEARED events handled */
+	u64 lost;			/* events overwritten before the work ran */
+	struct work_struct work;
+};
+
+/* Whether any byte of [off, off + len) of device memory is poisoned. */
+bool cxla_poison_hit(struct cxla_dev *cd, u64 off, u64 len)
+{
+	struct cxla_poison *pz = cd->poison;
+	unsigned long flags;
+	unsigned int i;
+	bool hit = false;
+
+	if (!pz || !READ_ONCE(pz->n))
+		return false;
+	spin_lock_irqsave(&pz->lock, flags);
+	for (i = 0; i < pz->n && !hit; i++)
+		hit = pz->r[i].start < off + len && pz->r[i].end > off;
+	spin_unlock_irqrestore(&pz->lock, flags);
+	return hit;
+}
+
+/* Add [start, end), merging with what it overlaps or touches. */
+static bool cxla_poison_add(struct cxla_poison *pz, u64 start, u64 end)
+{
+	unsigned int i, j;
+	bool ok = true;
+
+	spin_lock_irq(&pz->lock);
+	for (i = 0, j = 0; i < pz->n; i++) {
+		if (pz->r[i].end >= start && pz->r[i].start <= end) {
+			start = min(start, pz->r[i].start);
+			end = max(end, pz->r[i].end);
+			continue;	/* absorbed into the new range */
+		}
+		pz->r[j++] = pz->r[i];
+	}
+	pz->n = j;
+	if (pz->n < CXLA_POISON_MAX) {
+		/* keep them sorted: sysfs lists them in order */
+		for (i = pz->n; i > 0 && pz->r[i - 1].start > start; i--)
+			pz->r[i] = pz->r[i - 1];
+		pz->r[i].start = start;
+		pz->r[i].end = end;
+		pz->n++;
+	} else {
+		ok = false;
+	}
+	spin_unlock_irq(&pz->lock);
+	return ok;
+}
+
+/* Remove [start, end), splitting what it cuts in two; whether it hit. */
+static bool cxla_poison_remove(struct cxla_poison *pz, u64 start, u64 end)
+{
+	struct cxla_prange *out;
+	unsigned int i, n = 0;
+	bool hit = false;
+
+	/* each range yields at most two: room for all of them plus one */
+	out = kmalloc_array(CXLA_POISON_MAX + 1, sizeof(*out), GFP_KERNEL);
+	if (!out)
+		return false;
+	spin_lock_irq(&pz->lock);
+	for (i = 0; i < pz->n; i++) {
+		struct cxla_prange r = pz->r[i];
+
+		if (r.end <= start || r.start >= end) {
+			out[n++] = r;
+			continue;
+		}
+		hit = true;
+		if (r.start < start && n <= CXLA_POISON_MAX)
+			out[n++] = (struct cxla_prange){ r.start, start };
+		if (r.end > end && n <= CXLA_POISON_MAX)
+			out[n++] = (struct cxla_prange){ end, r.end };
+	}
+	/* a split can only overflow if the table was full: keep the first */
+	n = min_t(unsigned int, n, CXLA_POISON_MAX);
+	memcpy(pz->r, out, n * sizeof(*out));
+	pz->n = n;
+	spin_unlock_irq(&pz->lock);
+	kfree(out);
+	return hit;
+}
+
+static void cxla_poison_set(struct cxla_dev *cd, u64 off, u64 len)
+{
+	struct cxla_poison *pz = cd->poison;
+	u64 end;
+
+	if (!len || check_add_overflow(off, len, &end) || end > cd->devmem_size) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
+		dev_err_ratelimited(&cd->dev,
+				    "POISON event for %#llx + %#llx outside device memory\n",
+				    off, len);
+		return;
+	}
+	cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_POISON);
+	/*
+	 * With map_sem held for writing no fault handler is between its
+	 * poison check and inserting the page: a page inserted before is
+	 * zapped below, a fault after sees the range.
+	 */
+	down_write(&cd->map_sem);
+	if (!cxla_poison_add(pz, off, end))
+		dev_err(&cd->dev,
+			"more than %u poisoned ranges: %#llx + %#llx not recorded\n",
+			CXLA_POISON_MAX, off, len);
+	up_write(&cd->map_sem);
+	dev_warn(&cd->dev,
+		 "media error: device memory %#llx + %#llx poisoned; accesses fail, CPU mappings get SIGBUS\n",
+		 off, len);
+	/* free pool pages there are never handed out */
+	cxla_pool_poison(cd->mig, off, end);
+	/* existing CPU mappings refault (and get SIGBUS there) */
+	cxla_zap_mappings(cd);
+	cxla_dmabuf_zap(cd, off, end);
+}
+
+static void cxla_poison_clear(struct cxla_dev *cd, u64 off, u64 len)
+{
+	struct cxla_poison *pz = cd->poison;
+	u64 end = off + min(len, U64_MAX - off);
+
+	pz->cleared++;
+	if (!cxla_poison_remove(pz, off, end))
+		return;
+	dev_info(&cd->dev, "device memory %#llx + %#llx usable again\n",
+		 off, len);
+	/* quarantined pool pages go back; mappings fault normally again */
+	cxla_pool_unpoison(cd->mig);
+}
+
+static void cxla_poison_work(struct work_struct *work)
+{
+	struct cxla_poison *pz = container_of(work, struct cxla_poison, work);
+	struct cxla_dev *cd = pz->cd;
+	struct cxl_accel_event ev[16];
+	unsigned int n, i;
+	u64 lost;
+
+	do {
+		n = 0;
+		lost = 0;
+		spin_lock_irq(&cd->evt_lock);
+		if (cd->evt_head - pz->pos > CXLA_EVENT_RING) {
+			lost = cd->evt_head - pz->pos - CXLA_EVENT_RING;
+			pz->pos = cd->evt_head - CXLA_EVENT_RING;
+		}
+		while (pz->pos < cd->evt_head && n < ARRAY_SIZE(ev)) {
+			struct cxl_accel_event *e;
+
+			e = &cd->evt_ring[pz->pos++ % CXLA_EVENT_RING];
+			if (e->type == CXLA_EVENT_POISON ||
+			    e->type == CXLA_EVENT_POISON_CLEARED)
+				ev[n++] = *e;
+		}
+		spin_unlock_irq(&cd->evt_lock);
+		if (lost) {
+			pz->lost += lost;
+			dev_err(&cd->dev,
+				"%llu events overwritten before they were looked at: poison reports may be missing\n",
+				lost);
+		}
+		for (i = 0; i < n; i++) {
+			if (ev[i].type == CXLA_EVENT_POISON)
+				cxla_poison_set(cd, ev[i].value0, ev[i].value1);
+			else
+				cxla_poison_clear(cd, ev[i].value0, ev[i].value1);
+		}
+	} while (n);
+}
+
+/* An event arrived (interrupt context, evt_lock held): look at it soon. */
+void cxla_poison_kick(struct cxla_dev *cd)
+{
+	if (cd->poison)
+		queue_work(cxla_wq, &cd->poison->work);
+}
+
+int cxla_poison_init(struct cxla_dev *cd)
+{
+	struct cxla_poison *pz;
+
+	pz = kzalloc(sizeof(*pz), GFP_KERNEL);
+	if (!pz)
+		return -ENOMEM;
+	pz->cd = cd;
+	spin_lock_init(&pz->lock);
+	INIT_WORK(&pz->work, cxla_poison_work);
+	cd->poison = pz;
+	return 0;
+}
+
+/* Removal, after the device reset: no event comes any more. */
+void cxla_poison_stop(struct cxla_dev *cd)
+{
+	if (cd->poison)
+		cancel_work_sync(&cd->poison->work);
+}
+
+void cxla_poison_free(struct cxla_dev *cd)
+{
+	if (!cd->poison)
+		return;
+	cancel_work_sync(&cd->poison->work);
+	kfree(cd->poison);
+	cd->poison = NULL;
+}
+
+/* sysfs: the poisoned ranges, "offset length" in hex, one per line */
+static ssize_t poison_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	struct cxla_poison *pz = to_cxla_dev(dev)->poison;
+	struct cxla_prange *r;
+	unsigned int i, n;
+	ssize_t len = 0;
+
+	if (!pz)
+		return 0;
+	r = kmalloc_array(CXLA_POISON_MAX, sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	spin_lock_irq(&pz->lock);
+	n = pz->n;
+	memcpy(r, pz->r, n * sizeof(*r));
+	spin_unlock_irq(&pz->lock);
+	for (i = 0; i < n && len < PAGE_SIZE - 40; i++)
+		len += sysfs_emit_at(buf, len, "%#llx %#llx\n", r[i].start,
+				     r[i].end - r[i].start);
+	kfree(r);
+	return len;
+}
+static DEVICE_ATTR_RO(poison);
+
+/* sysfs: what the driver did about poison */
+static ssize_t poison_stats_show(struct device *dev,
+				 struct device_attribute *attr, char *buf)
+{
+	struct cxla_dev *cd = to_cxla_dev(dev);
+	struct cxla_poison *pz = cd->poison;
+	struct cxl_accel_hmm_info h;
+	unsigned int n = 0;
+
+	if (pz) {
+		spin_lock_irq(&pz->lock);
+		n = pz->n;
+		spin_unlock_irq(&pz->lock);
+	}
+	cxla_pool_poison_info(cd->mig, &h);
+	return sysfs_emit(buf,
+			  "ranges %u\npoison_events %lld\ncleared_events %llu\nlost_events %llu\nhwpoison_faults %lld\npool_pages_poisoned %llu\npoison_skipped %llu\n",
+			  n, atomic64_read(&cd->dstat[CXL_ACCEL_DSTAT_POISON]),
+			  pz ? pz->cleared : 0, pz ? pz->lost : 0,
+			  atomic64_read(&cd->dstat[CXL_ACCEL_DSTAT_HWPOISON]),
+			  h.pool_pages_poisoned, h.poison_skipped);
+}
+static DEVICE_ATTR_RO(poison_stats);
+
+static struct attribute *cxla_poison_attrs[] = {
+	&dev_attr_poison.attr,
+	&dev_attr_poison_stats.attr,
+	NULL,
+};
+
+const struct attribute_group cxla_poison_group = {
+	.attrs = cxla_poison_attrs,
+};

@@ -1,0 +1,1469 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Fault injection tests: what user space sees when the device misbehaves,
+ * each fault injected from the host through the daemon's control channel
+ * while this program works (tests/guest/run-faults.sh).
+ *
+ * Talking to the host: a request is one console line
+ *
+ *   CXLA-CTL <seq> <device index> <ctl arguments>[; <ctl arguments>...] CXLA-END
+ *
+ * which the host (tests/guest/fault-host.py) runs as "cxl-accel ctl --json
+ * ..." against that device's daemon, answering on the second serial port
+ * (/dev/ttyS1) with "CXLA-ACK <seq> <exit code> <JSON reply of the last
+ * command>". A request whose answer does not come is sent again with the
+ * same sequence number: the host answers it again without running it twice
+ * (a kernel message may have cut the line on the console).
+ *
+ * Every test is one child process of the runner (cxla_test.h) and prints a
+ * RESULT line. Usage:
+ *   fault-tests [-d dev] [-p prefix] [-t test]... [-l] [--supervised]
+ *   fault-tests --bench -d dev -P dev-without-control-socket [-p prefix]
+ */
+#define _GNU_SOURCE
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <termios.h>
+
+#include "cxla_test.h"
+
+#define PG		4096UL
+#define MIB		(1UL << 20)
+#define TEST_TIMEOUT_S	180
+#define ANSWER_WAIT_S	10	/* per attempt */
+#define ANSWER_TRIES	6
+
+struct ctx {
+	const char *path;	/* /dev/cxl-accelN */
+	char name[32];		/* cxl-accelN */
+	int fd;
+	int index;		/* device_index: the daemon the host talks to */
+	bool supervised;	/* the daemon runs under --supervise */
+	struct cxl_accel_identify id;
+	char *detail;
+};
+
+/* ------------------------------------------------------- the host */
+
+static int con_fd = -1;		/* requests: the console */
+static int ser_fd = -1;		/* answers: ttyS1, raw */
+static unsigned int *seqp;	/* shared by the test processes */
+static char reply[65536];	/* the last answer's JSON */
+
+static int host_open(void)
+{
+	struct termios t;
+
+	con_fd = open("/dev/console", O_WRONLY | O_NOCTTY);
+	ser_fd = open("/dev/ttyS1", O_RDWR | O_NOCTTY);
+	if (con_fd < 0 || ser_fd < 0)
+		return -1;
+	if (tcgetattr(ser_fd, &t))
+		return -1;
+	cfmakeraw(&t);
+	t.c_cc[VMIN] = 1;
+	t.c_cc[VTIME] = 0;
+	if (tcsetattr(ser_fd, TCSANOW, &t))
+		return -1;
+	tcflush(ser_fd, TCIFLUSH);
+	seqp = mmap(NULL, PG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+		    -1, 0);
+	if (seqp == MAP_FAILED)
+		return -1;
+	/* unique across the programs of a boot: the host remembers answers */
+	*seqp = (unsigned int)getpid() * 100000u;
+	return 0;
+}
+
+/*
+ * One line from ttyS1 into buf, byte by byte (nothing of the next line is
+ * taken from the tty); -1 when none came by the deadline.
+ */
+static int read_line(char *buf, size_t len, double deadline)
+{
+	struct pollfd p = { .fd = ser_fd, .events = POLLIN };
+	size_t n = 0;
+	char ch;
+
+	for (;;) {
+		int ms = (int)((deadline - now_sec()) * 1000);
+
+		if (ms <= 0 || poll(&p, 1, ms) <= 0)
+			return -1;
+		if (read(ser_fd, &ch, 1) != 1)
+			return -1;
+		if (ch == '\r')
+			continue;
+		if (ch == '\n') {
+			buf[n] = 0;
+			return (int)n;
+		}
+		if (n + 1 < len)
+			buf[n++] = ch;
+	}
+}
+
+/*
+ * Run "cxl-accel ctl" commands (';' between them) on the host against the
+ * daemon of device index; the exit code, or -1 without an answer. The
+ * last command's JSON reply is in reply[].
+ */
+static int host_to(int index, const char *fmt, ...)
+{
+	static char line[sizeof(reply) + 64];
+	char cmd[4096], req[4200];
+	unsigned int seq, s;
+	int rc, off, len, tries;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	seq = __atomic_add_fetch(seqp, 1, __ATOMIC_SEQ_CST);
+	len = snprintf(req, sizeof(req), "\nCXLA-CTL %u %d %s CXLA-END\n", seq,
+		       index, cmd);
+	reply[0] = 0;
+	for (tries = 0; tries < ANSWER_TRIES; tries++) {
+		double deadline = now_sec() + ANSWER_WAIT_S;
+
+		if (write(con_fd, req, len) != len)
+			return -1;
+		while (read_line(line, sizeof(line), deadline) >= 0) {
+			off = 0;
+			if (sscanf(line, "CXLA-ACK %u %d %n", &s, &rc, &off) == 2 &&
+			    s == seq && off) {
+				snprintf(reply, sizeof(reply), "%s", line + off);
+				return rc;
+			}
+		}
+	}
+	return -1;
+}
+
+#define host(c, ...)	host_to((c)->index, __VA_ARGS__)
+
+/* A host request that must succeed */
+#define HOST(c, ...) do {						\
+	int __r = host(c, __VA_ARGS__);					\
+	if (__r)							\
+		FAILF("%s:%d: host \"%.60s\" answered %d: %.200s",	\
+		      __func__, __LINE__, #__VA_ARGS__, __r,		\
+		      __r < 0 ? "no answer from the host" : reply);	\
+} while (0)
+
+/* A number (or true/false as 1/0) after "key": in reply; -1 if absent */
+static long long json_num(const char *json, const char *key)
+{
+	char k[64];
+	const char *p;
+
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	p = strstr(json, k);
+	if (!p)
+		return -1;
+	p += strlen(k);
+	if (!strncmp(p, "true", 4))
+		return 1;
+	if (!strncmp(p, "false", 5))
+		return 0;
+	return strtoll(p, NULL, 10);
+}
+
+/* How often key occurs in the reply */
+static int json_count(const char *json, const char *key)
+{
+	char k[64];
+	int n = 0;
+
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	for (json = strstr(json, k); json; json = strstr(json + 1, k))
+		n++;
+	return n;
+}
+
+/* -------------------------------------------------------- helpers */
+
+static long sys_long(struct ctx *c, const char *attr)
+{
+	return cxla_sysfs_long(c->name, attr);
+}
+
+static int sys_read(struct ctx *c, const char *attr, char *buf, size_t len)
+{
+	char p[256];
+	ssize_t n;
+	int fd;
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/%s", c->name, attr);
+	fd = open(p, O_RDONLY);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, len - 1);
+	close(fd);
+	if (n < 0)
+		return -1;
+	buf[n] = 0;
+	return 0;
+}
+
+static int sys_write(const char *path, const char *val)
+{
+	int fd = open(path, O_WRONLY), ok;
+
+	if (fd < 0)
+		return -1;
+	ok = write(fd, val, strlen(val)) == (ssize_t)strlen(val);
+	close(fd);
+	return ok ? 0 : -1;
+}
+
+static long long dstat(struct ctx *c, int idx)
+{
+	struct cxl_accel_stats st;
+
+	return cxla_stats(c->fd, &st) ? -1 : (long long)st.driver[idx];
+}
+
+static long long devstat(struct ctx *c, int idx)
+{
+	struct cxl_accel_stats st;
+
+	return cxla_stats(c->fd, &st) ? -1 : (long long)st.device[idx];
+}
+
+static int copy_t(int fd, struct cxl_accel_mem src, struct cxl_accel_mem dst,
+		  uint64_t len, uint32_t timeout_ms)
+{
+	struct cxl_accel_copy cp = {
+		.src = src, .dst = dst, .len = len, .timeout_ms = timeout_ms,
+	};
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_COPY, &cp);
+}
+
+static int nop(int fd, uint32_t timeout_ms)
+{
+	struct cxl_accel_nop n = { .timeout_ms = timeout_ms };
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_NOP, &n);
+}
+
+/* A buffer of size bytes, mapped (map may be NULL: not mapped) */
+struct dbuf {
+	struct cxl_accel_alloc a;
+	uint8_t *p;
+};
+
+static int dbuf_new(struct ctx *c, struct dbuf *b, size_t size, bool map)
+{
+	int r = cxla_alloc(c->fd, size, 0, &b->a);
+
+	b->p = NULL;
+	if (r)
+		return r;
+	if (map) {
+		b->p = cxla_map(c->fd, &b->a);
+		if (!b->p)
+			return -errno;
+	}
+	return 0;
+}
+
+static void dbuf_del(struct ctx *c, struct dbuf *b)
+{
+	if (b->p)
+		munmap(b->p, b->a.alloc_size);
+	b->p = NULL;
+	if (b->a.handle)
+		cxla_free(c->fd, b->a.handle);
+	b->a.handle = 0;
+}
+
+/*
+ * The end of a test: nothing of it may be left once it let go of its
+ * buffers and mappings: no quarantined request, no buffer, no pool chunk,
+ * no DMA-BUF. Waits up to 10 s for deferred work; 0 or -1 (detail set).
+ */
+static int settled(struct ctx *c)
+{
+	struct cxl_accel_hmm_info h = { 0 };
+	double t0 = now_sec();
+	long q = -1, b = -1, e = -1;
+
+	do {
+		if (cxla_hmm_info(c->fd, &h))
+			memset(&h, 0xff, sizeof(h));
+		q = sys_long(c, "quarantined");
+		b = sys_long(c, "buffers");
+		e = sys_long(c, "dmabuf/exports");
+		if (!q && !b && !e && !h.pool_chunks && !h.pool_pages_used)
+			return 0;
+		usleep(100000);
+	} while (now_sec() - t0 < 10);
+	DETAIL("left behind: %ld quarantined requests, %ld buffers, %ld DMA-BUFs, %llu pool chunks, %llu pool pages used",
+	       q, b, e, (unsigned long long)h.pool_chunks,
+	       (unsigned long long)h.pool_pages_used);
+	return -1;
+}
+
+#define SETTLED(c) do { if (settled(c)) return FAIL; } while (0)
+
+/* Wait (up to secs) until sysfs attr reads want; the last value read */
+static long wait_sys(struct ctx *c, const char *attr, long want, double secs)
+{
+	double t0 = now_sec();
+	long v;
+
+	while ((v = sys_long(c, attr)) != want && now_sec() - t0 < secs)
+		usleep(20000);
+	return v;
+}
+
+/* The poisoned ranges the driver lists in sysfs */
+static int poison_lines(struct ctx *c)
+{
+	char buf[4096], *p;
+	int n = 0;
+
+	if (sys_read(c, "poison", buf, sizeof(buf)))
+		return -1;
+	for (p = buf; (p = strchr(p, '\n')); p++)
+		n++;
+	return n;
+}
+
+/* Wait until the driver lists n poisoned ranges (it acts from a work item) */
+static int wait_poison(struct ctx *c, int n)
+{
+	double t0 = now_sec();
+
+	while (poison_lines(c) != n && now_sec() - t0 < 10)
+		usleep(20000);
+	return poison_lines(c);
+}
+
+/* SIGBUS catching for CPU accesses to poisoned pages */
+static sigjmp_buf bus_jmp;
+static volatile int bus_code;
+
+static void on_bus(int sig, siginfo_t *si, void *uc)
+{
+	bus_code = si->si_code;
+	siglongjmp(bus_jmp, 1);
+}
+
+/* Read one byte: 0 (*val set) or the SIGBUS si_code (BUS_MCEERR_AR = 4) */
+static int probe_read(volatile const uint8_t *p, uint8_t *val)
+{
+	struct sigaction sa = { .sa_sigaction = on_bus, .sa_flags = SA_SIGINFO };
+	struct sigaction old;
+	int code = 0;
+
+	sigaction(SIGBUS, &sa, &old);
+	if (!sigsetjmp(bus_jmp, 1))
+		*val = *p;
+	else
+		code = bus_code ? bus_code : -1;
+	sigaction(SIGBUS, &old, NULL);
+	return code;
+}
+
+/* Device-memory offsets of n pages at p (from /proc/self/pagemap); -1 if not there */
+static int dev_offsets(struct ctx *c, const void *p, size_t n, int64_t *off)
+{
+	int fd = open("/proc/self/pagemap", O_RDONLY);
+	size_t i;
+
+	if (fd < 0)
+		return -1;
+	for (i = 0; i < n; i++) {
+		uint64_t e, pa;
+		off_t at = ((uintptr_t)p / PG + i) * 8;
+
+		off[i] = -1;
+		if (pread(fd, &e, 8, at) != 8)
+			continue;
+		if (!(e >> 63))
+			continue;
+		pa = (e & ((1ULL << 55) - 1)) * PG;
+		if (pa >= c->id.devmem_gpa && pa < c->id.devmem_gpa + c->id.devmem_size)
+			off[i] = (int64_t)(pa - c->id.devmem_gpa);
+	}
+	close(fd);
+	return 0;
+}
+
+static double median(double *v, int n)
+{
+	int i, j;
+
+	for (i = 1; i < n; i++)
+		for (j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return n ? v[n / 2] : 0;
+}
+
+/* ------------------------------------------------------------ tests */
+
+/* The control channel answers for our device */
+static int test_host_channel(struct ctx *c)
+{
+	HOST(c, "info");
+	CHECK(json_num(reply, "index") == c->index,
+	      "the host's daemon has index %lld, this device %d: %.200s",
+	      json_num(reply, "index"), c->index, reply);
+	CHECK(json_num(reply, "memory_size") == (long long)c->id.devmem_size,
+	      "memory size %lld, IDENTIFY says %llu", json_num(reply, "memory_size"),
+	      (unsigned long long)c->id.devmem_size);
+	CHECK(json_num(reply, "stalled") == 0, "the daemon is stalled: %.200s", reply);
+	DETAIL("daemon pid %lld serves device index %d (%s), trace %s",
+	       json_num(reply, "pid"), c->index, c->name,
+	       json_num(reply, "trace") == 1 ? "on" : "off");
+	HOST(c, "fault clear; fault list");
+	CHECK(json_count(reply, "fired") == 0, "rules left: %.200s", reply);
+	return PASS;
+}
+
+static const struct {
+	const char *status;
+	int err;
+} status_errno[] = {
+	{ "UNSUPPORTED", EOPNOTSUPP }, { "INVALID", EINVAL },
+	{ "TRUNCATED", EIO }, { "BAD_GPA", EFAULT }, { "BAD_DEVMEM", EFAULT },
+	{ "OVERFLOW", EINVAL }, { "UNALIGNED", EINVAL }, { "TOO_LARGE", E2BIG },
+	{ "LENGTH_MISMATCH", EINVAL }, { "NO_SPACE", ENOSPC },
+	{ "NOT_FOUND", ENOENT }, { "BAD_CHAIN", EIO }, { "NOT_READY", EAGAIN },
+	{ "EXISTS", EEXIST }, { "INTERNAL", EIO }, { "INTERRUPTED", EIO },
+	{ "MEDIA_ERROR", EIO },
+};
+
+/*
+ * Every error status the device can answer, injected into COPY: the
+ * documented errno, counted as a device error (not a protocol error), and
+ * the next command works.
+ */
+static int test_error_status(struct ctx *c)
+{
+	char cmds[4096];
+	size_t n = 0, i;
+	struct dbuf s, d;
+	long long err0, proto0;
+	int r;
+
+	OK(dbuf_new(c, &s, 64 * 1024, true));
+	OK(dbuf_new(c, &d, 64 * 1024, true));
+	memset(s.p, 0x3c, 64 * 1024);
+	/* rule i fires on COPY 2i+1: every failure is followed by a good copy */
+	n += snprintf(cmds + n, sizeof(cmds) - n, "fault clear");
+	for (i = 0; i < ARRAY_SIZE(status_errno); i++)
+		n += snprintf(cmds + n, sizeof(cmds) - n,
+			      "; fault add --opcode COPY --nth %zu --fail %s",
+			      2 * i + 1, status_errno[i].status);
+	HOST(c, "%s", cmds);
+	err0 = dstat(c, CXL_ACCEL_DSTAT_ERRORS);
+	proto0 = dstat(c, CXL_ACCEL_DSTAT_PROTOCOL);
+	for (i = 0; i < ARRAY_SIZE(status_errno); i++) {
+		memset(d.p, 0, 64 * 1024);
+		r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0),
+			   64 * 1024, 5000);
+		CHECK(r == -status_errno[i].err, "status %s: COPY returned %d (%s), expected -%s",
+		      status_errno[i].status, r, r ? strerror(-r) : "ok",
+		      strerror(status_errno[i].err));
+		r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0),
+			   64 * 1024, 5000);
+		CHECK(!r && d.p[0] == 0x3c && d.p[64 * 1024 - 1] == 0x3c,
+		      "the COPY after status %s: %d (%s), data %#x",
+		      status_errno[i].status, r, r ? strerror(-r) : "ok", d.p[0]);
+	}
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_ERRORS) - err0 == (long long)ARRAY_SIZE(status_errno),
+	      "command_errors went up by %lld, expected %zu",
+	      dstat(c, CXL_ACCEL_DSTAT_ERRORS) - err0, ARRAY_SIZE(status_errno));
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) == proto0,
+	      "protocol_errors went up by %lld", dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) - proto0);
+	HOST(c, "fault list");
+	CHECK(json_count(reply, "fired") == (int)ARRAY_SIZE(status_errno) &&
+	      !strstr(reply, "\"fired\":0"), "not every rule fired: %.300s", reply);
+	HOST(c, "fault clear");
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	SETTLED(c);
+	DETAIL("%zu statuses injected into COPY: each gave its errno (MEDIA_ERROR -EIO), counted in command_errors, no protocol error, the next COPY worked",
+	       ARRAY_SIZE(status_errno));
+	return PASS;
+}
+
+/*
+ * Responses the protocol does not allow: a status above the highest one it
+ * defines, a used length shorter than a response. Both are protocol errors
+ * (-EIO, counted, logged); the driver goes on and later commands work.
+ */
+static int test_corrupted_responses(struct ctx *c)
+{
+	long long proto0, err0;
+	struct dbuf s, d;
+	int r;
+
+	OK(dbuf_new(c, &s, 64 * 1024, true));
+	OK(dbuf_new(c, &d, 64 * 1024, true));
+	memset(s.p, 0x77, 64 * 1024);
+	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --corrupt-status; "
+		"fault add --opcode COPY --nth 3 --corrupt-length; "
+		"fault add --opcode NOP --nth 1 --corrupt-status; "
+		"fault add --opcode NOP --nth 2 --corrupt-length");
+	proto0 = dstat(c, CXL_ACCEL_DSTAT_PROTOCOL);
+	err0 = dstat(c, CXL_ACCEL_DSTAT_ERRORS);
+	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 64 * 1024, 5000);
+	EXPECT_ERR(r, EIO);
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 64 * 1024, 5000));
+	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 64 * 1024, 5000);
+	EXPECT_ERR(r, EIO);
+	memset(d.p, 0, 64 * 1024);
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 64 * 1024, 5000));
+	CHECK(d.p[0] == 0x77 && d.p[64 * 1024 - 1] == 0x77, "COPY after the corrupted ones: data %#x", d.p[0]);
+	EXPECT_ERR(nop(c->fd, 5000), EIO);
+	EXPECT_ERR(nop(c->fd, 5000), EIO);
+	OK(nop(c->fd, 5000));
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) - proto0 == 4,
+	      "protocol_errors went up by %lld, expected 4",
+	      dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) - proto0);
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_ERRORS) == err0,
+	      "command_errors went up by %lld (protocol errors are not device errors)",
+	      dstat(c, CXL_ACCEL_DSTAT_ERRORS) - err0);
+	HOST(c, "fault clear");
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	SETTLED(c);
+	DETAIL("undefined status (0xdead) and short used length (3 bytes) on COPY and NOP: -EIO, protocol_errors +4, command_errors +0, the next commands worked");
+	return PASS;
+}
+
+/* A completion that comes late, within the timeout: the command succeeds */
+static int test_delayed_completion(struct ctx *c)
+{
+	long long to0 = dstat(c, CXL_ACCEL_DSTAT_TIMEOUTS);
+	struct dbuf s, d;
+	double t0, t;
+
+	OK(dbuf_new(c, &s, MIB, true));
+	OK(dbuf_new(c, &d, MIB, true));
+	fill_random(s.p, MIB, 12);
+	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --delay-ms 1500");
+	t0 = now_sec();
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 5000));
+	t = now_sec() - t0;
+	CHECK(t >= 1.45, "the delayed COPY took %.2f s, the rule says 1.5 s", t);
+	CHECK(!memcmp(s.p, d.p, MIB), "data of the delayed COPY differs");
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_TIMEOUTS) == to0, "a timeout was counted");
+	t0 = now_sec();
+	OK(copy_t(c->fd, cxla_dev(d.a.handle, 0), cxla_dev(s.a.handle, 0), MIB, 5000));
+	HOST(c, "fault clear");
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	SETTLED(c);
+	DETAIL("COPY delayed by 1.5 s with a 5 s timeout: succeeded after %.2f s, data intact, no timeout counted", t);
+	return PASS;
+}
+
+/*
+ * A completion after the driver gave up: the command timed out
+ * (-ETIMEDOUT) and was quarantined with its pinned pages; the late
+ * completion only releases it. The destination was unmapped by user space
+ * meanwhile: the pin kept the pages from being reused. A late ALLOC is
+ * given back to the device.
+ */
+static int test_late_completion(struct ctx *c)
+{
+	const char *param = "/sys/module/cxl_accel/parameters/cmd_timeout_ms";
+	long q0 = sys_long(c, "quarantined"), to0 = sys_long(c, "timeouts");
+	char saved[32] = "5000";
+	double t0, t_to, t_back;
+	struct cxl_accel_alloc a;
+	struct dbuf s;
+	uint8_t *dst;
+	int bufs0, r, fd;
+
+	OK(dbuf_new(c, &s, MIB, true));
+	memset(s.p, 0x5e, MIB);
+	dst = map_anon(MIB);
+	CHECK(dst, "mmap");
+	memset(dst, 1, MIB);
+	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --late-ms 3000");
+	t0 = now_sec();
+	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_user(dst), MIB, 1000);
+	t_to = now_sec() - t0;
+	EXPECT_ERR(r, ETIMEDOUT);
+	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantined %ld, expected %ld",
+	      sys_long(c, "quarantined"), q0 + 1);
+	/* the pages stay pinned by the quarantined request */
+	munmap(dst, MIB);
+	CHECK(wait_sys(c, "quarantined", q0, 8) == q0,
+	      "quarantined still %ld 8 s after the timeout", sys_long(c, "quarantined"));
+	t_back = now_sec() - t0;
+	CHECK(t_back >= 2.9, "the late completion was reaped %.2f s after the COPY, the rule says 3 s", t_back);
+	CHECK(sys_long(c, "timeouts") == to0 + 1, "timeouts %ld, expected %ld",
+	      sys_long(c, "timeouts"), to0 + 1);
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(s.a.handle, MIB / 2), MIB / 2, 5000));
+
+	/* a late ALLOC: the driver frees what the device allocated after all */
+	HOST(c, "fault clear; buffers");
+	bufs0 = json_count(reply, "id");
+	fd = open(param, O_RDONLY);
+	if (fd >= 0) {
+		ssize_t n = read(fd, saved, sizeof(saved) - 1);
+
+		saved[n > 0 ? n : 0] = 0;
+		close(fd);
+	}
+	HOST(c, "fault add --opcode ALLOC --nth 1 --late-ms 2500");
+	CHECK(!sys_write(param, "1000"), "cannot set cmd_timeout_ms");
+	r = cxla_alloc(c->fd, 64 * 1024, 0, &a);
+	sys_write(param, saved);
+	EXPECT_ERR(r, ETIMEDOUT);
+	CHECK(wait_sys(c, "quarantined", q0, 8) == q0, "the late ALLOC stays quarantined");
+	t0 = now_sec();
+	do {
+		HOST(c, "buffers");
+	} while (json_count(reply, "id") != bufs0 && now_sec() - t0 < 5 && !usleep(100000));
+	CHECK(json_count(reply, "id") == bufs0,
+	      "the device has %d buffers after the late ALLOC, %d before: %.200s",
+	      json_count(reply, "id"), bufs0, reply);
+	HOST(c, "fault clear");
+	dbuf_del(c, &s);
+	SETTLED(c);
+	DETAIL("COPY into user memory completing 3 s late: -ETIMEDOUT after %.2f s, quarantined with its pinned pages while user space unmapped them, released %.1f s after the start; a late ALLOC was freed on the device",
+	       t_to, t_back);
+	return PASS;
+}
+
+/* sysfs name of the device with device_index index, or "" */
+static void find_index(int index, char *name, size_t len)
+{
+	char p[128];
+	int i;
+
+	name[0] = 0;
+	for (i = 0; i < 64; i++) {
+		snprintf(p, sizeof(p), "cxl-accel%d", i);
+		if (cxla_sysfs_long(p, "device_index") == index) {
+			snprintf(name, len, "%s", p);
+			return;
+		}
+	}
+}
+
+/* /dev/NAME exists (devtmpfs makes it; else from sysfs dev) */
+static void ensure_node(const char *name)
+{
+	char p[128], dev[64];
+	struct stat st;
+	unsigned int ma, mi;
+	FILE *f;
+
+	snprintf(p, sizeof(p), "/dev/%s", name);
+	if (!stat(p, &st))
+		return;
+	snprintf(dev, sizeof(dev), "/sys/class/cxl-accel/%s/dev", name);
+	f = fopen(dev, "r");
+	if (!f)
+		return;
+	if (fscanf(f, "%u:%u", &ma, &mi) == 2)
+		mknod(p, S_IFCHR | 0600, makedev(ma, mi));
+	fclose(f);
+}
+
+/*
+ * A completion that never comes: -ETIMEDOUT, the request stays
+ * quarantined (its buffers alive), the other engine goes on; the device
+ * reset of an unbind ends it, and nothing is left after the rebind.
+ */
+static int test_never_completes(struct ctx *c)
+{
+	long q0 = sys_long(c, "quarantined");
+	char link[256], vdev[64], p[128], name[32];
+	struct dbuf s, d;
+	ssize_t n;
+	double t0, t;
+	int r;
+
+	OK(dbuf_new(c, &s, MIB, true));
+	OK(dbuf_new(c, &d, MIB, true));
+	memset(s.p, 0x42, MIB);
+	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --hang");
+	t0 = now_sec();
+	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 1000);
+	t = now_sec() - t0;
+	EXPECT_ERR(r, ETIMEDOUT);
+	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantined %ld, expected %ld",
+	      sys_long(c, "quarantined"), q0 + 1);
+	/* the other engine still works */
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 5000));
+	CHECK(d.p[0] == 0x42, "data");
+	HOST(c, "fault clear; counters");
+	CHECK(json_num(reply, "executing") == 1, "the daemon executes %lld commands, expected the hung one",
+	      json_num(reply, "executing"));
+	/* our buffers go; the hung request still holds its own references */
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantine ended by itself");
+
+	/* unbind: the device reset ends the hung command; then bind again */
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/device", c->name);
+	n = readlink(p, link, sizeof(link) - 1);
+	CHECK(n > 0, "readlink %s", p);
+	link[n] = 0;
+	snprintf(vdev, sizeof(vdev), "%s", strrchr(link, '/') ? strrchr(link, '/') + 1 : link);
+	close(c->fd);
+	c->fd = -1;
+	t0 = now_sec();
+	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev), "unbind %s", vdev);
+	t = now_sec() - t0;
+	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/bind", vdev), "bind %s", vdev);
+	find_index(c->index, name, sizeof(name));
+	CHECK(!strcmp(name, c->name), "after the rebind device index %d is '%s', was %s",
+	      c->index, name, c->name);
+	ensure_node(name);
+	c->fd = open(c->path, O_RDWR);
+	CHECK(c->fd >= 0, "open %s after the rebind: %s", c->path, strerror(errno));
+	CHECK(sys_long(c, "devmem_free") == (long)c->id.devmem_size,
+	      "devmem_free %ld of %llu after the rebind", sys_long(c, "devmem_free"),
+	      (unsigned long long)c->id.devmem_size);
+	HOST(c, "counters");
+	CHECK(json_num(reply, "executing") == 0, "the daemon still executes %lld commands",
+	      json_num(reply, "executing"));
+	HOST(c, "buffers");
+	CHECK(json_count(reply, "id") == 0, "buffers left on the device: %.200s", reply);
+	OK(nop(c->fd, 5000));
+	SETTLED(c);
+	DETAIL("hung COPY: -ETIMEDOUT, quarantined, the second engine went on; unbind (%.2f s) ended it, after the rebind all device memory free, no buffer, nothing executing",
+	       t);
+	return PASS;
+}
+
+struct stall_loop {
+	struct ctx *c;
+	uint32_t hs, hd;
+	volatile int stop;
+	volatile long ok, timedout, other;
+	volatile int other_err;
+};
+
+static void *stall_worker(void *arg)
+{
+	struct stall_loop *l = arg;
+
+	while (!l->stop) {
+		int r = copy_t(l->c->fd, cxla_dev(l->hs, 0), cxla_dev(l->hd, 0),
+			       256 * 1024, 700);
+
+		if (!r)
+			l->ok++;
+		else if (r == -ETIMEDOUT)
+			l->timedout++;
+		else {
+			l->other++;
+			l->other_err = r;
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Stalled engines (ctl stall) under a loop of copies: they time out and
+ * are quarantined; after ctl unstall the stalled commands run, their late
+ * completions are reaped, and the loop goes on.
+ */
+static int test_engine_stall(struct ctx *c)
+{
+	struct stall_loop l = { .c = c };
+	long q0 = sys_long(c, "quarantined"), ok_stalled, to_stalled, qmax;
+	double t0, t_stall;
+	struct dbuf s, d;
+	pthread_t th;
+
+	OK(dbuf_new(c, &s, 256 * 1024, true));
+	OK(dbuf_new(c, &d, 256 * 1024, true));
+	fill_random(s.p, 256 * 1024, 7);
+	l.hs = s.a.handle;
+	l.hd = d.a.handle;
+	CHECK(!pthread_create(&th, NULL, stall_worker, &l), "pthread_create");
+	usleep(500000);
+	if (host(c, "stall")) {
+		l.stop = 1;
+		pthread_join(th, NULL);
+		FAILF("stall: %.200s", reply);
+	}
+	t0 = now_sec();
+	while (l.timedout < 3 && now_sec() - t0 < 15)
+		usleep(50000);
+	t_stall = now_sec() - t0;
+	host(c, "info");
+	ok_stalled = l.ok;
+	to_stalled = l.timedout;
+	qmax = sys_long(c, "quarantined");
+	if (json_num(reply, "stalled") != 1 || host(c, "unstall")) {
+		host(c, "unstall");
+		l.stop = 1;
+		pthread_join(th, NULL);
+		FAILF("the daemon does not say it is stalled, or unstall failed: %.200s", reply);
+	}
+	t0 = now_sec();
+	while (l.ok < ok_stalled + 5 && now_sec() - t0 < 15)
+		usleep(50000);
+	l.stop = 1;
+	pthread_join(th, NULL);
+	CHECK(to_stalled >= 3, "%ld timeouts in %.1f s of stall", to_stalled, t_stall);
+	CHECK(l.ok >= ok_stalled + 5, "only %ld copies after the unstall", l.ok - ok_stalled);
+	CHECK(!l.other, "%ld copies failed otherwise (last %d, %s)", l.other, l.other_err,
+	      strerror(-l.other_err));
+	CHECK(wait_sys(c, "quarantined", q0, 10) == q0, "quarantined %ld after the unstall",
+	      sys_long(c, "quarantined"));
+	memset(d.p, 0, 256 * 1024);
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 256 * 1024, 5000));
+	CHECK(!memcmp(s.p, d.p, 256 * 1024), "data after the stall");
+	HOST(c, "info");
+	CHECK(json_num(reply, "stalled") == 0, "still stalled: %.200s", reply);
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	SETTLED(c);
+	DETAIL("%ld copies before the stall, %ld timed out (%ld quarantined at once) while the engines were stalled, all reaped after unstall, %ld copies after; data intact",
+	       ok_stalled, to_stalled, qmax - q0, l.ok - ok_stalled);
+	return PASS;
+}
+
+/*
+ * MB/s of COPYs of len bytes between two buffers (one command each), from
+ * the median time of n of them: a vCPU the host took away for a while
+ * (TCG on a shared machine) spoils one sample, not the measurement.
+ */
+static double copy_rate(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int n)
+{
+	double t[16];
+	int i;
+
+	for (i = 0; i < n && i < 16; i++) {
+		double t0 = now_sec();
+
+		if (copy_t(c->fd, cxla_dev(hs, 0), cxla_dev(hd, 0), len, 10000))
+			return -1;
+		t[i] = now_sec() - t0;
+	}
+	return (double)len / median(t, i) / 1e6;
+}
+
+/*
+ * The latency and bandwidth model: COPY throughput follows the configured
+ * bandwidth (a COPY reads and writes every byte: 1 / (1/read + 1/write)),
+ * a NOP takes the configured latency, and without enforcement the device
+ * runs flat out again.
+ */
+static int test_model(struct ctx *c)
+{
+	const size_t len = 4 * MIB;
+	double r_free, r1, r2, exp1, exp2, lat[15], nop_ms;
+	struct dbuf s, d;
+	int i;
+
+	OK(dbuf_new(c, &s, len, true));
+	OK(dbuf_new(c, &d, len, true));
+	memset(s.p, 9, len);
+	memset(d.p, 0, len);
+	copy_rate(c, s.a.handle, d.a.handle, len, 4);	/* warm up */
+	r_free = copy_rate(c, s.a.handle, d.a.handle, len, 8);
+	HOST(c, "model --enforce true --read-bandwidth-mbs 200 --write-bandwidth-mbs 200 --read-latency-ns 0 --write-latency-ns 0");
+	r1 = copy_rate(c, s.a.handle, d.a.handle, len, 7);
+	HOST(c, "model --read-bandwidth-mbs 50 --write-bandwidth-mbs 100");
+	r2 = copy_rate(c, s.a.handle, d.a.handle, len, 5);
+	HOST(c, "model --read-bandwidth-mbs 0 --write-bandwidth-mbs 0 --read-latency-ns 3000000 --write-latency-ns 3000000");
+	for (i = 0; i < (int)ARRAY_SIZE(lat); i++) {
+		double t0 = now_sec();
+
+		OK(nop(c->fd, 5000));
+		lat[i] = (now_sec() - t0) * 1000;
+	}
+	nop_ms = median(lat, ARRAY_SIZE(lat));
+	HOST(c, "model --enforce false --read-latency-ns 0 --write-latency-ns 0");
+	HOST(c, "fault list");
+	CHECK(strstr(reply, "\"enforce\":false"), "the model is still enforced: %.200s", reply);
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	exp1 = 1 / (1 / 200.0 + 1 / 200.0);
+	exp2 = 1 / (1 / 50.0 + 1 / 100.0);
+	DETAIL("4 MiB COPYs: flat out %.0f MB/s; model read/write 200/200 MB/s: %.1f MB/s (expected %.1f); 50/100 MB/s: %.1f MB/s (expected %.1f); 3 ms latency: NOP %.2f ms",
+	       r_free, r1, exp1, r2, exp2, nop_ms);
+	if (r1 < 0 || r2 < 0 || r_free < 0)
+		return FAIL;
+	/*
+	 * Never faster than the model; the guest's own overhead a little
+	 * slower. The detail above says what was measured.
+	 */
+	if (r1 > exp1 * 1.03 || r1 < exp1 * 0.75 || r2 > exp2 * 1.03 ||
+	    r2 < exp2 * 0.75 || r_free < 2 * exp1 || nop_ms < 2.9 || nop_ms > 30)
+		return FAIL;
+	SETTLED(c);
+	return PASS;
+}
+
+/*
+ * Poisoned device memory in buffers: the driver lists the ranges, commands
+ * touching them fail with -EIO, CPU mappings (the buffer's and a DMA-BUF's)
+ * get SIGBUS with BUS_MCEERR_AR there and work elsewhere; once the host
+ * clears the poison everything works again.
+ */
+static int test_poison_buffer(struct ctx *c)
+{
+	struct cxl_accel_dmabuf_export e = { .flags = CXL_ACCEL_DMABUF_CLOEXEC };
+	long long ev0 = dstat(c, CXL_ACCEL_DSTAT_POISON);
+	long long hw0 = dstat(c, CXL_ACCEL_DSTAT_HWPOISON);
+	long long me0 = devstat(c, CXL_ACCEL_STAT_MEDIA_ERRORS);
+	uint64_t pa, pb;
+	struct dbuf a, b, x;
+	uint8_t *bm, v = 0;
+	int code, code_b;
+
+	OK(dbuf_new(c, &a, MIB, true));
+	OK(dbuf_new(c, &b, 256 * 1024, false));
+	memset(a.p, 0xa5, MIB);
+	e.handle = b.a.handle;
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_EXPORT_DMABUF, &e));
+	bm = mmap(NULL, 256 * 1024, PROT_READ | PROT_WRITE, MAP_SHARED, e.fd, 0);
+	CHECK(bm != MAP_FAILED, "mmap of the DMA-BUF: %s", strerror(errno));
+	memset(bm, 0xb6, 256 * 1024);
+	pa = a.a.offset + 16 * PG;		/* pages 16 and 17 of a */
+	pb = b.a.offset + PG;			/* page 1 of b */
+	HOST(c, "poison %#llx 8192; poison %#llx 4096", (unsigned long long)pa,
+	     (unsigned long long)pb);
+	if (wait_poison(c, 2) != 2) {
+		char st[512] = "", pl[256] = "";
+
+		sys_read(c, "poison_stats", st, sizeof(st));
+		sys_read(c, "poison", pl, sizeof(pl));
+		FAILF("the driver lists %d poisoned ranges, expected 2: '%s' stats: %s",
+		      poison_lines(c), pl, st);
+	}
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_POISON) - ev0 == 2, "poison events %lld",
+	      dstat(c, CXL_ACCEL_DSTAT_POISON) - ev0);
+
+	/* CPU: SIGBUS on the poisoned pages, which were mapped before */
+	code = probe_read(a.p + 16 * PG + 100, &v);
+	CHECK(code == BUS_MCEERR_AR, "read of a poisoned buffer page: %s (si_code %d)",
+	      code ? "SIGBUS" : "no fault", code);
+	CHECK(probe_read(a.p + 17 * PG, &v) == BUS_MCEERR_AR, "second poisoned page");
+	CHECK(!probe_read(a.p + 15 * PG, &v) && v == 0xa5, "page 15: %#x", v);
+	CHECK(!probe_read(a.p + 18 * PG, &v) && v == 0xa5, "page 18: %#x", v);
+	code_b = probe_read(bm + PG, &v);
+	CHECK(code_b == BUS_MCEERR_AR, "read of a poisoned DMA-BUF page: si_code %d", code_b);
+	CHECK(!probe_read(bm, &v) && v == 0xb6, "DMA-BUF page 0: %#x", v);
+	CHECK(dstat(c, CXL_ACCEL_DSTAT_HWPOISON) - hw0 == 3, "hwpoison_faults +%lld, expected 3",
+	      dstat(c, CXL_ACCEL_DSTAT_HWPOISON) - hw0);
+
+	/* commands: -EIO across the poison, fine beside it */
+	OK(dbuf_new(c, &x, MIB, false));
+	EXPECT_ERR(copy_t(c->fd, cxla_dev(a.a.handle, 15 * PG), cxla_dev(x.a.handle, 0), 2 * PG, 5000), EIO);
+	EXPECT_ERR(copy_t(c->fd, cxla_dev(x.a.handle, 0), cxla_dev(a.a.handle, 17 * PG), PG, 5000), EIO);
+	EXPECT_ERR(cxla_fill(c->fd, cxla_dev(b.a.handle, 0), 256 * 1024, 1, 0), EIO);
+	OK(copy_t(c->fd, cxla_dev(a.a.handle, 0), cxla_dev(x.a.handle, 0), 16 * PG, 5000));
+	OK(copy_t(c->fd, cxla_dev(a.a.handle, 18 * PG), cxla_dev(x.a.handle, 0), MIB - 18 * PG, 5000));
+	CHECK(devstat(c, CXL_ACCEL_STAT_MEDIA_ERRORS) - me0 == 3, "device media_errors +%lld, expected 3",
+	      devstat(c, CXL_ACCEL_STAT_MEDIA_ERRORS) - me0);
+	/* a new buffer never lands on poison (the device's allocator) */
+	dbuf_del(c, &x);
+
+	HOST(c, "unpoison %#llx 8192; unpoison %#llx 4096", (unsigned long long)pa,
+	     (unsigned long long)pb);
+	CHECK(wait_poison(c, 0) == 0, "%d ranges still listed after the host cleared them",
+	      poison_lines(c));
+	CHECK(!probe_read(a.p + 16 * PG, &v), "the cleared page still faults");
+	CHECK(!probe_read(bm + PG, &v), "the cleared DMA-BUF page still faults");
+	OK(copy_t(c->fd, cxla_dev(a.a.handle, 0), cxla_dev(a.a.handle, MIB / 2), MIB / 2, 5000));
+	OK(cxla_fill(c->fd, cxla_dev(b.a.handle, 0), 256 * 1024, 1, 0));
+	munmap(bm, 256 * 1024);
+	close(e.fd);
+	dbuf_del(c, &a);
+	dbuf_del(c, &b);
+	SETTLED(c);
+	DETAIL("2 ranges listed in sysfs; SIGBUS (BUS_MCEERR_AR) on 2 buffer pages and 1 DMA-BUF page, neighbours readable; COPY/FILL across them -EIO (device media_errors +3), beside them fine; all usable again once cleared");
+	return PASS;
+}
+
+/* offsets[] of n pages: are all on this device? */
+static bool all_local(const int64_t *off, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (off[i] < 0)
+			return false;
+	return true;
+}
+
+/* n consecutive free pages of the 2 MiB chunk at chunk, not in used[]; -1 */
+static int64_t free_run(int64_t chunk, const int64_t *used, size_t nused, size_t n)
+{
+	int64_t at;
+	size_t i;
+
+	for (at = chunk + 2 * (int64_t)MIB - (int64_t)(n * PG); at >= chunk; at -= PG) {
+		for (i = 0; i < nused; i++)
+			if (used[i] >= at && used[i] < at + (int64_t)(n * PG))
+				break;
+		if (i == nused)
+			return at;
+	}
+	return -1;
+}
+
+/*
+ * Poison under the migration pool: free pool pages in the range are never
+ * handed out (quarantined), pages freed there later join them; migrated
+ * pages on poisoned memory stay where they are (MIGRATE_TO_RAM and EVICT
+ * count them); a chunk whose other pages are all free goes back to the
+ * device; clearing the poison frees the quarantined pages.
+ */
+static int test_poison_pool(struct ctx *c)
+{
+	const size_t n = 256, m = 300;
+	int64_t off[300], poff[4], chunk, runb;
+	struct cxl_accel_migrate mg;
+	struct cxl_accel_evict ev = { 0 };
+	struct cxl_accel_hmm_info h;
+	uint8_t *p, *q, *ref;
+	size_t i;
+	double t0, t_evict;
+
+	OK(cxla_hmm_info(c->fd, &h));
+	if (!(h.flags & CXL_ACCEL_HMM_COHERENT)) {
+		DETAIL("no coherent device memory (flags %#x)", h.flags);
+		return SKIP;
+	}
+	p = map_anon(n * PG);
+	q = map_anon(m * PG);
+	ref = malloc(m * PG);
+	CHECK(p && q && ref, "memory");
+	fill_random(ref, m * PG, 99);
+	memcpy(p, ref, n * PG);
+	OK(cxla_migrate(c->fd, p, n * PG, true, &mg));
+	CHECK(mg.migrated == n, "%llu of %zu pages migrated", (unsigned long long)mg.migrated, n);
+	CHECK(!dev_offsets(c, p, n, off) && all_local(off, n), "pagemap: pages not on the device");
+	chunk = off[10] & ~(int64_t)(2 * MIB - 1);
+	runb = free_run(chunk, off, n, 16);
+	CHECK(runb >= 0, "no 16 free pages in the chunk at %#llx", (long long)chunk);
+	/* pages 10..13 (in use) and 16 free pool pages */
+	memcpy(poff, off + 10, sizeof(poff));
+	HOST(c, "poison %#llx 4096; poison %#llx 4096; poison %#llx 4096; poison %#llx 4096; poison %#llx 65536",
+	     (long long)off[10], (long long)off[11], (long long)off[12],
+	     (long long)off[13], (long long)runb);
+	for (t0 = now_sec(); now_sec() - t0 < 10; usleep(20000)) {
+		OK(cxla_hmm_info(c->fd, &h));
+		if (h.pool_pages_poisoned == 16 && poison_lines(c) > 0)
+			break;
+	}
+	CHECK(h.pool_pages_poisoned == 16, "%llu pool pages quarantined, expected 16",
+	      (unsigned long long)h.pool_pages_poisoned);
+
+	/* back to RAM: the 4 poisoned pages stay */
+	OK(cxla_migrate(c->fd, p, n * PG, false, &mg));
+	CHECK(mg.migrated == n - 4 && mg.poisoned == 4 && mg.busy == 4,
+	      "MIGRATE_TO_RAM: %llu migrated, %llu poisoned, %llu busy; expected %zu, 4, 4",
+	      (unsigned long long)mg.migrated, (unsigned long long)mg.poisoned,
+	      (unsigned long long)mg.busy, n - 4);
+	for (i = 0; i < n; i++)
+		if ((i < 10 || i > 13) && memcmp(p + i * PG, ref + i * PG, PG))
+			FAILF("page %zu differs after MIGRATE_TO_RAM", i);
+	t0 = now_sec();
+	OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_EVICT, &ev));
+	t_evict = now_sec() - t0;
+	CHECK(ev.poisoned == 4 && ev.evicted == 0, "EVICT: %llu evicted, %llu poisoned; expected 0, 4",
+	      (unsigned long long)ev.evicted, (unsigned long long)ev.poisoned);
+
+	/* new migrations never use poisoned pages */
+	memcpy(q, ref, m * PG);
+	OK(cxla_migrate(c->fd, q, m * PG, true, &mg));
+	CHECK(mg.migrated == m, "%llu of %zu pages migrated while poisoned",
+	      (unsigned long long)mg.migrated, m);
+	CHECK(!dev_offsets(c, q, m, off) && all_local(off, m), "pagemap");
+	for (i = 0; i < m; i++)
+		CHECK(off[i] < runb || off[i] >= runb + 16 * (int64_t)PG,
+		      "page %zu went to quarantined pool page %#llx", i, (long long)off[i]);
+
+	/* the poisoned migrated pages come back to the pool: quarantined too */
+	munmap(p, n * PG);
+	OK(cxla_hmm_info(c->fd, &h));
+	CHECK(h.pool_pages_poisoned == 20, "%llu pool pages quarantined after munmap, expected 20",
+	      (unsigned long long)h.pool_pages_poisoned);
+
+	HOST(c, "unpoison %#llx 4096; unpoison %#llx 4096; unpoison %#llx 4096; unpoison %#llx 4096; unpoison %#llx 65536",
+	     (long long)poff[0], (long long)poff[1], (long long)poff[2],
+	     (long long)poff[3], (long long)runb);
+	CHECK(wait_poison(c, 0) == 0, "%d ranges listed after clearing", poison_lines(c));
+	OK(cxla_hmm_info(c->fd, &h));
+	CHECK(h.pool_pages_poisoned == 0, "%llu pool pages still quarantined after clearing",
+	      (unsigned long long)h.pool_pages_poisoned);
+	OK(cxla_migrate(c->fd, q, m * PG, false, &mg));
+	CHECK(mg.migrated == m && !memcmp(q, ref, m * PG), "q back to RAM: %llu migrated",
+	      (unsigned long long)mg.migrated);
+	munmap(q, m * PG);
+
+	/* a chunk whose pages are free or quarantined goes back to the device */
+	p = map_anon(64 * PG);
+	CHECK(p, "mmap");
+	memset(p, 3, 64 * PG);
+	OK(cxla_migrate(c->fd, p, 64 * PG, true, &mg));
+	CHECK(!dev_offsets(c, p, 64, off) && all_local(off, 64), "pagemap");
+	chunk = off[0] & ~(int64_t)(2 * MIB - 1);
+	runb = free_run(chunk, off, 64, 16);
+	CHECK(runb >= 0, "no free run");
+	HOST(c, "poison %#llx 65536", (long long)runb);
+	CHECK(wait_poison(c, 1) == 1, "poison not listed");
+	OK(cxla_hmm_info(c->fd, &h));
+	CHECK(h.pool_pages_poisoned == 16 && h.pool_chunks == 1,
+	      "%llu quarantined, %llu chunks", (unsigned long long)h.pool_pages_poisoned,
+	      (unsigned long long)h.pool_chunks);
+	munmap(p, 64 * PG);
+	OK(cxla_hmm_info(c->fd, &h));
+	CHECK(h.pool_chunks == 0 && h.pool_pages_poisoned == 0 && h.pool_pages_used == 0,
+	      "with only quarantined and free pages left: %llu chunks, %llu quarantined, %llu used",
+	      (unsigned long long)h.pool_chunks, (unsigned long long)h.pool_pages_poisoned,
+	      (unsigned long long)h.pool_pages_used);
+	HOST(c, "unpoison %#llx 65536", (long long)runb);
+	CHECK(wait_poison(c, 0) == 0, "poison still listed");
+	free(ref);
+	SETTLED(c);
+	DETAIL("16 free pool pages quarantined, 4 migrated pages on poison stayed (MIGRATE_TO_RAM poisoned 4, EVICT poisoned 4 in %.2f s), 300 new pages avoided the poison, the 4 joined the quarantine when freed (20), clearing released them; a chunk with free and quarantined pages only went back to the device",
+	       t_evict);
+	return PASS;
+}
+
+/*
+ * Device-private pages (kernels with DEVICE_PRIVATE) whose backing is
+ * poisoned: a CPU access cannot bring them back (SIGBUS, BUS_MCEERR_AR),
+ * MIGRATE_TO_RAM leaves them; once cleared they come back intact.
+ */
+static int test_poison_private(struct ctx *c)
+{
+	struct cxl_accel_hmm_info h;
+	struct cxl_accel_migrate mg;
+	int64_t off, chunk;
+	uint8_t *one, *p, *ref, v;
+	size_t i;
+	int code;
+
+	OK(cxla_hmm_info(c->fd, &h));
+	if (!(h.flags & CXL_ACCEL_HMM_PRIVATE)) {
+		DETAIL("no device-private memory on this kernel (flags %#x)", h.flags);
+		return SKIP;
+	}
+	/* a coherent page shows which pool chunk the backings come from */
+	one = map_anon(PG);
+	p = map_anon(8 * PG);
+	ref = malloc(8 * PG);
+	CHECK(one && p && ref, "memory");
+	one[0] = 1;
+	OK(cxla_migrate(c->fd, one, PG, true, &mg));
+	CHECK(!dev_offsets(c, one, 1, &off) && off >= 0, "pagemap");
+	chunk = off & ~(int64_t)(2 * MIB - 1);
+	fill_random(ref, 8 * PG, 5);
+	memcpy(p, ref, 8 * PG);
+	OK(cxla_migrate_flags(c->fd, p, 8 * PG, true, CXL_ACCEL_MIGRATE_PRIVATE, &mg));
+	CHECK(mg.migrated == 8, "%llu private pages", (unsigned long long)mg.migrated);
+	HOST(c, "poison %#llx %#lx", (long long)chunk, 2 * MIB);
+	CHECK(wait_poison(c, 1) == 1, "poison not listed");
+	code = probe_read(p + 3 * PG, &v);
+	CHECK(code == BUS_MCEERR_AR, "CPU read of a private page on poison: %s (si_code %d)",
+	      code ? "SIGBUS" : "no fault", code);
+	OK(cxla_migrate_flags(c->fd, p, 8 * PG, false, CXL_ACCEL_MIGRATE_PRIVATE, &mg));
+	CHECK(mg.migrated == 0 && mg.poisoned == 8, "MIGRATE_TO_RAM: %llu migrated, %llu poisoned",
+	      (unsigned long long)mg.migrated, (unsigned long long)mg.poisoned);
+	HOST(c, "unpoison %#llx %#lx", (long long)chunk, 2 * MIB);
+	CHECK(wait_poison(c, 0) == 0, "poison still listed");
+	for (i = 0; i < 8; i++)
+		CHECK(!probe_read(p + i * PG, &v), "page %zu faults after clearing", i);
+	CHECK(!memcmp(p, ref, 8 * PG), "private pages differ after coming back");
+	munmap(p, 8 * PG);
+	munmap(one, PG);
+	free(ref);
+	SETTLED(c);
+	DETAIL("8 private pages on a poisoned chunk: CPU read SIGBUS (BUS_MCEERR_AR), MIGRATE_TO_RAM left all 8 (poisoned 8); after clearing a read brought them back intact");
+	return PASS;
+}
+
+/*
+ * Under --supervise: which fault state survives a worker restart. The host
+ * kills the worker; the supervisor starts another from the state file:
+ * buffers and device counters are still there; rules, stall, model, trace
+ * and poison are not (the driver keeps its poison record until the device
+ * says the range is clear, so the host poisons and clears it again).
+ */
+static int test_worker_restart(struct ctx *c)
+{
+	long long pid0, pid1, cmds0, cmds1;
+	struct dbuf a;
+	uint64_t pa;
+
+	if (!c->supervised) {
+		DETAIL("the daemon is not supervised (--supervised)");
+		return SKIP;
+	}
+	OK(dbuf_new(c, &a, MIB, true));
+	memset(a.p, 0x11, MIB);
+	pa = a.a.offset + 4 * PG;
+	HOST(c, "fault clear; fault add --opcode FILL --nth 1000 --fail INTERNAL; model --enforce true --read-latency-ns 1000; trace on; poison %#llx 4096; info",
+	     (unsigned long long)pa);
+	pid0 = json_num(reply, "pid");
+	CHECK(json_num(reply, "trace") == 1, "trace not on: %.200s", reply);
+	CHECK(wait_poison(c, 1) == 1, "poison not listed");
+	HOST(c, "counters");
+	cmds0 = json_num(reply, "commands");
+	HOST(c, "!kill-worker");
+	pid1 = json_num(reply, "pid");
+	CHECK(pid1 > 0 && pid1 != pid0, "worker pid %lld before, %lld after", pid0, pid1);
+	CHECK(json_num(reply, "trace") == 0 && json_num(reply, "stalled") == 0,
+	      "the new worker traces or is stalled: %.200s", reply);
+	HOST(c, "fault list");
+	CHECK(json_count(reply, "fired") == 0, "rules survived: %.200s", reply);
+	CHECK(strstr(reply, "\"enforce\":false") && strstr(reply, "\"poison\":[]"),
+	      "model or poison survived: %.300s", reply);
+	HOST(c, "buffers");
+	CHECK(strstr(reply, "\"size\":1048576"), "our buffer is gone: %.200s", reply);
+	HOST(c, "counters");
+	cmds1 = json_num(reply, "commands");
+	CHECK(cmds1 >= cmds0, "device commands counter %lld, was %lld", cmds1, cmds0);
+	OK(nop(c->fd, 5000));
+	CHECK(a.p[0] == 0x11, "buffer data");
+	/* the driver still refuses the page: the device never said it is clear */
+	CHECK(poison_lines(c) == 1, "driver poison record: %d ranges", poison_lines(c));
+	HOST(c, "poison %#llx 4096; unpoison %#llx 4096", (unsigned long long)pa,
+	     (unsigned long long)pa);
+	CHECK(wait_poison(c, 0) == 0, "poison still listed after poison+unpoison");
+	OK(copy_t(c->fd, cxla_dev(a.a.handle, 0), cxla_dev(a.a.handle, MIB / 2), MIB / 2, 5000));
+	dbuf_del(c, &a);
+	SETTLED(c);
+	DETAIL("worker %lld killed, %lld took over: buffer and counters (%lld -> %lld commands) kept; rules, model, trace and poison gone (driver record cleared by poison+unpoison)",
+	       pid0, pid1, cmds0, cmds1);
+	return PASS;
+}
+
+struct test {
+	const char *name;
+	int (*fn)(struct ctx *c);
+};
+
+#define T(x) { #x, test_##x }
+static const struct test tests[] = {
+	T(host_channel),
+	T(error_status),
+	T(corrupted_responses),
+	T(delayed_completion),
+	T(late_completion),
+	T(engine_stall),
+	T(model),
+	T(poison_buffer),
+	T(poison_pool),
+	T(poison_private),
+	T(never_completes),
+	T(worker_restart),
+};
+
+static int run_child(const void *env, const void *test, char *detail)
+{
+	const struct test *t = test;
+	struct ctx c = *(const struct ctx *)env;
+	int r;
+
+	c.detail = detail;
+	c.fd = open(c.path, O_RDWR);
+	if (c.fd < 0) {
+		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path, strerror(errno));
+		return FAIL;
+	}
+	r = t->fn(&c);
+	if (r == FAIL)
+		host(&c, "fault clear; unstall; model --enforce false");
+	return r;
+}
+
+/* ------------------------------------------------------------ bench */
+
+static double nop_us(int fd, int n)
+{
+	double v[2000];
+	int i;
+
+	n = n > 2000 ? 2000 : n;
+	for (i = 0; i < n; i++) {
+		double t0 = now_sec();
+
+		if (nop(fd, 5000))
+			return -1;
+		v[i] = (now_sec() - t0) * 1e6;
+	}
+	return median(v, n);
+}
+
+static double copy_mbs(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int n)
+{
+	double v[8];
+	int i;
+
+	for (i = 0; i < n && i < 8; i++) {
+		double t0 = now_sec();
+
+		if (copy_t(c->fd, cxla_dev(hs, 0), cxla_dev(hd, 0), len, 30000))
+			return -1;
+		v[i] = len / (now_sec() - t0) / 1e6;
+	}
+	return median(v, i);
+}
+
+/*
+ * What the control channel and tracing cost: NOP round trip and COPY
+ * bandwidth on dev (control socket present; trace off, then on) and on
+ * peer (no control socket), alternating over a few rounds, medians.
+ */
+static int bench(struct ctx *c, struct ctx *p, const char *prefix)
+{
+	enum { ABSENT, PRESENT, TRACE, NCFG, ROUNDS = 5 };
+	static const char * const cfg[NCFG] = { "no control socket",
+		"control socket, trace off", "control socket, trace on" };
+	const size_t len = 64 * MIB;
+	double nopv[NCFG][ROUNDS], bwv[NCFG][ROUNDS], nopm[NCFG], bwm[NCFG];
+	struct dbuf s[2], d[2];
+	struct ctx *cc;
+	int round, k, rc = 0;
+
+	if (dbuf_new(c, &s[0], len, false) || dbuf_new(c, &d[0], len, false) ||
+	    dbuf_new(p, &s[1], len, false) || dbuf_new(p, &d[1], len, false)) {
+		printf("RESULT %sbench FAIL buffers: %s\n", prefix, strerror(errno));
+		return 1;
+	}
+	for (k = 0; k < 2; k++) {
+		cc = k ? p : c;
+		cxla_fill(cc->fd, cxla_dev(s[k].a.handle, 0), len, 0x1234, 0);
+	}
+	host(c, "trace off");
+	for (round = 0; round < ROUNDS; round++) {
+		for (k = 0; k < NCFG; k++) {
+			int di = k == ABSENT;
+
+			cc = di ? p : c;
+			if (k == TRACE && host(c, "trace on")) {
+				printf("RESULT %sbench FAIL trace on: %s\n", prefix, reply);
+				return 1;
+			}
+			nopv[k][round] = nop_us(cc->fd, 1000);
+			bwv[k][round] = copy_mbs(cc, s[di].a.handle, d[di].a.handle, len, 3);
+			if (k == TRACE)
+				host(c, "trace off");
+		}
+	}
+	for (k = 0; k < NCFG; k++) {
+		nopm[k] = median(nopv[k], ROUNDS);
+		bwm[k] = median(bwv[k], ROUNDS);
+		if (nopm[k] <= 0 || bwm[k] <= 0)
+			rc = 1;
+	}
+	printf("# cost of the control channel and tracing (median of %d rounds, each: NOP median of 1000, COPY of 64 MiB device to device median of 3)\n",
+	       ROUNDS);
+	for (k = 0; k < NCFG; k++)
+		printf("#   %-28s NOP %7.1f us   COPY %7.0f MB/s\n", cfg[k], nopm[k], bwm[k]);
+	printf("RESULT %sbench_nop_roundtrip %s absent %.1f us, present %.1f us (%+.1f%%), trace on %.1f us (%+.1f%%)\n",
+	       prefix, rc ? "FAIL" : "PASS", nopm[ABSENT], nopm[PRESENT],
+	       100 * (nopm[PRESENT] / nopm[ABSENT] - 1), nopm[TRACE],
+	       100 * (nopm[TRACE] / nopm[PRESENT] - 1));
+	printf("RESULT %sbench_copy_bandwidth %s absent %.0f MB/s, present %.0f MB/s (%+.1f%%), trace on %.0f MB/s (%+.1f%%)\n",
+	       prefix, rc ? "FAIL" : "PASS", bwm[ABSENT], bwm[PRESENT],
+	       100 * (bwm[PRESENT] / bwm[ABSENT] - 1), bwm[TRACE],
+	       100 * (bwm[TRACE] / bwm[PRESENT] - 1));
+	dbuf_del(c, &s[0]);
+	dbuf_del(c, &d[0]);
+	dbuf_del(p, &s[1]);
+	dbuf_del(p, &d[1]);
+	return rc;
+}
+
+static int ctx_open(struct ctx *c, const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	c->path = path;
+	snprintf(c->name, sizeof(c->name), "%s", slash ? slash + 1 : path);
+	c->fd = open(path, O_RDWR);
+	if (c->fd < 0 || cxla_identify(c->fd, &c->id))
+		return -1;
+	c->index = (int)c->id.device_index;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct cxla_runner r = { .prefix = "faults.", .timeout_s = TEST_TIMEOUT_S };
+	const char *path = "/dev/cxl-accel0", *peer = NULL;
+	struct ctx base = { 0 }, pc = { 0 };
+	int i, k, do_bench = 0;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+			path = argv[++i];
+		} else if (!strcmp(argv[i], "-P") && i + 1 < argc) {
+			peer = argv[++i];
+		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
+			r.prefix = argv[++i];
+		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
+			r.only[r.nonly++] = argv[++i];
+		} else if (!strcmp(argv[i], "--supervised")) {
+			base.supervised = true;
+		} else if (!strcmp(argv[i], "--bench")) {
+			do_bench = 1;
+		} else if (!strcmp(argv[i], "-l")) {
+			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
+				printf("%s\n", tests[k].name);
+			return 0;
+		} else {
+			fprintf(stderr,
+				"usage: %s [-d dev] [-p prefix] [-t test]... [--supervised] [-l]\n"
+				"       %s --bench -d dev -P dev-without-control-socket [-p prefix]\n",
+				argv[0], argv[0]);
+			return 2;
+		}
+	}
+	if (cxla_runner_start(&r))
+		return 2;
+	if (ctx_open(&base, path)) {
+		printf("RESULT %sopen FAIL %s: %s\n", r.prefix, path, strerror(errno));
+		return 1;
+	}
+	if (host_open()) {
+		printf("RESULT %shost_channel FAIL console or /dev/ttyS1: %s\n", r.prefix,
+		       strerror(errno));
+		return 1;
+	}
+	if (do_bench) {
+		cpu_set_t one;
+
+		/* where the interrupts go too (run-faults.sh): no cross-CPU wakeups */
+		CPU_ZERO(&one);
+		CPU_SET(0, &one);
+		sched_setaffinity(0, sizeof(one), &one);
+		if (!peer || ctx_open(&pc, peer)) {
+			printf("RESULT %sbench FAIL a second device without control socket (-P) is needed\n",
+			       r.prefix);
+			return 1;
+		}
+		return bench(&base, &pc, r.prefix);
+	}
+	/* the tests open the device themselves: one may unbind it */
+	close(base.fd);
+	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
+		if (cxla_selected(&r, tests[k].name))
+			cxla_run(&r, tests[k].name, run_child, &base, &tests[k]);
+	printf("# fault-tests %s: %d passed, %d failed\n", path, r.passed, r.failed);
+	return r.failed ? 1 : 0;
+}
