@@ -30,7 +30,7 @@
 #include <sys/sysmacros.h>
 #include <termios.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define PG		4096UL
 #define MIB		(1UL << 20)
@@ -38,14 +38,12 @@
 #define ANSWER_WAIT_S	10	/* per attempt */
 #define ANSWER_TRIES	6
 
-struct ctx {
-	const char *path;	/* /dev/cxl-accelN */
+/* one test's device; the tests open it themselves (one unbinds it) */
+FIXTURE(fault) {
+	CXLA_DEVS;
 	char name[32];		/* cxl-accelN */
-	int fd;
 	int index;		/* device_index: the daemon the host talks to */
 	bool supervised;	/* the daemon runs under --supervise */
-	struct cxl_accel_identify id;
-	char *detail;
 };
 
 /* ------------------------------------------------------- the host */
@@ -188,12 +186,12 @@ static int json_count(const char *json, const char *key)
 
 /* -------------------------------------------------------- helpers */
 
-static long sys_long(struct ctx *c, const char *attr)
+static long sys_long(FIXTURE_DATA(fault) *c, const char *attr)
 {
 	return cxla_sysfs_long(c->name, attr);
 }
 
-static int sys_read(struct ctx *c, const char *attr, char *buf, size_t len)
+static int sys_read(FIXTURE_DATA(fault) *c, const char *attr, char *buf, size_t len)
 {
 	char p[256];
 	ssize_t n;
@@ -222,14 +220,14 @@ static int sys_write(const char *path, const char *val)
 	return ok ? 0 : -1;
 }
 
-static long long dstat(struct ctx *c, int idx)
+static long long dstat(FIXTURE_DATA(fault) *c, int idx)
 {
 	struct cxl_accel_stats st;
 
 	return cxla_stats(c->fd, &st) ? -1 : (long long)st.driver[idx];
 }
 
-static long long devstat(struct ctx *c, int idx)
+static long long devstat(FIXTURE_DATA(fault) *c, int idx)
 {
 	struct cxl_accel_stats st;
 
@@ -259,7 +257,7 @@ struct dbuf {
 	uint8_t *p;
 };
 
-static int dbuf_new(struct ctx *c, struct dbuf *b, size_t size, bool map)
+static int dbuf_new(FIXTURE_DATA(fault) *c, struct dbuf *b, size_t size, bool map)
 {
 	int r = cxla_alloc(c->fd, size, 0, &b->a);
 
@@ -274,7 +272,7 @@ static int dbuf_new(struct ctx *c, struct dbuf *b, size_t size, bool map)
 	return 0;
 }
 
-static void dbuf_del(struct ctx *c, struct dbuf *b)
+static void dbuf_del(FIXTURE_DATA(fault) *c, struct dbuf *b)
 {
 	if (b->p)
 		munmap(b->p, b->a.alloc_size);
@@ -289,7 +287,7 @@ static void dbuf_del(struct ctx *c, struct dbuf *b)
  * buffers and mappings: no quarantined request, no buffer, no pool chunk,
  * no DMA-BUF. Waits up to 10 s for deferred work; 0 or -1 (detail set).
  */
-static int settled(struct ctx *c)
+static int settled(FIXTURE_DATA(fault) *c)
 {
 	struct cxl_accel_hmm_info h = { 0 };
 	double t0 = now_sec();
@@ -314,7 +312,7 @@ static int settled(struct ctx *c)
 #define SETTLED(c) do { if (settled(c)) return FAIL; } while (0)
 
 /* Wait (up to secs) until sysfs attr reads want; the last value read */
-static long wait_sys(struct ctx *c, const char *attr, long want, double secs)
+static long wait_sys(FIXTURE_DATA(fault) *c, const char *attr, long want, double secs)
 {
 	double t0 = now_sec();
 	long v;
@@ -325,7 +323,7 @@ static long wait_sys(struct ctx *c, const char *attr, long want, double secs)
 }
 
 /* The poisoned ranges the driver lists in sysfs */
-static int poison_lines(struct ctx *c)
+static int poison_lines(FIXTURE_DATA(fault) *c)
 {
 	char buf[4096], *p;
 	int n = 0;
@@ -338,7 +336,7 @@ static int poison_lines(struct ctx *c)
 }
 
 /* Wait until the driver lists n poisoned ranges (it acts from a work item) */
-static int wait_poison(struct ctx *c, int n)
+static int wait_poison(FIXTURE_DATA(fault) *c, int n)
 {
 	double t0 = now_sec();
 
@@ -374,7 +372,7 @@ static int probe_read(volatile const uint8_t *p, uint8_t *val)
 }
 
 /* Device-memory offsets of n pages at p (from /proc/self/pagemap); -1 if not there */
-static int dev_offsets(struct ctx *c, const void *p, size_t n, int64_t *off)
+static int dev_offsets(FIXTURE_DATA(fault) *c, const void *p, size_t n, int64_t *off)
 {
 	int fd = open("/proc/self/pagemap", O_RDONLY);
 	size_t i;
@@ -415,7 +413,7 @@ static double median(double *v, int n)
 /* ------------------------------------------------------------ tests */
 
 /* The control channel answers for our device */
-static int test_host_channel(struct ctx *c)
+CXLA_TEST_F(fault, host_channel)
 {
 	HOST(c, "info");
 	CHECK(json_num(reply, "index") == c->index,
@@ -451,7 +449,7 @@ static const struct {
  * documented errno, counted as a device error (not a protocol error), and
  * the next command works.
  */
-static int test_error_status(struct ctx *c)
+CXLA_TEST_F(fault, error_status)
 {
 	char cmds[4096];
 	size_t n = 0, i;
@@ -506,7 +504,7 @@ static int test_error_status(struct ctx *c)
  * defines, a used length shorter than a response. Both are protocol errors
  * (-EIO, counted, logged); the driver goes on and later commands work.
  */
-static int test_corrupted_responses(struct ctx *c)
+CXLA_TEST_F(fault, corrupted_responses)
 {
 	long long proto0, err0;
 	struct dbuf s, d;
@@ -547,7 +545,7 @@ static int test_corrupted_responses(struct ctx *c)
 }
 
 /* A completion that comes late, within the timeout: the command succeeds */
-static int test_delayed_completion(struct ctx *c)
+CXLA_TEST_F(fault, delayed_completion)
 {
 	long long to0 = dstat(c, CXL_ACCEL_DSTAT_TIMEOUTS);
 	struct dbuf s, d;
@@ -580,7 +578,7 @@ static int test_delayed_completion(struct ctx *c)
  * meanwhile: the pin kept the pages from being reused. A late ALLOC is
  * given back to the device.
  */
-static int test_late_completion(struct ctx *c)
+CXLA_TEST_F(fault, late_completion)
 {
 	const char *param = "/sys/module/cxl_accel/parameters/cmd_timeout_ms";
 	long q0 = sys_long(c, "quarantined"), to0 = sys_long(c, "timeouts");
@@ -680,76 +678,8 @@ static void ensure_node(const char *name)
 	fclose(f);
 }
 
-/*
- * A completion that never comes: -ETIMEDOUT, the request stays
- * quarantined (its buffers alive), the other engine goes on; the device
- * reset of an unbind ends it, and nothing is left after the rebind.
- */
-static int test_never_completes(struct ctx *c)
-{
-	long q0 = sys_long(c, "quarantined");
-	char link[256], vdev[64], p[128], name[32];
-	struct dbuf s, d;
-	ssize_t n;
-	double t0, t;
-	int r;
-
-	OK(dbuf_new(c, &s, MIB, true));
-	OK(dbuf_new(c, &d, MIB, true));
-	memset(s.p, 0x42, MIB);
-	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --hang");
-	t0 = now_sec();
-	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 1000);
-	t = now_sec() - t0;
-	EXPECT_ERR(r, ETIMEDOUT);
-	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantined %ld, expected %ld",
-	      sys_long(c, "quarantined"), q0 + 1);
-	/* the other engine still works */
-	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 5000));
-	CHECK(d.p[0] == 0x42, "data");
-	HOST(c, "fault clear; counters");
-	CHECK(json_num(reply, "executing") == 1, "the daemon executes %lld commands, expected the hung one",
-	      json_num(reply, "executing"));
-	/* our buffers go; the hung request still holds its own references */
-	dbuf_del(c, &s);
-	dbuf_del(c, &d);
-	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantine ended by itself");
-
-	/* unbind: the device reset ends the hung command; then bind again */
-	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/device", c->name);
-	n = readlink(p, link, sizeof(link) - 1);
-	CHECK(n > 0, "readlink %s", p);
-	link[n] = 0;
-	snprintf(vdev, sizeof(vdev), "%s", strrchr(link, '/') ? strrchr(link, '/') + 1 : link);
-	close(c->fd);
-	c->fd = -1;
-	t0 = now_sec();
-	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev), "unbind %s", vdev);
-	t = now_sec() - t0;
-	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/bind", vdev), "bind %s", vdev);
-	find_index(c->index, name, sizeof(name));
-	CHECK(!strcmp(name, c->name), "after the rebind device index %d is '%s', was %s",
-	      c->index, name, c->name);
-	ensure_node(name);
-	c->fd = open(c->path, O_RDWR);
-	CHECK(c->fd >= 0, "open %s after the rebind: %s", c->path, strerror(errno));
-	CHECK(sys_long(c, "devmem_free") == (long)c->id.devmem_size,
-	      "devmem_free %ld of %llu after the rebind", sys_long(c, "devmem_free"),
-	      (unsigned long long)c->id.devmem_size);
-	HOST(c, "counters");
-	CHECK(json_num(reply, "executing") == 0, "the daemon still executes %lld commands",
-	      json_num(reply, "executing"));
-	HOST(c, "buffers");
-	CHECK(json_count(reply, "id") == 0, "buffers left on the device: %.200s", reply);
-	OK(nop(c->fd, 5000));
-	SETTLED(c);
-	DETAIL("hung COPY: -ETIMEDOUT, quarantined, the second engine went on; unbind (%.2f s) ended it, after the rebind all device memory free, no buffer, nothing executing",
-	       t);
-	return PASS;
-}
-
 struct stall_loop {
-	struct ctx *c;
+	FIXTURE_DATA(fault) *c;
 	uint32_t hs, hd;
 	volatile int stop;
 	volatile long ok, timedout, other;
@@ -781,7 +711,7 @@ static void *stall_worker(void *arg)
  * are quarantined; after ctl unstall the stalled commands run, their late
  * completions are reaped, and the loop goes on.
  */
-static int test_engine_stall(struct ctx *c)
+CXLA_TEST_F(fault, engine_stall)
 {
 	struct stall_loop l = { .c = c };
 	long q0 = sys_long(c, "quarantined"), ok_stalled, to_stalled, qmax;
@@ -844,7 +774,7 @@ static int test_engine_stall(struct ctx *c)
  * the median time of n of them: a vCPU the host took away for a while
  * (TCG on a shared machine) spoils one sample, not the measurement.
  */
-static double copy_rate(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int n)
+static double copy_rate(FIXTURE_DATA(fault) *c, uint32_t hs, uint32_t hd, size_t len, int n)
 {
 	double t[16];
 	int i;
@@ -865,7 +795,7 @@ static double copy_rate(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int
  * a NOP takes the configured latency, and without enforcement the device
  * runs flat out again.
  */
-static int test_model(struct ctx *c)
+CXLA_TEST_F(fault, model)
 {
 	const size_t len = 4 * MIB;
 	double r_free, r1, r2, exp1, exp2, lat[15], nop_ms;
@@ -918,7 +848,7 @@ static int test_model(struct ctx *c)
  * get SIGBUS with BUS_MCEERR_AR there and work elsewhere; once the host
  * clears the poison everything works again.
  */
-static int test_poison_buffer(struct ctx *c)
+CXLA_TEST_F(fault, poison_buffer)
 {
 	struct cxl_accel_dmabuf_export e = { .flags = CXL_ACCEL_DMABUF_CLOEXEC };
 	long long ev0 = dstat(c, CXL_ACCEL_DSTAT_POISON);
@@ -1028,7 +958,7 @@ static int64_t free_run(int64_t chunk, const int64_t *used, size_t nused, size_t
  * count them); a chunk whose other pages are all free goes back to the
  * device; clearing the poison frees the quarantined pages.
  */
-static int test_poison_pool(struct ctx *c)
+CXLA_TEST_F(fault, poison_pool)
 {
 	const size_t n = 256, m = 300;
 	int64_t off[300], poff[4], chunk, runb;
@@ -1147,7 +1077,7 @@ static int test_poison_pool(struct ctx *c)
  * poisoned: a CPU access cannot bring them back (SIGBUS, BUS_MCEERR_AR),
  * MIGRATE_TO_RAM leaves them; once cleared they come back intact.
  */
-static int test_poison_private(struct ctx *c)
+CXLA_TEST_F(fault, poison_private)
 {
 	struct cxl_accel_hmm_info h;
 	struct cxl_accel_migrate mg;
@@ -1196,13 +1126,81 @@ static int test_poison_private(struct ctx *c)
 }
 
 /*
+ * A completion that never comes: -ETIMEDOUT, the request stays
+ * quarantined (its buffers alive), the other engine goes on; the device
+ * reset of an unbind ends it, and nothing is left after the rebind.
+ */
+CXLA_TEST_F(fault, never_completes)
+{
+	long q0 = sys_long(c, "quarantined");
+	char link[256], vdev[64], p[128], name[32];
+	struct dbuf s, d;
+	ssize_t n;
+	double t0, t;
+	int r;
+
+	OK(dbuf_new(c, &s, MIB, true));
+	OK(dbuf_new(c, &d, MIB, true));
+	memset(s.p, 0x42, MIB);
+	HOST(c, "fault clear; fault add --opcode COPY --nth 1 --hang");
+	t0 = now_sec();
+	r = copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 1000);
+	t = now_sec() - t0;
+	EXPECT_ERR(r, ETIMEDOUT);
+	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantined %ld, expected %ld",
+	      sys_long(c, "quarantined"), q0 + 1);
+	/* the other engine still works */
+	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), MIB, 5000));
+	CHECK(d.p[0] == 0x42, "data");
+	HOST(c, "fault clear; counters");
+	CHECK(json_num(reply, "executing") == 1, "the daemon executes %lld commands, expected the hung one",
+	      json_num(reply, "executing"));
+	/* our buffers go; the hung request still holds its own references */
+	dbuf_del(c, &s);
+	dbuf_del(c, &d);
+	CHECK(sys_long(c, "quarantined") == q0 + 1, "quarantine ended by itself");
+
+	/* unbind: the device reset ends the hung command; then bind again */
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/device", c->name);
+	n = readlink(p, link, sizeof(link) - 1);
+	CHECK(n > 0, "readlink %s", p);
+	link[n] = 0;
+	snprintf(vdev, sizeof(vdev), "%s", strrchr(link, '/') ? strrchr(link, '/') + 1 : link);
+	close(c->fd);
+	c->fd = -1;
+	t0 = now_sec();
+	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev), "unbind %s", vdev);
+	t = now_sec() - t0;
+	CHECK(!sys_write("/sys/bus/virtio/drivers/cxl_accel/bind", vdev), "bind %s", vdev);
+	find_index(c->index, name, sizeof(name));
+	CHECK(!strcmp(name, c->name), "after the rebind device index %d is '%s', was %s",
+	      c->index, name, c->name);
+	ensure_node(name);
+	c->fd = open(c->path, O_RDWR);
+	CHECK(c->fd >= 0, "open %s after the rebind: %s", c->path, strerror(errno));
+	CHECK(sys_long(c, "devmem_free") == (long)c->id.devmem_size,
+	      "devmem_free %ld of %llu after the rebind", sys_long(c, "devmem_free"),
+	      (unsigned long long)c->id.devmem_size);
+	HOST(c, "counters");
+	CHECK(json_num(reply, "executing") == 0, "the daemon still executes %lld commands",
+	      json_num(reply, "executing"));
+	HOST(c, "buffers");
+	CHECK(json_count(reply, "id") == 0, "buffers left on the device: %.200s", reply);
+	OK(nop(c->fd, 5000));
+	SETTLED(c);
+	DETAIL("hung COPY: -ETIMEDOUT, quarantined, the second engine went on; unbind (%.2f s) ended it, after the rebind all device memory free, no buffer, nothing executing",
+	       t);
+	return PASS;
+}
+
+/*
  * Under --supervise: which fault state survives a worker restart. The host
  * kills the worker; the supervisor starts another from the state file:
  * buffers and device counters are still there; rules, stall, model, trace
  * and poison are not (the driver keeps its poison record until the device
  * says the range is clear, so the host poisons and clears it again).
  */
-static int test_worker_restart(struct ctx *c)
+CXLA_TEST_F(fault, worker_restart)
 {
 	long long pid0, pid1, cmds0, cmds1;
 	struct dbuf a;
@@ -1251,45 +1249,6 @@ static int test_worker_restart(struct ctx *c)
 	return PASS;
 }
 
-struct test {
-	const char *name;
-	int (*fn)(struct ctx *c);
-};
-
-#define T(x) { #x, test_##x }
-static const struct test tests[] = {
-	T(host_channel),
-	T(error_status),
-	T(corrupted_responses),
-	T(delayed_completion),
-	T(late_completion),
-	T(engine_stall),
-	T(model),
-	T(poison_buffer),
-	T(poison_pool),
-	T(poison_private),
-	T(never_completes),
-	T(worker_restart),
-};
-
-static int run_child(const void *env, const void *test, char *detail)
-{
-	const struct test *t = test;
-	struct ctx c = *(const struct ctx *)env;
-	int r;
-
-	c.detail = detail;
-	c.fd = open(c.path, O_RDWR);
-	if (c.fd < 0) {
-		snprintf(detail, DETAIL_LEN, "open %s: %s", c.path, strerror(errno));
-		return FAIL;
-	}
-	r = t->fn(&c);
-	if (r == FAIL)
-		host(&c, "fault clear; unstall; model --enforce false");
-	return r;
-}
-
 /* ------------------------------------------------------------ bench */
 
 static double nop_us(int fd, int n)
@@ -1308,7 +1267,7 @@ static double nop_us(int fd, int n)
 	return median(v, n);
 }
 
-static double copy_mbs(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int n)
+static double copy_mbs(FIXTURE_DATA(fault) *c, uint32_t hs, uint32_t hd, size_t len, int n)
 {
 	double v[8];
 	int i;
@@ -1328,7 +1287,7 @@ static double copy_mbs(struct ctx *c, uint32_t hs, uint32_t hd, size_t len, int 
  * bandwidth on dev (control socket present; trace off, then on) and on
  * peer (no control socket), alternating over a few rounds, medians.
  */
-static int bench(struct ctx *c, struct ctx *p, const char *prefix)
+static int bench(FIXTURE_DATA(fault) *c, FIXTURE_DATA(fault) *p, const char *prefix)
 {
 	enum { ABSENT, PRESENT, TRACE, NCFG, ROUNDS = 5 };
 	static const char * const cfg[NCFG] = { "no control socket",
@@ -1336,7 +1295,7 @@ static int bench(struct ctx *c, struct ctx *p, const char *prefix)
 	const size_t len = 64 * MIB;
 	double nopv[NCFG][ROUNDS], bwv[NCFG][ROUNDS], nopm[NCFG], bwm[NCFG];
 	struct dbuf s[2], d[2];
-	struct ctx *cc;
+	FIXTURE_DATA(fault) *cc;
 	int round, k, rc = 0;
 
 	if (dbuf_new(c, &s[0], len, false) || dbuf_new(c, &d[0], len, false) ||
@@ -1389,81 +1348,84 @@ static int bench(struct ctx *c, struct ctx *p, const char *prefix)
 	return rc;
 }
 
-static int ctx_open(struct ctx *c, const char *path)
-{
-	const char *slash = strrchr(path, '/');
+static bool supervised;		/* --supervised */
 
-	c->path = path;
-	snprintf(c->name, sizeof(c->name), "%s", slash ? slash + 1 : path);
-	c->fd = open(path, O_RDWR);
-	if (c->fd < 0 || cxla_identify(c->fd, &c->id))
-		return -1;
+/* cxl-accelN and the daemon's index, from the path and IDENTIFY */
+static void name_device(FIXTURE_DATA(fault) *c)
+{
+	const char *slash = strrchr(c->path, '/');
+
+	snprintf(c->name, sizeof(c->name), "%s", slash ? slash + 1 : c->path);
 	c->index = (int)c->id.device_index;
+	c->supervised = supervised;
+}
+
+FIXTURE_SETUP(fault)
+{
+	int r = cxla_open_devs(&c->devs, CXLA_NO_PEER);
+
+	if (r == PASS)
+		name_device(c);
+	return r;
+}
+
+/* a failed test may have left its fault behind: the next one starts clean */
+FIXTURE_TEARDOWN(fault)
+{
+	if (verdict == FAIL)
+		host(c, "fault clear; unstall; model --enforce false");
+	close(c->fd);
+	return verdict;
+}
+
+CXLA_OPTION(supervised, "--supervised", NULL)
+{
+	supervised = true;
+}
+
+static int prologue(void)
+{
+	if (host_open()) {
+		printf("RESULT %shost_channel FAIL console or /dev/ttyS1: %s\n",
+		       cxla_opt.prefix, strerror(errno));
+		return 1;
+	}
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* -d DEV (control socket) -P DEV (none) --bench: the cost table */
+CXLA_MODE(bench, "--bench", "", 0)
 {
-	struct cxla_runner r = { .prefix = "faults.", .timeout_s = TEST_TIMEOUT_S };
-	const char *path = "/dev/cxl-accel0", *peer = NULL;
-	struct ctx base = { 0 }, pc = { 0 };
-	int i, k, do_bench = 0;
+	FIXTURE_DATA(fault) base = { 0 }, pc = { 0 };
+	cpu_set_t one;
 
-	for (i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-d") && i + 1 < argc) {
-			path = argv[++i];
-		} else if (!strcmp(argv[i], "-P") && i + 1 < argc) {
-			peer = argv[++i];
-		} else if (!strcmp(argv[i], "-p") && i + 1 < argc) {
-			r.prefix = argv[++i];
-		} else if (!strcmp(argv[i], "-t") && i + 1 < argc && r.nonly < 64) {
-			r.only[r.nonly++] = argv[++i];
-		} else if (!strcmp(argv[i], "--supervised")) {
-			base.supervised = true;
-		} else if (!strcmp(argv[i], "--bench")) {
-			do_bench = 1;
-		} else if (!strcmp(argv[i], "-l")) {
-			for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-				printf("%s\n", tests[k].name);
-			return 0;
-		} else {
-			fprintf(stderr,
-				"usage: %s [-d dev] [-p prefix] [-t test]... [--supervised] [-l]\n"
-				"       %s --bench -d dev -P dev-without-control-socket [-p prefix]\n",
-				argv[0], argv[0]);
-			return 2;
-		}
-	}
-	if (cxla_runner_start(&r))
-		return 2;
-	if (ctx_open(&base, path)) {
-		printf("RESULT %sopen FAIL %s: %s\n", r.prefix, path, strerror(errno));
+	base.devs.pfd = -1;
+	pc.devs.pfd = -1;
+	if (!cxla_opt.peer) {
+		printf("RESULT %sbench FAIL a second device without control socket (-P) is needed\n",
+		       cxla_opt.prefix);
 		return 1;
 	}
-	if (host_open()) {
-		printf("RESULT %shost_channel FAIL console or /dev/ttyS1: %s\n", r.prefix,
-		       strerror(errno));
+	base.path = cxla_opt.dev;
+	pc.path = cxla_opt.peer;
+	base.fd = open(base.path, O_RDWR | O_CLOEXEC);
+	pc.fd = open(pc.path, O_RDWR | O_CLOEXEC);
+	if (base.fd < 0 || pc.fd < 0 || cxla_identify(base.fd, &base.id) ||
+	    cxla_identify(pc.fd, &pc.id)) {
+		printf("RESULT %sbench FAIL open %s and %s: %s\n", cxla_opt.prefix,
+		       base.path, pc.path, strerror(errno));
 		return 1;
 	}
-	if (do_bench) {
-		cpu_set_t one;
-
-		/* where the interrupts go too (run-faults.sh): no cross-CPU wakeups */
-		CPU_ZERO(&one);
-		CPU_SET(0, &one);
-		sched_setaffinity(0, sizeof(one), &one);
-		if (!peer || ctx_open(&pc, peer)) {
-			printf("RESULT %sbench FAIL a second device without control socket (-P) is needed\n",
-			       r.prefix);
-			return 1;
-		}
-		return bench(&base, &pc, r.prefix);
-	}
-	/* the tests open the device themselves: one may unbind it */
-	close(base.fd);
-	for (k = 0; k < (int)ARRAY_SIZE(tests); k++)
-		if (cxla_selected(&r, tests[k].name))
-			cxla_run(&r, tests[k].name, run_child, &base, &tests[k]);
-	printf("# fault-tests %s: %d passed, %d failed\n", path, r.passed, r.failed);
-	return r.failed ? 1 : 0;
+	name_device(&base);
+	name_device(&pc);
+	if (prologue())
+		return 1;
+	/* where the interrupts go too (run-faults.sh): no cross-CPU wakeups */
+	CPU_ZERO(&one);
+	CPU_SET(0, &one);
+	sched_setaffinity(0, sizeof(one), &one);
+	return bench(&base, &pc, cxla_opt.prefix);
 }
+
+CXLA_PROGRAM(.name = "fault-tests", .prefix = "faults.",
+	     .timeout_s = TEST_TIMEOUT_S, .prologue = prologue);

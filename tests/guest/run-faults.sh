@@ -77,7 +77,7 @@ if [ "$BENCH" = 1 ] && [ -n "$d1" ]; then
     for irq in $(grep -E 'virtio[0-9]+(-|$)' /proc/interrupts | cut -d: -f1); do
         echo 1 >"/proc/irq/$irq/smp_affinity" 2>/dev/null
     done
-    /cxl/fault-tests --bench -d "/dev/$d0" -P "/dev/$d1" -p faults. || RC=1
+    /cxl/fault-tests -d "/dev/$d0" -P "/dev/$d1" -p faults. --bench || RC=1
 fi
 
 # nothing left anywhere: driver counters, the module's DMA-BUFs, unload
