@@ -340,6 +340,19 @@ static long cxla_ioc_signal(struct cxla_file *cf, void __user *arg)
 	return ret;
 }
 
+/* One NOP round trip: what a command costs with nothing to do. */
+static long cxla_ioc_nop(struct cxla_file *cf, void __user *arg)
+{
+	struct cxl_accel_nop n;
+
+	if (copy_from_user(&n, arg, sizeof(n)))
+		return -EFAULT;
+	if (n.flags)
+		return -EINVAL;
+	return cxla_simple_cmd(cf->dev, CXLA_OP_NOP, NULL, 0, NULL, 0, NULL,
+			       n.timeout_ms, true);
+}
+
 static bool cxla_evt_take(struct cxla_file *cf,
 			  const struct cxl_accel_wait_event *w,
 			  struct cxl_accel_event *out)
@@ -460,6 +473,8 @@ static long cxla_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return cxla_ioc_wait_event(cf, uarg);
 	case CXL_ACCEL_IOC_STATS:
 		return cxla_ioc_stats(cf, uarg);
+	case CXL_ACCEL_IOC_NOP:
+		return cxla_ioc_nop(cf, uarg);
 	/* DMA-BUF (dmabuf.c) */
 	case CXL_ACCEL_IOC_EXPORT_DMABUF:
 		return cxla_ioc_export_dmabuf(cf, uarg);

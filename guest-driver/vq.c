@@ -25,6 +25,9 @@
 
 #include "cxl_accel.h"
 
+#define CREATE_TRACE_POINTS
+#include "trace.h"
+
 unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
 {
 	if (!timeout_ms)
@@ -94,6 +97,7 @@ struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
 	hdr = req->out;
 	hdr->opcode = cpu_to_le16(opcode);
 	hdr->flags = cpu_to_le16(flags);
+	trace_cxla_req_start(0, opcode, 0);
 	return req;
 }
 
@@ -103,6 +107,7 @@ void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 
 	if (!req)
 		return;
+	trace_cxla_req_end(0, req->opcode, req->tag);
 	if (req->release)
 		req->release(req);
 	for (i = 0; i < CXLA_REQ_PINS; i++)
@@ -212,11 +217,13 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 		} else {
 			req->tag = ++cd->next_tag;
 			hdr->tag = cpu_to_le64(req->tag);
+			trace_cxla_submit(0, req->opcode, req->tag);
 			ret = virtqueue_add_sgs(cd->cmd_vq, sgs, 1, 1, req,
 						GFP_ATOMIC);
 			if (!ret) {
 				req->state = CXLA_REQ_INFLIGHT;
 				virtqueue_kick(cd->cmd_vq);
+				trace_cxla_kicked(0, req->opcode, req->tag);
 			}
 		}
 		spin_unlock_irqrestore(&cd->cmd_lock, flags);
@@ -324,6 +331,7 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 		spin_unlock_irqrestore(&cd->cmd_lock, flags);
 		/* completed while we gave up: use the result */
 	}
+	trace_cxla_woken(0, req->opcode, req->tag);
 	return cxla_req_result(cd, req);
 }
 
@@ -411,8 +419,10 @@ void cxla_cmd_done(struct virtqueue *vq)
 	bool reap = false;
 	unsigned int len;
 
+	trace_cxla_irq(0);
 	spin_lock_irqsave(&cd->cmd_lock, flags);
 	while ((req = virtqueue_get_buf(vq, &len))) {
+		trace_cxla_used(0, req->opcode, req->tag);
 		req->used_len = len;
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_COMPLETED);
 		if (req->state == CXLA_REQ_ABANDONED) {

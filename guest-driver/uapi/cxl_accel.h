@@ -147,6 +147,12 @@ struct cxl_accel_atomic {
 	__u32 reserved;
 };
 
+/* A NOP command: one round trip to the device and back (latency). */
+struct cxl_accel_nop {
+	__u32 flags;			/* 0 */
+	__u32 timeout_ms;
+};
+
 /* Ask the device to post an event carrying value (CXL_ACCEL_EVENT_SIGNAL). */
 struct cxl_accel_signal {
 	__u64 value;
@@ -194,6 +200,8 @@ struct cxl_accel_wait_event {
 #define CXL_ACCEL_DSTAT_EVENTS		7
 #define CXL_ACCEL_DSTAT_BUFFERS		8	/* live buffers */
 #define CXL_ACCEL_DSTAT_EXCLUSIVE	9	/* exclusive device atomics (ATOMIC_EXCLUSIVE) */
+#define CXL_ACCEL_DSTAT_POLLED		10	/* waits that found the completion by polling */
+#define CXL_ACCEL_DSTAT_SLEPT		11	/* waits that slept until the interrupt */
 #define CXL_ACCEL_DSTAT_COUNT		16
 
 /* Device counters (cxl_accel_stats.device[]) */
@@ -224,6 +232,7 @@ struct cxl_accel_stats {
 #define CXL_ACCEL_IOC_SIGNAL	_IOW(CXL_ACCEL_IOC_MAGIC, 0x47, struct cxl_accel_signal)
 #define CXL_ACCEL_IOC_WAIT_EVENT _IOWR(CXL_ACCEL_IOC_MAGIC, 0x48, struct cxl_accel_wait_event)
 #define CXL_ACCEL_IOC_STATS	_IOR(CXL_ACCEL_IOC_MAGIC, 0x49, struct cxl_accel_stats)
+#define CXL_ACCEL_IOC_NOP	_IOW(CXL_ACCEL_IOC_MAGIC, 0x4A, struct cxl_accel_nop)
 
 /*
  * DMA-BUF export and import (ioctl numbers 0x60-0x6F).
