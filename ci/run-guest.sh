@@ -34,6 +34,7 @@
 #                        devices reach each other by bus address (7.x)
 #   --daemon PATH        daemon binary (default: target/release/cxl-accel)
 #   --daemon-arg ARG     extra daemon argument (repeatable)
+#   --device-arg N:ARG   extra argument for device N's daemon only (repeatable)
 #   --log FILE           also save the console (then the daemon logs) to FILE
 #   --results DIR        write the verdict for CI systems into DIR: results.ktap
 #                        (KTAP), junit.xml (JUnit, suite named after DIR) and
@@ -86,6 +87,7 @@ SWITCH=0
 MK_ARGS=()
 QEMU_EXTRA=()
 DAEMON_EXTRA=()
+DEVICE_EXTRA=()
 
 need() { [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage 2; }; }
 while [ $# -gt 0 ]; do
@@ -109,6 +111,7 @@ while [ $# -gt 0 ]; do
     --switch) SWITCH=1; shift ;;
     --daemon) need "$@"; DAEMON=$2; shift 2 ;;
     --daemon-arg) need "$@"; DAEMON_EXTRA+=("$2"); shift 2 ;;
+    --device-arg) need "$@"; DEVICE_EXTRA+=("$2"); shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
     --results) need "$@"; RESULTS=$2; shift 2 ;;
     --console) need "$@"; CONSOLE=$2; shift 2 ;;
@@ -227,7 +230,11 @@ start_daemon() {
     for ((j = 0; j < DEVICES; j++)); do
         [ "$j" = "$i" ] || peers+=(--peer-memory-path "$WORK/devmem$j")
     done
-    "$DAEMON" "${common[@]}" "${peers[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
+    local mine=() d
+    for d in "${DEVICE_EXTRA[@]}"; do
+        [ "${d%%:*}" = "$i" ] && mine+=("${d#*:}")
+    done
+    "$DAEMON" "${common[@]}" "${peers[@]}" "${DAEMON_EXTRA[@]}" "${mine[@]}" >"$WORK/daemon$i.log" 2>&1 &
     pid=$!
     DAEMON_PIDS+=("$pid")
     # Wait for the listening socket; a daemon that dies early is reported. In client mode
@@ -247,7 +254,7 @@ start_daemon() {
     # Only device 0 declares the (shared) guest RAM backend.
     local ram=none out
     [ "$i" = 0 ] && ram=$RAM
-    out=$("$DAEMON" "${common[@]}" --guest-ram "$ram" --print-qemu-args) ||
+    out=$("$DAEMON" "${common[@]}" "${mine[@]}" --guest-ram "$ram" --print-qemu-args) ||
         die "run-guest: '$DAEMON ... --print-qemu-args' failed"
     local args=()
     mapfile -d '' args < <(printf '%s' "$out" | split_args)

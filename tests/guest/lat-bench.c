@@ -10,14 +10,14 @@
  * a few hundred calls each), so that a slow phase of the host hits them all
  * alike. Prints, per kind, median, p10, p90 and p99 in microseconds:
  *
- *   LAT <kind> n=<calls> median=<us> p10=<us> p90=<us> p99=<us>
- *   RATIO <kind>/rng=<median ratio>
- *   OPS atomic threads=<t> ops/s=<n> scaling=<x of 1 thread>
- *   RESULT latency_bench PASS|FAIL|SKIP <summary>
+ *   LAT <label> <kind> n=<calls> median=<us> p10=<us> p90=<us> p99=<us>
+ *   RATIO <label> <kind>/rng=<median ratio>
+ *   OPS <label> atomic threads=<t> ops/s=<n> scaling=<x of 1 thread>
+ *   RESULT latency_bench[_<label>] PASS|FAIL <summary>
  *
  * Usage: lat-bench [--quick] [--rounds N] [--calls N] [--seconds S]
  *                  [--kinds LIST] [--threads LIST] [--rng PATH]
- *                  [/dev/cxl-accelN]
+ *                  [--label NAME] [/dev/cxl-accelN]
  *   --kinds LIST    round trips to measure (nop,atomic,copy4k,rng; default all)
  *   --threads LIST  thread counts for ATOMIC ops/s (default 1,2,4; "0": none)
  */
@@ -160,7 +160,7 @@ static double atomic_rate(const char *dev, int nthreads, double seconds, int *er
 					.go = &go, .seconds = seconds };
 		pthread_create(&w[i].th, NULL, atomic_worker, &w[i]);
 	}
-	usleep(100000);
+	usleep(20000);
 	t0 = now_us();
 	go = 1;
 	for (i = 0; i < nthreads; i++) {
@@ -175,7 +175,7 @@ static double atomic_rate(const char *dev, int nthreads, double seconds, int *er
 
 int main(int argc, char **argv)
 {
-	const char *dev = "/dev/cxl-accel0", *rng_path = "/dev/hwrng";
+	const char *dev = "/dev/cxl-accel0", *rng_path = "/dev/hwrng", *label = "";
 	int rounds = 20, calls = 250, quick = 0, i, r, k;
 	char threads_list[64] = "1,2,4", kinds[64] = "nop,atomic,copy4k,rng";
 	int want[K_COUNT] = { 0 };
@@ -201,6 +201,8 @@ int main(int argc, char **argv)
 			snprintf(threads_list, sizeof(threads_list), "%s", argv[++i]);
 		} else if (!strcmp(argv[i], "--kinds") && i + 1 < argc) {
 			snprintf(kinds, sizeof(kinds), "%s", argv[++i]);
+		} else if (!strcmp(argv[i], "--label") && i + 1 < argc) {
+			label = argv[++i];
 		} else if (!strcmp(argv[i], "--rng") && i + 1 < argc) {
 			rng_path = argv[++i];
 		} else if (argv[i][0] != '-') {
@@ -210,7 +212,6 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	(void)quick;
 	for (char *t = strtok(kinds, ","); t; t = strtok(NULL, ","))
 		for (k = 0; k < K_COUNT; k++)
 			if (!strcmp(t, kind_name[k]))
@@ -267,8 +268,8 @@ int main(int argc, char **argv)
 			continue;
 		qsort(b.samples[k], n, sizeof(double), cmp_double);
 		med[k] = pct(b.samples[k], n, 0.5);
-		printf("LAT %-7s n=%zu median=%.1f p10=%.1f p90=%.1f p99=%.1f errors=%d\n",
-		       kind_name[k], n, med[k], pct(b.samples[k], n, 0.1),
+		printf("LAT %s %-7s n=%zu median=%.1f p10=%.1f p90=%.1f p99=%.1f errors=%d\n",
+		       label, kind_name[k], n, med[k], pct(b.samples[k], n, 0.1),
 		       pct(b.samples[k], n, 0.9), pct(b.samples[k], n, 0.99),
 		       b.errors[k]);
 		if (b.errors[k])
@@ -276,29 +277,52 @@ int main(int argc, char **argv)
 	}
 	if (med[K_RNG] > 0)
 		for (k = 0; k < K_RNG; k++)
-			printf("RATIO %s/rng=%.2f\n", kind_name[k], med[k] / med[K_RNG]);
+			if (med[k] > 0)
+				printf("RATIO %s %s/rng=%.2f\n", label, kind_name[k],
+				       med[k] / med[K_RNG]);
 	snprintf(summary, sizeof(summary),
 		 "median us: nop %.1f atomic %.1f copy4k %.1f rng %.1f",
 		 med[K_NOP], med[K_ATOMIC], med[K_COPY], med[K_RNG]);
 
-	for (char *t = strtok(threads_list, ","); t; t = strtok(NULL, ",")) {
-		int n = atoi(t), err = 0;
+	/*
+	 * Thread counts in turns, short slices, several rounds: a host that is
+	 * busy now and then hits every count alike; each count's figure is the
+	 * median of its slices.
+	 */
+	int counts[8], ncounts = 0;
+	double rates[8][16];
+	int slices = quick ? 3 : 9;
+
+	for (char *t = strtok(threads_list, ","); t && ncounts < 8; t = strtok(NULL, ","))
+		if (atoi(t) >= 1)
+			counts[ncounts++] = atoi(t);
+	for (r = 0; r < slices; r++) {
+		for (i = 0; i < ncounts; i++) {
+			int err = 0;
+
+			rates[i][r] = atomic_rate(dev, counts[i], seconds / slices, &err);
+			if (err) {
+				printf("lat-bench: %d threads: error %d\n", counts[i], err);
+				failed = 1;
+			}
+		}
+	}
+	for (i = 0; i < ncounts; i++) {
 		double rate;
 
-		if (n < 1)
-			continue;
-		rate = atomic_rate(dev, n, seconds, &err);
-		if (n == 1)
+		qsort(rates[i], slices, sizeof(double), cmp_double);
+		rate = rates[i][slices / 2];
+		if (counts[i] == 1)
 			rate1 = rate;
-		printf("OPS atomic threads=%d ops/s=%.0f scaling=%.2f%s\n", n, rate,
-		       rate1 > 0 ? rate / rate1 : 0, err ? " (errors)" : "");
-		if (err)
-			failed = 1;
+		printf("OPS %s atomic threads=%d ops/s=%.0f scaling=%.2f (slices %.0f..%.0f)\n",
+		       label, counts[i], rate, rate1 > 0 ? rate / rate1 : 0,
+		       rates[i][0], rates[i][slices - 1]);
 		snprintf(summary + strlen(summary), sizeof(summary) - strlen(summary),
-			 ", %dT %.0f/s", n, rate);
+			 ", %dT %.0f/s", counts[i], rate);
 	}
 
 	cxla_free(b.fd, b.handle);
-	printf("RESULT latency_bench %s %s\n", failed ? "FAIL" : "PASS", summary);
+	printf("RESULT latency_bench%s%s %s %s\n", *label ? "_" : "", label,
+	       failed ? "FAIL" : "PASS", summary);
 	return failed;
 }
