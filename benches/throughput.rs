@@ -85,7 +85,10 @@ fn main() {
                 100.0 * a / m
             );
         }
-        println!("  daemon stages ({engines} engines): {}", h.device().stages().line());
+        println!(
+            "  daemon stages ({engines} engines): {}",
+            h.device().stages().line()
+        );
         assert_eq!(h.device().stat(STAT_ERRORS), 0);
     }
     checksum_bandwidth(&mut h, quick);

@@ -30,6 +30,7 @@ RUNS=(
     "hmm-6.12|the kernel's own hmm-tests, unmodified, on 6.12|tests/kernel/run-hmm-tests.sh"
     "hmm-7.3|the kernel's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
+    "latency|command round trips next to vhost-device-rng in the same boot, ATOMIC ops/s with 1, 2, 4 threads (quick form, 4 vCPUs)|tests/guest/run-latency.sh --quick --smp 4"
 )
 
 run_field() { # index field

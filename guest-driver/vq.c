@@ -171,11 +171,21 @@ struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
 	INIT_LIST_HEAD(&req->node);
 	req->state = CXLA_REQ_NEW;
 	req->opcode = opcode;
-	/* the device answers these at once; data commands decide for themselves */
-	req->poll = opcode != CXLA_OP_COPY && opcode != CXLA_OP_FILL &&
-		    opcode != CXLA_OP_CHECKSUM && opcode != CXLA_OP_COPY_PAGES &&
-		    opcode != CXLA_OP_ATOMIC && opcode != CXLA_OP_FENCE &&
-		    !(flags & CXLA_FLAG_FENCE);
+	/*
+	 * The device answers these at once (state changes wait for its DMA
+	 * engines); data commands decide for themselves.
+	 */
+	switch (opcode) {
+	case CXLA_OP_NOP:
+	case CXLA_OP_IDENTIFY:
+	case CXLA_OP_STATS:
+	case CXLA_OP_SET_DEVMEM_BASE:
+	case CXLA_OP_SIGNAL:
+		req->poll = !(flags & CXLA_FLAG_FENCE);
+		break;
+	default:
+		req->poll = false;
+	}
 	hdr = req->out;
 	hdr->opcode = cpu_to_le16(opcode);
 	hdr->flags = cpu_to_le16(flags);

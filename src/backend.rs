@@ -30,7 +30,10 @@ use crate::announcer::Announcer;
 use crate::command;
 use crate::device::{Attach, Device};
 use crate::dispatch::Dispatcher;
-use crate::protocol::{cmd_queue_index, cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
+use crate::protocol::{
+    cmd_queue_index, cmd_queue_of, OP_ALLOC, OP_EXPORT, OP_FREE, OP_RESET, OP_UNEXPORT,
+    QUEUE_EVENT, SHM_ID_DEVMEM,
+};
 use crate::resume;
 use crate::ring::journal::RingId;
 use crate::ring::{self, ChainRequest, Journal, Origin};
@@ -246,11 +249,19 @@ impl Session {
     }
 }
 
-/// Whether a request runs on the ring's thread as it arrives: small, unfenced, and nothing
-/// (an injected fault, a stalled engine, the latency model) would make it wait there.
+/// Whether a request runs on the ring's thread as it arrives: small, unfenced, no state
+/// change (ALLOC, FREE, EXPORT, UNEXPORT, RESET write the state file and queue behind the
+/// engines' work as before), and nothing (an injected fault, a stalled engine, the latency
+/// model) would make it wait there.
 fn runs_inline(s: &Session, req: &ChainRequest) -> bool {
     let max = s.device.settings().inline_max;
     if max == 0 || req.hdr.fenced() || req.fault.is_some() {
+        return false;
+    }
+    if matches!(
+        req.hdr.opcode,
+        OP_ALLOC | OP_FREE | OP_EXPORT | OP_UNEXPORT | OP_RESET
+    ) {
         return false;
     }
     let faults = s.device.faults();
@@ -374,34 +385,25 @@ fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
             suppress_kicks(&vrings[q], mem, event_idx);
         }
         let end = Instant::now() + Duration::from_micros(window);
-        let mut found = None;
-        while found.is_none() && Instant::now() < end {
-            found = queues
-                .iter()
-                .copied()
-                .find(|&q| has_requests(&vrings[q], mem));
-            std::hint::spin_loop();
+        let mut found = false;
+        while !found && Instant::now() < end {
+            found = queues.iter().any(|&q| has_requests(&vrings[q], mem));
+            // Yields rather than spins: on a host with fewer cores than busy threads (the
+            // guest's vCPUs among them) a poll that kept its core would delay the very
+            // requests it waits for.
+            std::thread::yield_now();
         }
         // Kicks are wanted again (process_commands re-arms the queue it serves).
         for &q in &queues {
             let _ = vrings[q].get_mut().get_queue_mut().enable_notification(mem);
         }
-        match found {
-            Some(_) => {
-                for &q in &queues {
-                    if has_requests(&vrings[q], mem) {
-                        process_commands(s, vrings, q, None);
-                    }
-                }
-            }
-            None => {
-                s.poll_window.store(window / 2, Ordering::Relaxed);
-                // A request that came as the window closed is served now.
-                for &q in &queues {
-                    if has_requests(&vrings[q], mem) {
-                        process_commands(s, vrings, q, None);
-                    }
-                }
+        if !found {
+            s.poll_window.store(window / 2, Ordering::Relaxed);
+        }
+        // What was found, or came as the window closed, is served now.
+        for &q in &queues {
+            if has_requests(&vrings[q], mem) {
+                process_commands(s, vrings, q, None);
             }
         }
     }

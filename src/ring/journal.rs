@@ -362,4 +362,38 @@ mod tests {
         assert!(s.pending(0, 8, 14).is_empty());
         assert_eq!(s.ring_position(0, ring), None);
     }
+
+    #[test]
+    fn each_command_queue_has_entries_of_its_own() {
+        let file = StateFile::anonymous(SIZE).unwrap();
+        let s = file.journal();
+        let ring = |base: u64| RingId {
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            size: 8,
+        };
+        // Command queues 0, 1 and 2 are virtqueues 0, 2 and 3; the same head in each.
+        for (q, base) in [(0, 0x10000), (2, 0x20000), (3, 0x30000)] {
+            s.set_ring(q, ring(base), 0);
+            s.begin(q, 4, 8, 0, 100 + q as u64, q as u64, (0x9000, 32));
+        }
+        s.completing(2, 4, 0, 32);
+        assert_eq!(s.pending(0, 8, 1)[0].outcome, Outcome::Unknown);
+        assert_eq!(s.pending(3, 8, 1)[0].tag, 3);
+        assert!(matches!(
+            s.pending(2, 8, 1)[0].outcome,
+            Outcome::Completing { written: 32, .. }
+        ));
+        // Stopping one ring leaves the others' requests alone.
+        s.clear_ring(2);
+        assert!(s.pending(2, 8, 1).is_empty());
+        assert_eq!(s.pending(0, 8, 1).len(), 1);
+        assert_eq!(s.pending(3, 8, 1).len(), 1);
+        // The event queue has no entries; extra command queues hold 1024 heads.
+        assert_eq!(capacity(1), 0);
+        assert_eq!(capacity(2), MAX_EXTRA_QUEUE);
+        s.begin(2, MAX_EXTRA_QUEUE as u16, 2048, 1, 1, 1, (0, 32));
+        assert!(s.pending(2, 2048, 2).is_empty());
+    }
 }

@@ -397,7 +397,7 @@ static const struct known known[] = {
 	K(IDENTIFY), K(ALLOC), K(FREE), K(COPY), K(FILL), K(CHECKSUM),
 	K(ATOMIC), K(SIGNAL), K(WAIT_EVENT), K(STATS), K(EXPORT_DMABUF),
 	K(IMPORT_DMABUF), K(MIGRATE_TO_DEV), K(MIGRATE_TO_RAM), K(EVICT),
-	K(HMM_INFO), K(SVM), K(SNAPSHOT), K(PIN_CHECKSUM),
+	K(HMM_INFO), K(SVM), K(SNAPSHOT), K(PIN_CHECKSUM), K(NOP),
 };
 
 static bool is_known(unsigned long cmd)
