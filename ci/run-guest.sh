@@ -44,6 +44,7 @@
 #                        comma-separated): a test ("hmm.migrate",
 #                        "copy_roundtrip") or a suite ("hmm", "dmabuf"); passed
 #                        to the guest script as cxlaccel.only= (run-all.sh)
+#   --device-arg N:ARG   extra argument for device N's daemon only (repeatable)
 #   --log FILE           also save the console (then the daemon logs) to FILE
 #   --results DIR        write the verdict for CI systems into DIR: results.ktap
 #                        (KTAP), junit.xml (JUnit, suite named after DIR) and
@@ -101,6 +102,7 @@ DAEMON_EXTRA=()
 CONTROL_DIR=
 CONTROL_DEVICES=
 ONLY=
+DEVICE_EXTRA=()
 
 need() { [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage 2; }; }
 while [ $# -gt 0 ]; do
@@ -127,6 +129,7 @@ while [ $# -gt 0 ]; do
     --control) need "$@"; CONTROL_DIR=$2; shift 2 ;;
     --control-devices) need "$@"; CONTROL_DEVICES=$2; shift 2 ;;
     --only) need "$@"; ONLY="${ONLY:+$ONLY,}$2"; shift 2 ;;
+    --device-arg) need "$@"; DEVICE_EXTRA+=("$2"); shift 2 ;;
     --log) need "$@"; LOGFILE=$2; shift 2 ;;
     --results) need "$@"; RESULTS=$2; shift 2 ;;
     --console) need "$@"; CONSOLE=$2; shift 2 ;;
@@ -260,7 +263,11 @@ start_daemon() {
         control=(--control-socket "$CONTROL_DIR/ctl$i.sock")
         echo "run-guest: daemon $i control socket $CONTROL_DIR/ctl$i.sock" >&2
     fi
-    "$DAEMON" "${common[@]}" "${peers[@]}" "${control[@]}" "${DAEMON_EXTRA[@]}" >"$WORK/daemon$i.log" 2>&1 &
+        local mine=() d
+    for d in "${DEVICE_EXTRA[@]}"; do
+        [ "${d%%:*}" = "$i" ] && mine+=("${d#*:}")
+    done
+    "$DAEMON" "${common[@]}" "${peers[@]}" "${control[@]}" "${DAEMON_EXTRA[@]}" "${mine[@]}" >"$WORK/daemon$i.log" 2>&1 &
     pid=$!
     DAEMON_PIDS+=("$pid")
     # Wait for the listening socket; a daemon that dies early is reported. In client mode
@@ -280,7 +287,7 @@ start_daemon() {
     # Only device 0 declares the (shared) guest RAM backend.
     local ram=none out
     [ "$i" = 0 ] && ram=$RAM
-    out=$("$DAEMON" "${common[@]}" --guest-ram "$ram" --print-qemu-args) ||
+    out=$("$DAEMON" "${common[@]}" "${mine[@]}" --guest-ram "$ram" --print-qemu-args) ||
         die "run-guest: '$DAEMON ... --print-qemu-args' failed"
     local args=()
     mapfile -d '' args < <(printf '%s' "$out" | split_args)

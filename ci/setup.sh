@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # shellcheck disable=SC2317 # steps are called through run_step
-# Bring a host to the point where cxl-accel guests boot, compiling nothing:
+# Bring a host to the point where cxl-accel guests boot (nothing compiled but
+# the one small Rust program of the latency benchmark's peer):
 #   - host packages (apt-get install from the host's own apt sources);
 #   - QEMU: QEMU= if given; else a qemu-system-x86_64 >= 10.2 on PATH that has
 #     vhost-user-test-device-pci; else Debian's qemu-system-x86 from
@@ -14,7 +15,9 @@
 #   - with --qemu-floor: QEMU 10.2 built from Debian's source package, the
 #     documented minimum (about 10 minutes, once);
 #   - with --linux-source: Debian's Linux 6.12 source tarball (the kernel's own
-#     HMM selftests are built from it).
+#     HMM selftests are built from it);
+#   - rust-vmm's vhost-device-rng from crates.io (cargo install, into
+#     $CACHE/bin): the virtio peer of the latency benchmark.
 # The host's apt configuration is never changed: every extra Debian suite is
 # read through a private apt configuration in the cache. Every step is
 # skipped when already done and prints a line at least every 15 s while it
@@ -567,6 +570,29 @@ step_linux_source() {
     die "cxl-accel setup: cannot download a Linux 6.12 source tarball from bookworm-backports"
 }
 
+# ------------------------------------------------------- the virtio peer
+
+# rust-vmm's vhost-device-rng (crates.io), the peer device the latency
+# benchmark compares against (tests/guest/run-latency.sh): built once with
+# cargo into $CACHE/bin (about 4 minutes on 2 cores).
+RNG_VERSION=0.1.0
+step_peer_rng() {
+    local bin=$CACHE/bin/vhost-device-rng root=$CACHE/vhost-device-rng
+    if [ -x "$bin" ]; then
+        log "vhost-device-rng: $bin"
+        return 0
+    fi
+    command -v cargo >/dev/null || { log "no cargo: vhost-device-rng not installed (the latency benchmark runs without its peer)"; return 0; }
+    mkdir -p "$CACHE/bin"
+    with_progress "cargo install vhost-device-rng $RNG_VERSION" "$CACHE/vhost-device-rng-install.log" \
+        cargo install --locked --quiet -j "$JOBS" --version "$RNG_VERSION" --root "$root" vhost-device-rng ||
+        { tail -n 10 "$CACHE/vhost-device-rng-install.log" >&2; die "cxl-accel setup: cannot build vhost-device-rng (see $CACHE/vhost-device-rng-install.log)"; }
+    cp "$root/bin/vhost-device-rng" "$bin.tmp"
+    mv "$bin.tmp" "$bin"
+    rm -rf "$root"
+    log "vhost-device-rng installed in $bin"
+}
+
 # --------------------------------------------------------------------- env
 
 write_env() { # file kernel kver kdir modules kmake
@@ -613,6 +639,7 @@ main() {
     [ "$WANT_73" = 0 ] || run_step kernel-7.3 step_kernel_73
     [ "$WANT_FLOOR" = 0 ] || run_step qemu-10.2 step_qemu_floor
     [ "$WANT_SRC" = 0 ] || run_step linux-source step_linux_source
+    run_step peer-rng step_peer_rng
     run_step env step_env
     echo "cxl-accel setup: timings" >&2
     printf '  %s\n' "${TIMINGS[@]}" "$(printf '%-12s %7ss' total "$(elapsed "$t0")")" >&2

@@ -38,6 +38,7 @@ RUNS=(
     "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/run-faults.sh"
     "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/run-faults.sh"
     "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/run-faults.sh --supervise"
+    "latency|command round trips next to vhost-device-rng in the same boot, ATOMIC ops/s with 1, 2, 4 threads (quick form, 4 vCPUs)|tests/guest/run-latency.sh --quick --smp 4"
 )
 
 run_field() { # index field

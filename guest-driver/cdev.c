@@ -369,6 +369,7 @@ static long cxla_ioc_signal(struct cxla_file *cf, void __user *arg)
 	return ret;
 }
 
+/* One NOP round trip: what a command costs with nothing to do. */
 static bool cxla_evt_take(struct cxla_file *cf,
 			  const struct cxl_accel_wait_event *w,
 			  struct cxl_accel_event *out)

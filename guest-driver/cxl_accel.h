@@ -38,10 +38,32 @@
 #define CXLA_IVSHMEM_BAR	2
 
 extern unsigned int cxla_cmd_timeout_ms;
+extern unsigned int cxla_poll_us;
 extern bool cxla_unloading;	/* module exit runs */
 extern struct workqueue_struct *cxla_wq;
 
 struct cxla_req;
+
+#define CXLA_REQ_INLINE		256	/* request + response bytes inside the request */
+/* data commands moving at most this much are polled for (the daemon runs them inline) */
+#define CXLA_POLL_BYTES		SZ_64K
+#define CXLA_REQ_CACHE		16	/* small requests kept per queue for reuse */
+
+/*
+ * A command queue. Each CPU submits on one of them (cxla_cmdq_here()), so
+ * threads on different CPUs take different locks and notify different
+ * rings.
+ */
+struct cxla_cmdq {
+	struct cxla_dev *cd;
+	struct virtqueue *vq;
+	unsigned int index;		/* 0 .. nr_cmdq - 1 */
+	spinlock_t lock;		/* vq, states of its requests, pollers, cache */
+	wait_queue_head_t space;	/* room in this queue */
+	unsigned int pollers;		/* waiters polling: interrupts off */
+	struct list_head cache;		/* free small requests */
+	unsigned int ncache;
+} ____cacheline_aligned_in_smp;
 
 struct cxla_dev {
 	struct device dev;		/* the char device; owns this struct */
@@ -63,16 +85,17 @@ struct cxla_dev {
 	u32 write_latency_ns;
 	u32 read_bandwidth_mbs;
 	u32 write_bandwidth_mbs;
+	u32 num_cmd_queues;		/* offered by the device (1.1), else 1 */
 
-	/* command queue */
-	struct virtqueue *cmd_vq;
-	spinlock_t cmd_lock;		/* cmd_vq, request states, stopped */
-	wait_queue_head_t cmd_space;	/* room in the command queue */
+	/* command queues */
+	struct cxla_cmdq *cmdq;
+	unsigned int nr_cmdq;
+	spinlock_t cmd_lock;		/* reap_list (inside a queue's lock) */
 	bool dead;			/* removing: no new ioctls or mappings */
-	bool stopped;			/* queues stopped: no new commands */
+	bool stopped;			/* queues stopped: set under every queue's lock */
 	bool wedged;			/* last command timed out */
 	bool indirect;			/* VIRTIO_RING_F_INDIRECT_DESC */
-	u64 next_tag;
+	atomic64_t next_tag;
 	struct list_head reap_list;	/* abandoned requests given back */
 	struct work_struct reap_work;
 
@@ -169,10 +192,13 @@ enum cxla_req_state {
 };
 
 struct cxla_req {
-	struct list_head node;
+	struct list_head node;		/* reap_list, or a queue's cache */
 	struct completion done;
-	enum cxla_req_state state;	/* under dev->cmd_lock */
+	struct cxla_cmdq *q;		/* where it is submitted */
+	enum cxla_req_state state;	/* under q->lock */
 	bool cancelled;			/* device removed before completion */
+	bool poll;			/* the device answers fast: poll before sleeping */
+	bool small;			/* out and in point into inline[] */
 	u16 opcode;
 	u64 tag;
 	void *out;			/* header + payload, device-readable */
@@ -185,6 +211,7 @@ struct cxla_req {
 	/* owner's clean-up when the request is freed, also after quarantine */
 	void (*release)(struct cxla_req *req);
 	void *release_data;
+	u8 inline_buf[CXLA_REQ_INLINE] __aligned(8);	/* small requests */
 };
 
 /* vq.c */
@@ -217,6 +244,9 @@ void cxla_req_fire_and_forget(struct cxla_dev *cd, struct cxla_req *req);
 unsigned long cxla_timeout_jiffies(unsigned int timeout_ms);
 int cxla_status_to_errno(u32 status);
 void cxla_cmd_done(struct virtqueue *vq);
+int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n);
+void cxla_cmdq_free(struct cxla_dev *cd);
+void cxla_cmdq_stop(struct cxla_dev *cd);
 void cxla_reap_work(struct work_struct *work);
 void cxla_cancel_all(struct cxla_dev *cd);
 int cxla_evt_init(struct cxla_dev *cd);

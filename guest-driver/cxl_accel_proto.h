@@ -31,12 +31,17 @@ typedef uint64_t __le64;
 
 #define CXLA_MAGIC			0x414c5843	/* "CXLA" */
 #define CXLA_VERSION_MAJOR		1
-#define CXLA_VERSION_MINOR		0
+#define CXLA_VERSION_MINOR		1
 
 /* Queues */
 #define CXLA_QUEUE_CMD			0
 #define CXLA_QUEUE_EVENT		1
-#define CXLA_NUM_QUEUES			2
+#define CXLA_NUM_QUEUES			2	/* of a version 1.0 device */
+/*
+ * Version 1.1: num_cmd_queues command queues (config), command queue k at
+ * virtqueue 0 for k = 0, else at virtqueue k + 1 (after the event queue).
+ */
+#define CXLA_MAX_CMD_QUEUES		8
 
 /* Device feature bits (config.features) */
 #define CXLA_F_ATOMIC_DEVMEM		(1ULL << 0)
@@ -76,7 +81,7 @@ struct cxla_config {
 	__le32 device_index;
 	__le32 page_size;
 	__le32 max_request;
-	__le32 reserved;
+	__le32 num_cmd_queues;	/* 1.1; 0 (a 1.0 device) means 1 */
 };
 
 /* Address spaces of a scatter-gather entry or an address */

@@ -22,6 +22,11 @@ module_param_named(cmd_timeout_ms, cxla_cmd_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(cmd_timeout_ms,
 		 "Default time a command may take before it fails with -ETIMEDOUT (ms)");
 
+static unsigned int cxla_cmd_queues;
+module_param_named(cmd_queues, cxla_cmd_queues, uint, 0444);
+MODULE_PARM_DESC(cmd_queues,
+		 "Command queues to use at most (0 = one per CPU, as many as the device offers)");
+
 struct workqueue_struct *cxla_wq;
 static DEFINE_IDA(cxla_ida);
 
@@ -31,6 +36,7 @@ static void cxla_dev_release(struct device *dev)
 
 	cancel_work_sync(&cd->reap_work);
 	cxla_poison_free(cd);
+	cxla_cmdq_free(cd);
 	cxla_mig_free(cd);
 	kfree(cd->evt_bufs);
 	if (cd->minor >= 0)
@@ -73,6 +79,11 @@ static int cxla_read_config(struct cxla_dev *cd)
 			&cd->device_index);
 	virtio_cread_le(vdev, struct cxla_config, page_size, &cd->page_size);
 	virtio_cread_le(vdev, struct cxla_config, max_request, &cd->max_request);
+	cd->num_cmd_queues = 1;
+	if (minor >= 1)	/* 1.0 devices have one command queue, and 0 there */
+		virtio_cread_le(vdev, struct cxla_config, num_cmd_queues,
+				&cd->num_cmd_queues);
+	cd->num_cmd_queues = clamp(cd->num_cmd_queues, 1U, CXLA_MAX_CMD_QUEUES);
 
 	if (!cd->max_segments || cd->max_segments > CXLA_MAX_SEGMENTS)
 		cd->max_segments = CXLA_MAX_SEGMENTS;
@@ -95,22 +106,41 @@ static int cxla_read_config(struct cxla_dev *cd)
 	return 0;
 }
 
+/*
+ * One command queue per CPU, as many as the device offers (command queue k
+ * is virtqueue 0 for k = 0, else k + 1), and the event queue.
+ */
 static int cxla_init_vqs(struct cxla_dev *cd)
 {
-	struct virtqueue_info info[CXLA_NUM_QUEUES] = {
-		[CXLA_QUEUE_CMD] = { "command", cxla_cmd_done },
-		[CXLA_QUEUE_EVENT] = { "event", cxla_evt_done },
-	};
-	struct virtqueue *vqs[CXLA_NUM_QUEUES];
-	unsigned int nvqs = (cd->features & CXLA_F_EVENTS) ? 2 : 1;
+	struct virtqueue_info info[CXLA_MAX_CMD_QUEUES + 1] = {};
+	struct virtqueue *vqs[CXLA_MAX_CMD_QUEUES + 1], *cmd[CXLA_MAX_CMD_QUEUES];
+	unsigned int ncmd = min(cd->num_cmd_queues, num_possible_cpus());
+	bool events = cd->features & CXLA_F_EVENTS;
+	unsigned int nvqs, k;
 	int ret;
+
+	if (cxla_cmd_queues)
+		ncmd = min(ncmd, cxla_cmd_queues);
+	nvqs = ncmd > 1 ? ncmd + 1 : 1 + events;
+	info[CXLA_QUEUE_CMD] = (struct virtqueue_info){ "command", cxla_cmd_done };
+	if (events)	/* a NULL name leaves the queue alone */
+		info[CXLA_QUEUE_EVENT] = (struct virtqueue_info){ "event", cxla_evt_done };
+	for (k = 1; k < ncmd; k++)
+		info[k + 1] = (struct virtqueue_info){ "command", cxla_cmd_done };
 
 	ret = virtio_find_vqs(cd->vdev, nvqs, vqs, info, NULL);
 	if (ret)
 		return ret;
-	cd->cmd_vq = vqs[CXLA_QUEUE_CMD];
+	cmd[0] = vqs[CXLA_QUEUE_CMD];
+	for (k = 1; k < ncmd; k++)
+		cmd[k] = vqs[k + 1];
+	ret = cxla_cmdq_init(cd, cmd, ncmd);
+	if (ret) {
+		cd->vdev->config->del_vqs(cd->vdev);
+		return ret;
+	}
 	cd->indirect = virtio_has_feature(cd->vdev, VIRTIO_RING_F_INDIRECT_DESC);
-	cd->evt_vq = nvqs > 1 ? vqs[CXLA_QUEUE_EVENT] : NULL;
+	cd->evt_vq = events ? vqs[CXLA_QUEUE_EVENT] : NULL;
 	return 0;
 }
 
@@ -135,9 +165,7 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	cxla_mig_evict_all(cd);
 	cxla_devmem_free_all(cd);
 
-	spin_lock_irq(&cd->cmd_lock);
-	cd->stopped = true;
-	spin_unlock_irq(&cd->cmd_lock);
+	cxla_cmdq_stop(cd);
 	/* shared memory: the reset takes device memory away */
 	cxla_devmem_before_reset(cd);
 	virtio_reset_device(vdev);
@@ -177,7 +205,6 @@ static int cxla_probe(struct virtio_device *vdev)
 	cd->minor = -1;
 	cd->vdev = vdev;
 	spin_lock_init(&cd->cmd_lock);
-	init_waitqueue_head(&cd->cmd_space);
 	INIT_LIST_HEAD(&cd->reap_list);
 	INIT_WORK(&cd->reap_work, cxla_reap_work);
 	spin_lock_init(&cd->evt_lock);

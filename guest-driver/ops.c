@@ -282,6 +282,7 @@ static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
 	}
 	req->out_len = sizeof(struct cxla_cmd_hdr) + head +
 		       (nsrc + ndst) * sizeof(*sge);
+	req->poll = clen <= CXLA_POLL_BYTES && !(x->hflags & CXLA_FLAG_FENCE);
 	return req;
 err:
 	cxla_req_free(cd, req);
@@ -583,6 +584,9 @@ long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 
 	p = cxla_req_payload(req);
 	cxla_atomic_payload(p, &a, le64_to_cpu(sge.addr), le16_to_cpu(sge.space));
+	/* each repetition moves a word each way: small ones run at once */
+	req->poll = le64_to_cpu(p->repeat) <= CXLA_POLL_BYTES / 16 &&
+		    !(a.flags & CXL_ACCEL_OP_FENCE);
 
 	ret = cxla_exec(cd, &req, a.timeout_ms, true);
 	if (!ret) {

@@ -113,6 +113,16 @@ CXLA_DSTAT_ATTR(quarantined, CXL_ACCEL_DSTAT_QUARANTINED);
 CXLA_DSTAT_ATTR(protocol_errors, CXL_ACCEL_DSTAT_PROTOCOL);
 CXLA_DSTAT_ATTR(events, CXL_ACCEL_DSTAT_EVENTS);
 CXLA_DSTAT_ATTR(hwpoison_faults, CXL_ACCEL_DSTAT_HWPOISON);
+CXLA_DSTAT_ATTR(waits_polled, CXL_ACCEL_DSTAT_POLLED);
+CXLA_DSTAT_ATTR(waits_slept, CXL_ACCEL_DSTAT_SLEPT);
+
+/* Command queues in use (one per CPU, up to what the device offers). */
+static ssize_t cmd_queues_show(struct device *dev,
+			       struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", to_cxla_dev(dev)->nr_cmdq);
+}
+static DEVICE_ATTR_RO(cmd_queues);
 
 static const char * const cxla_stat_names[CXLA_STAT_COUNT] = {
 	[CXLA_STAT_COMMANDS] = "commands",
@@ -172,6 +182,9 @@ static struct attribute *cxla_attrs[] = {
 	&dev_attr_protocol_errors.attr,
 	&dev_attr_events.attr,
 	&dev_attr_hwpoison_faults.attr,
+	&dev_attr_waits_polled.attr,
+	&dev_attr_waits_slept.attr,
+	&dev_attr_cmd_queues.attr,
 	&dev_attr_device_stats.attr,
 	NULL,
 };

@@ -3,7 +3,8 @@
  * cxl-accel: command queue (requests, completion, timeouts, quarantine) and
  * event queue.
  *
- * Request life cycle, all state changes under cd->cmd_lock:
+ * Request life cycle, all state changes under the lock of the command queue
+ * the request is on (req->q->lock):
  *
  *   NEW -> INFLIGHT (added to the virtqueue) -> DONE (used by the device,
  *   the waiter is woken and owns the request again).
@@ -14,6 +15,15 @@
  *   write them, until the device hands the chain back (the completion
  *   handler moves it to reap_list) or the device is reset on removal
  *   (cxla_cancel_all). Only then is the memory released.
+ *
+ * Latency (tests/guest/lat-bench.c, trace.h): each CPU submits on a command
+ * queue of its own when the device has enough of them; small requests live
+ * in a per-queue cache with their buffers inside them (no allocation per
+ * command); a waiter whose command the device answers fast (req->poll)
+ * polls the used ring for up to poll_us before it sleeps, with the queue's
+ * interrupts off meanwhile: every interrupt of a vhost-user-test-device is
+ * a shared INTx (QEMU gives it one MSI-X vector, which Linux cannot use),
+ * so one not taken is the biggest single saving.
  */
 #include <linux/jiffies.h>
 #include <linux/sched/signal.h>
@@ -24,6 +34,14 @@
 #include <linux/virtio_config.h>
 
 #include "cxl_accel.h"
+
+#define CREATE_TRACE_POINTS
+#include "trace.h"
+
+unsigned int cxla_poll_us = 50;
+module_param_named(poll_us, cxla_poll_us, uint, 0644);
+MODULE_PARM_DESC(poll_us,
+		 "How long a waiter polls for the answer to a fast command before it sleeps (us, 0 = never)");
 
 unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
 {
@@ -66,36 +84,114 @@ int cxla_status_to_errno(u32 status)
 	}
 }
 
+/* The command queue of the CPU we run on. */
+static struct cxla_cmdq *cxla_cmdq_here(struct cxla_dev *cd)
+{
+	return &cd->cmdq[raw_smp_processor_id() % cd->nr_cmdq];
+}
+
+static struct cxla_cmdq *cxla_vq_cmdq(struct cxla_dev *cd,
+				       struct virtqueue *vq)
+{
+	unsigned int k = vq->index ? vq->index - 1 : 0;	/* 1 is events */
+
+	return &cd->cmdq[min(k, cd->nr_cmdq - 1)];
+}
+
+/* A small request from the queue's cache, else a new one; zeroed. */
+static struct cxla_req *cxla_req_get(struct cxla_cmdq *q)
+{
+	struct cxla_req *req = NULL;
+	unsigned long flags;
+
+	spin_lock_irqsave(&q->lock, flags);
+	if (q->ncache) {
+		req = list_first_entry(&q->cache, struct cxla_req, node);
+		list_del(&req->node);
+		q->ncache--;
+	}
+	spin_unlock_irqrestore(&q->lock, flags);
+	if (req)
+		memset(req, 0, offsetof(struct cxla_req, inline_buf));
+	else
+		req = kzalloc(sizeof(*req), GFP_KERNEL);
+	return req;
+}
+
+static void cxla_req_put(struct cxla_req *req)
+{
+	struct cxla_cmdq *q = req->q;
+	unsigned long flags;
+
+	if (req->small && q) {
+		spin_lock_irqsave(&q->lock, flags);
+		if (q->ncache < CXLA_REQ_CACHE) {
+			list_add(&req->node, &q->cache);
+			q->ncache++;
+			req = NULL;
+		}
+		spin_unlock_irqrestore(&q->lock, flags);
+	}
+	kfree(req);
+}
+
 struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
 				size_t payload_len, size_t resp_payload_len)
 {
+	size_t out_len = sizeof(struct cxla_cmd_hdr) + payload_len;
+	size_t in_len = sizeof(struct cxla_resp) + resp_payload_len;
+	struct cxla_cmdq *q = cxla_cmdq_here(cd);
 	struct cxla_cmd_hdr *hdr;
 	struct cxla_req *req;
 
-	if (sizeof(*hdr) + payload_len > cd->max_request)
+	if (out_len > cd->max_request)
 		return ERR_PTR(-E2BIG);
 
-	req = kzalloc(sizeof(*req), GFP_KERNEL);
+	req = cxla_req_get(q);
 	if (!req)
 		return ERR_PTR(-ENOMEM);
-	req->out_len = sizeof(*hdr) + payload_len;
-	req->in_len = sizeof(struct cxla_resp) + resp_payload_len;
-	/* large scatter-gather lists need not be physically contiguous */
-	req->out = kvzalloc(req->out_len, GFP_KERNEL);
-	req->in = kzalloc(req->in_len, GFP_KERNEL);
-	if (!req->out || !req->in) {
-		kvfree(req->out);
-		kfree(req->in);
-		kfree(req);
-		return ERR_PTR(-ENOMEM);
+	req->q = q;
+	req->out_len = out_len;
+	req->in_len = in_len;
+	if (ALIGN(out_len, 8) + in_len <= CXLA_REQ_INLINE) {
+		req->small = true;
+		req->out = req->inline_buf;
+		req->in = req->inline_buf + ALIGN(out_len, 8);
+		memset(req->inline_buf, 0, ALIGN(out_len, 8) + in_len);
+	} else {
+		/* large scatter-gather lists need not be physically contiguous */
+		req->out = kvzalloc(out_len, GFP_KERNEL);
+		req->in = kzalloc(in_len, GFP_KERNEL);
+		if (!req->out || !req->in) {
+			kvfree(req->out);
+			kfree(req->in);
+			kfree(req);
+			return ERR_PTR(-ENOMEM);
+		}
 	}
 	init_completion(&req->done);
 	INIT_LIST_HEAD(&req->node);
 	req->state = CXLA_REQ_NEW;
 	req->opcode = opcode;
+	/*
+	 * The device answers these at once (state changes wait for its DMA
+	 * engines); data commands decide for themselves.
+	 */
+	switch (opcode) {
+	case CXLA_OP_NOP:
+	case CXLA_OP_IDENTIFY:
+	case CXLA_OP_STATS:
+	case CXLA_OP_SET_DEVMEM_BASE:
+	case CXLA_OP_SIGNAL:
+		req->poll = !(flags & CXLA_FLAG_FENCE);
+		break;
+	default:
+		req->poll = false;
+	}
 	hdr = req->out;
 	hdr->opcode = cpu_to_le16(opcode);
 	hdr->flags = cpu_to_le16(flags);
+	trace_cxla_req_start(q->index, opcode, 0);
 	return req;
 }
 
@@ -105,6 +201,7 @@ void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 
 	if (!req)
 		return;
+	trace_cxla_req_end(req->q ? req->q->index : 0, req->opcode, req->tag);
 	if (req->release)
 		req->release(req);
 	for (i = 0; i < CXLA_REQ_PINS; i++)
@@ -112,9 +209,11 @@ void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 	for (i = 0; i < CXLA_REQ_BUFS; i++)
 		if (req->bufs[i])
 			cxla_buf_put(req->bufs[i]);
-	kvfree(req->out);
-	kfree(req->in);
-	kfree(req);
+	if (!req->small) {
+		kvfree(req->out);
+		kfree(req->in);
+	}
+	cxla_req_put(req);
 }
 
 /*
@@ -149,10 +248,10 @@ static long cxla_wait_done(struct completion *done, unsigned long timeout)
 	return left;
 }
 
-static bool cxla_cmd_room(struct cxla_dev *cd, unsigned int needed)
+static bool cxla_cmd_room(struct cxla_dev *cd, struct cxla_cmdq *q,
+			  unsigned int needed)
 {
-	return READ_ONCE(cd->stopped) ||
-	       READ_ONCE(cd->cmd_vq->num_free) >= needed;
+	return READ_ONCE(cd->stopped) || READ_ONCE(q->vq->num_free) >= needed;
 }
 
 /* Describe a vmalloc'ed buffer page by page. */
@@ -182,11 +281,15 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 {
 	struct scatterlist out_one, in_sg, *out_sg = &out_one, *sgs[2];
 	struct cxla_cmd_hdr *hdr = req->out;
+	struct cxla_cmdq *q = req->q;
 	unsigned int nents = 1, needed;
 	unsigned long flags;
 	long left;
 	int ret;
 
+	/* after removal the queues are gone: nothing below may touch them */
+	if (READ_ONCE(cd->stopped))
+		return -ENODEV;
 	if (is_vmalloc_addr(req->out)) {
 		nents = DIV_ROUND_UP(offset_in_page(req->out) + req->out_len,
 				     PAGE_SIZE);
@@ -202,26 +305,28 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 	sgs[1] = &in_sg;
 	/* an indirect table takes one ring slot, else one per segment */
 	needed = cd->indirect ? 1 : nents + 1;
-	if (needed > virtqueue_get_vring_size(cd->cmd_vq)) {
+	if (needed > virtqueue_get_vring_size(q->vq)) {
 		ret = -E2BIG;
 		goto out;
 	}
 
 	for (;;) {
-		spin_lock_irqsave(&cd->cmd_lock, flags);
+		spin_lock_irqsave(&q->lock, flags);
 		if (cd->stopped) {
 			ret = -ENODEV;
 		} else {
-			req->tag = ++cd->next_tag;
+			req->tag = atomic64_inc_return(&cd->next_tag);
 			hdr->tag = cpu_to_le64(req->tag);
-			ret = virtqueue_add_sgs(cd->cmd_vq, sgs, 1, 1, req,
+			trace_cxla_submit(q->index, req->opcode, req->tag);
+			ret = virtqueue_add_sgs(q->vq, sgs, 1, 1, req,
 						GFP_ATOMIC);
 			if (!ret) {
 				req->state = CXLA_REQ_INFLIGHT;
-				virtqueue_kick(cd->cmd_vq);
+				virtqueue_kick(q->vq);
+				trace_cxla_kicked(q->index, req->opcode, req->tag);
 			}
 		}
-		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+		spin_unlock_irqrestore(&q->lock, flags);
 		if (ret != -ENOSPC)
 			break;
 
@@ -231,12 +336,12 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 			break;
 		}
 		if (intr && !cxla_notify_only())
-			left = wait_event_interruptible_timeout(cd->cmd_space,
-								cxla_cmd_room(cd, needed),
+			left = wait_event_interruptible_timeout(q->space,
+								cxla_cmd_room(cd, q, needed),
 								deadline - jiffies);
 		else	/* task work only: a slice, then look again */
-			left = wait_event_timeout(cd->cmd_space,
-						  cxla_cmd_room(cd, needed),
+			left = wait_event_timeout(q->space,
+						  cxla_cmd_room(cd, q, needed),
 						  intr ? min(deadline - jiffies,
 							     CXLA_NOTIFY_SLICE) :
 							 deadline - jiffies);
@@ -302,6 +407,8 @@ static int cxla_req_result(struct cxla_dev *cd, struct cxla_req *req)
 	return 0;
 }
 
+static bool cxla_poll_answer(struct cxla_cmdq *q, struct cxla_req *req);
+
 /*
  * Wait for a submitted request. On timeout or signal the request is
  * abandoned to the queue and *reqp is set to NULL: the caller must not touch
@@ -311,18 +418,25 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 		  unsigned long timeout, bool intr)
 {
 	struct cxla_req *req = *reqp;
+	struct cxla_cmdq *q = req->q;
 	unsigned long flags;
-	long left;
+	long left = 1;
 
+	if (req->poll && READ_ONCE(cxla_poll_us) && cxla_poll_answer(q, req)) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_POLLED);
+		goto done;
+	}
+	if (!completion_done(&req->done))
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_SLEPT);
 	if (intr)
 		left = cxla_wait_done(&req->done, timeout);
 	else
 		left = wait_for_completion_timeout(&req->done, timeout);
 	if (left <= 0) {
-		spin_lock_irqsave(&cd->cmd_lock, flags);
+		spin_lock_irqsave(&q->lock, flags);
 		if (req->state == CXLA_REQ_INFLIGHT) {
 			req->state = CXLA_REQ_ABANDONED;
-			spin_unlock_irqrestore(&cd->cmd_lock, flags);
+			spin_unlock_irqrestore(&q->lock, flags);
 			*reqp = NULL;
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
 			if (left == 0) {
@@ -337,9 +451,11 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
 			return -EINTR;
 		}
-		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+		spin_unlock_irqrestore(&q->lock, flags);
 		/* completed while we gave up: use the result */
 	}
+done:
+	trace_cxla_woken(q->index, req->opcode, req->tag);
 	return cxla_req_result(cd, req);
 }
 
@@ -370,13 +486,13 @@ void cxla_req_fire_and_forget(struct cxla_dev *cd, struct cxla_req *req)
 	bool free_now = true;
 
 	if (!cxla_req_submit(cd, req, jiffies + timeout, false)) {
-		spin_lock_irqsave(&cd->cmd_lock, flags);
+		spin_lock_irqsave(&req->q->lock, flags);
 		if (req->state == CXLA_REQ_INFLIGHT) {
 			req->state = CXLA_REQ_ABANDONED;
 			free_now = false;
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
 		}
-		spin_unlock_irqrestore(&cd->cmd_lock, flags);
+		spin_unlock_irqrestore(&req->q->lock, flags);
 	}
 	if (free_now)
 		cxla_req_free(cd, req);
@@ -418,31 +534,103 @@ int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
 	return ret;
 }
 
-/* Command queue interrupt: hand finished requests back. */
-void cxla_cmd_done(struct virtqueue *vq)
+/*
+ * Hand the requests the device returned on q back to their waiters (or to
+ * the reaper, when abandoned). Called with q->lock held; returns how many,
+ * *reap set when the reaper has work.
+ */
+static unsigned int cxla_cmdq_reap(struct cxla_dev *cd, struct cxla_cmdq *q,
+				   bool *reap)
 {
-	struct cxla_dev *cd = vq->vdev->priv;
 	struct cxla_req *req;
-	unsigned long flags;
-	bool reap = false;
-	unsigned int len;
+	unsigned int len, n = 0;
 
-	spin_lock_irqsave(&cd->cmd_lock, flags);
-	while ((req = virtqueue_get_buf(vq, &len))) {
+	while ((req = virtqueue_get_buf(q->vq, &len))) {
+		trace_cxla_used(q->index, req->opcode, req->tag);
 		req->used_len = len;
+		n++;
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_COMPLETED);
 		if (req->state == CXLA_REQ_ABANDONED) {
+			spin_lock(&cd->cmd_lock);
 			list_add_tail(&req->node, &cd->reap_list);
-			reap = true;
+			spin_unlock(&cd->cmd_lock);
+			*reap = true;
 		} else {
 			req->state = CXLA_REQ_DONE;
 			complete(&req->done);
 		}
 	}
-	spin_unlock_irqrestore(&cd->cmd_lock, flags);
+	return n;
+}
+
+/* After a reap outside the interrupt: wake whoever waits for it. */
+static void cxla_cmdq_reaped(struct cxla_dev *cd, struct cxla_cmdq *q,
+			     unsigned int n, bool reap)
+{
 	if (reap)
 		queue_work(cxla_wq, &cd->reap_work);
-	wake_up_all(&cd->cmd_space);
+	if (n)
+		wake_up_all(&q->space);
+}
+
+/* Command queue interrupt: hand finished requests back. */
+void cxla_cmd_done(struct virtqueue *vq)
+{
+	struct cxla_dev *cd = vq->vdev->priv;
+	struct cxla_cmdq *q = cxla_vq_cmdq(cd, vq);
+	unsigned long flags;
+	bool reap = false;
+	unsigned int n;
+
+	trace_cxla_irq(q->index);
+	spin_lock_irqsave(&q->lock, flags);
+	n = cxla_cmdq_reap(cd, q, &reap);
+	spin_unlock_irqrestore(&q->lock, flags);
+	if (reap)
+		queue_work(cxla_wq, &cd->reap_work);
+	wake_up_all(&q->space);
+	(void)n;
+}
+
+/*
+ * Poll q's used ring until req is answered, for up to poll_us. The queue's
+ * interrupts are off while anyone polls it (the last poller turns them on
+ * again and hands back what came meanwhile), so an answer found by polling
+ * costs no interrupt. Gives up early when the CPU is wanted elsewhere or a
+ * signal is pending. Returns whether req is done.
+ */
+static bool cxla_poll_answer(struct cxla_cmdq *q, struct cxla_req *req)
+{
+	struct cxla_dev *cd = q->cd;
+	u64 end = ktime_get_ns() + (u64)READ_ONCE(cxla_poll_us) * NSEC_PER_USEC;
+	unsigned long flags;
+	unsigned int n;
+	bool reap = false;
+
+	spin_lock_irqsave(&q->lock, flags);
+	if (!q->pollers++)
+		virtqueue_disable_cb(q->vq);
+	spin_unlock_irqrestore(&q->lock, flags);
+
+	while (!completion_done(&req->done)) {
+		spin_lock_irqsave(&q->lock, flags);
+		n = cxla_cmdq_reap(cd, q, &reap);
+		spin_unlock_irqrestore(&q->lock, flags);
+		cxla_cmdq_reaped(cd, q, n, reap);
+		if (completion_done(&req->done) || need_resched() ||
+		    signal_pending(current) || ktime_get_ns() > end)
+			break;
+		cpu_relax();
+	}
+
+	spin_lock_irqsave(&q->lock, flags);
+	n = 0;
+	if (!--q->pollers)
+		while (!virtqueue_enable_cb(q->vq))
+			n += cxla_cmdq_reap(cd, q, &reap);
+	spin_unlock_irqrestore(&q->lock, flags);
+	cxla_cmdq_reaped(cd, q, n, reap);
+	return completion_done(&req->done);
 }
 
 /* An abandoned ALLOC that succeeded late: give the memory back. */
@@ -492,21 +680,78 @@ void cxla_cancel_all(struct cxla_dev *cd)
 {
 	struct cxla_req *req;
 	unsigned long flags;
+	unsigned int i;
 
-	spin_lock_irqsave(&cd->cmd_lock, flags);
-	while ((req = virtqueue_detach_unused_buf(cd->cmd_vq))) {
-		if (req->state == CXLA_REQ_ABANDONED) {
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		struct cxla_cmdq *q = &cd->cmdq[i];
+
+		spin_lock_irqsave(&q->lock, flags);
+		while ((req = virtqueue_detach_unused_buf(q->vq))) {
 			req->cancelled = true;
-			list_add_tail(&req->node, &cd->reap_list);
-		} else {
-			req->cancelled = true;
-			req->state = CXLA_REQ_DONE;
-			complete(&req->done);
+			if (req->state == CXLA_REQ_ABANDONED) {
+				spin_lock(&cd->cmd_lock);
+				list_add_tail(&req->node, &cd->reap_list);
+				spin_unlock(&cd->cmd_lock);
+			} else {
+				req->state = CXLA_REQ_DONE;
+				complete(&req->done);
+			}
 		}
+		spin_unlock_irqrestore(&q->lock, flags);
+		wake_up_all(&q->space);
 	}
-	spin_unlock_irqrestore(&cd->cmd_lock, flags);
 	queue_work(cxla_wq, &cd->reap_work);
-	wake_up_all(&cd->cmd_space);
+}
+
+/* Command queues: vqs[k] is command queue k. */
+int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n)
+{
+	unsigned int i;
+
+	cd->cmdq = kcalloc(n, sizeof(*cd->cmdq), GFP_KERNEL);
+	if (!cd->cmdq)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		struct cxla_cmdq *q = &cd->cmdq[i];
+
+		q->cd = cd;
+		q->vq = vqs[i];
+		q->index = i;
+		spin_lock_init(&q->lock);
+		init_waitqueue_head(&q->space);
+		INIT_LIST_HEAD(&q->cache);
+	}
+	cd->nr_cmdq = n;
+	return 0;
+}
+
+/* No new commands on any queue (each queue's submitters see it under its lock). */
+void cxla_cmdq_stop(struct cxla_dev *cd)
+{
+	unsigned int i;
+
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		spin_lock_irq(&cd->cmdq[i].lock);
+		if (i == 0)
+			WRITE_ONCE(cd->stopped, true);
+		spin_unlock_irq(&cd->cmdq[i].lock);
+	}
+	if (!cd->nr_cmdq)
+		WRITE_ONCE(cd->stopped, true);
+}
+
+/* The device is gone and no request lives any more: the caches go. */
+void cxla_cmdq_free(struct cxla_dev *cd)
+{
+	struct cxla_req *req, *tmp;
+	unsigned int i;
+
+	for (i = 0; i < cd->nr_cmdq; i++)
+		list_for_each_entry_safe(req, tmp, &cd->cmdq[i].cache, node)
+			kfree(req);
+	kfree(cd->cmdq);
+	cd->cmdq = NULL;
+	cd->nr_cmdq = 0;
 }
 
 /* Event queue */

@@ -28,13 +28,18 @@ use vmm_sys_util::event::{
 };
 
 use crate::announcer::Announcer;
+use crate::command;
 use crate::device::{Attach, Device};
 use crate::dispatch::Dispatcher;
-use crate::protocol::{NUM_QUEUES, QUEUE_CMD, QUEUE_EVENT, SHM_ID_DEVMEM};
+use crate::protocol::{
+    cmd_queue_index, cmd_queue_of, OP_ALLOC, OP_EXPORT, OP_FREE, OP_RESET, OP_UNEXPORT,
+    QUEUE_EVENT, SHM_ID_DEVMEM,
+};
 use crate::resume;
 use crate::ring::journal::RingId;
 use crate::ring::{self, ChainRequest, Journal, Origin};
 use crate::sigbus;
+use crate::stages::Stage;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -87,12 +92,15 @@ struct Session {
     /// The most requests held at once (`--queue-size`); rings may be larger.
     queue_size: u16,
     event_idx: AtomicBool,
-    /// Requests taken from the command queue and not yet returned: never more than the
-    /// queue size, so a guest cannot make the daemon buffer without bound.
-    in_flight: AtomicUsize,
-    /// Bumped when the front-end stops the command queue: completions of requests taken
-    /// before that are not written to a ring that may have been reset or moved.
-    generation: AtomicU64,
+    /// Per command queue: requests taken and not yet returned, never more than the queue
+    /// size, so a guest cannot make the daemon buffer without bound.
+    in_flight: Vec<AtomicUsize>,
+    /// Per command queue: bumped when the front-end stops it, so completions of requests
+    /// taken before that are not written to a ring that may have been reset or moved.
+    generation: Vec<AtomicU64>,
+    /// Busy-poll: how long the next poll of the command queues may last (microseconds);
+    /// a kick sets it to the configured time, a poll that finds nothing halves it.
+    poll_window: AtomicU64,
     /// Set while the front-end stops the command queue (and once the session ended):
     /// commands running or queued end early with INTERRUPTED, so a stop that QEMU waits
     /// for under its global lock takes milliseconds, not as long as 256 1-GiB copies.
@@ -105,7 +113,7 @@ struct Session {
     /// Announces exports to the front-end (one per device, shared by its sessions).
     announcer: Arc<Announcer>,
     /// The rings the journal describes (None: not yet seen since the queue started).
-    rings: Mutex<[Option<RingId>; NUM_QUEUES]>,
+    rings: Mutex<Vec<Option<RingId>>>,
     /// A ring was enabled or kicked since the front-end last stopped the queues (the vhost
     /// crate calls handle_event for both): the device is started,
     /// the only time the front-end may be asked to map or unmap shared memory (QEMU 11.1
@@ -123,8 +131,9 @@ pub struct CxlBackend {
     wake: Option<vmm_sys_util::eventfd::EventFd>,
 }
 
-/// The epoll event of `CxlBackend::wake` (0..=NUM_QUEUES are the queues' and the exit's).
-pub const EVENT_WAKE: u16 = NUM_QUEUES as u16 + 1;
+/// The epoll event of `CxlBackend::wake`: above every queue index and the exit event
+/// (`0..=num_queues()`), whatever the number of command queues.
+pub const EVENT_WAKE: u16 = u16::MAX;
 
 impl CxlBackend {
     /// The fd to register for EVENT_WAKE, and the device's waker that signals it.
@@ -163,12 +172,14 @@ impl CxlBackend {
         queue_size: u16,
         resume: bool,
     ) -> Self {
+        let queues = device.cmd_queues() + 1;
         if !resume {
             // Whatever an earlier daemon journaled belongs to rings that are gone.
-            for q in 0..NUM_QUEUES {
+            for q in 0..queues {
                 device.state().journal().clear_ring(q);
             }
         }
+        let per_cmd_queue = device.cmd_queues();
         CxlBackend {
             s: Arc::new(Session {
                 device,
@@ -176,13 +187,14 @@ impl CxlBackend {
                 mem: Mutex::new(None),
                 queue_size,
                 event_idx: AtomicBool::new(false),
-                in_flight: AtomicUsize::new(0),
-                generation: AtomicU64::new(0),
+                in_flight: (0..per_cmd_queue).map(|_| AtomicUsize::new(0)).collect(),
+                generation: (0..per_cmd_queue).map(|_| AtomicU64::new(0)).collect(),
+                poll_window: AtomicU64::new(0),
                 cancel: AtomicBool::new(false),
                 poisoned: AtomicBool::new(false),
                 resume: AtomicBool::new(resume),
                 announcer,
-                rings: Mutex::new([None; NUM_QUEUES]),
+                rings: Mutex::new(vec![None; queues]),
                 started: AtomicBool::new(false),
                 map_requested: Mutex::new(None),
             }),
@@ -208,10 +220,13 @@ impl Session {
         let Ok(mut rings) = self.rings.lock() else {
             return;
         };
-        if rings[q] == Some(ring) {
+        let Some(slot) = rings.get_mut(q) else {
+            return;
+        };
+        if *slot == Some(ring) {
             return;
         }
-        rings[q] = Some(ring);
+        *slot = Some(ring);
         let resuming = self.resume.load(Ordering::Acquire);
         if resume::adopt(q, state.get_queue_mut(), mem, self.journal(), resuming) {
             let _ = state.signal_used_queue();
@@ -255,33 +270,79 @@ impl Session {
     }
 }
 
-/// Takes requests from the command queue (up to the in-flight limit) and hands them to the
-/// DMA engines. Runs on the vring thread after a kick, and on an engine after a completion
-/// when requests were left waiting.
-fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
+/// Whether a request runs on the ring's thread as it arrives: small, unfenced, no state
+/// change (ALLOC, FREE, EXPORT, UNEXPORT, RESET write the state file and queue behind the
+/// engines' work as before), and nothing (an injected fault, a stalled engine, the latency
+/// model) would make it wait there.
+fn runs_inline(s: &Session, req: &ChainRequest) -> bool {
+    let max = s.device.settings().inline_max;
+    if max == 0 || req.hdr.fenced() || req.fault.is_some() {
+        return false;
+    }
+    if matches!(
+        req.hdr.opcode,
+        OP_ALLOC | OP_FREE | OP_EXPORT | OP_UNEXPORT | OP_RESET
+    ) {
+        return false;
+    }
+    let faults = s.device.faults();
+    if faults.stalled() || faults.model().enforce {
+        return false;
+    }
+    command::bytes_moved(req.hdr, &req.bytes) <= max
+}
+
+/// Takes requests from command queue `q` (a virtqueue index; up to the in-flight limit):
+/// small ones are executed and returned on the spot, the others handed to the DMA engines.
+/// Runs on the vring thread after a kick or a poll that saw requests, and on an engine
+/// after a completion when requests were left waiting.
+fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock], q: usize, kicked: Option<Instant>) {
+    let Some(k) = cmd_queue_of(q).filter(|&k| k < s.in_flight.len()) else {
+        return;
+    };
+    let Some(vring) = vrings.get(q) else { return };
     let Some(table) = s.memory() else { return };
     let snapshot: &GuestMemoryMmap = &table.mem;
-    let vring = &vrings[QUEUE_CMD];
+    let event_idx = s.event_idx.load(Ordering::Relaxed);
     let mut rearm = ring::Rearm::default();
+    let mut kicked = kicked;
     loop {
         let taken = {
             let mut state = vring.get_mut();
             let _ = state.get_queue_mut().disable_notification(snapshot);
-            s.adopt_ring(QUEUE_CMD, &mut state, snapshot);
-            let room = (s.queue_size as usize).saturating_sub(s.in_flight.load(Ordering::Acquire));
+            s.adopt_ring(q, &mut state, snapshot);
+            if state.get_queue().size() as usize > ring::journal::capacity(q) {
+                s.device.reject(format_args!(
+                    "command queue {q}: a ring of {} entries is larger than the journal \
+                     holds for it ({}); not served",
+                    state.get_queue().size(),
+                    ring::journal::capacity(q)
+                ));
+                return;
+            }
+            let room =
+                (s.queue_size as usize).saturating_sub(s.in_flight[k].load(Ordering::Acquire));
             if room == 0 {
                 // A completion calls us again.
                 return;
             }
+            let mut inline = Vec::new();
             // Submitted under the vring lock, so that a queue stop (which takes the lock
             // first) always sees them in flight.
             let queue = state.get_queue_mut();
-            match ring::take(queue, snapshot, s.journal(), room, |mut req, origin| {
+            let n = match ring::take(queue, snapshot, s.journal(), q, room, |mut req, origin| {
+                if let Some(t) = kicked.take() {
+                    s.device.stages().record(Stage::Pickup, req.taken - t);
+                }
                 // Faults are counted in ring order, whatever order the engines run in.
                 if req.error.is_none() {
                     req.fault = s.device.faults().decide(req.hdr.opcode);
                 }
-                submit(s, req, origin, vrings, table.clone())
+                if runs_inline(s, &req) {
+                    inline.push((req, origin));
+                } else {
+                    submit(s, req, origin, vrings, table.clone(), q);
+                }
             }) {
                 Ok(n) => n,
                 Err(ring::Error::NotReady) => return,
@@ -289,8 +350,29 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
                     s.device.reject(format_args!("{e}"));
                     return;
                 }
+            };
+            if !inline.is_empty() {
+                let stages = s.device.stages();
+                for (req, origin) in &inline {
+                    let start = Instant::now();
+                    stages.record(Stage::Queue, start - req.taken);
+                    let written =
+                        ring::answer(&s.device, snapshot, req, *origin, &s.cancel).written;
+                    let done = Instant::now();
+                    stages.record(Stage::Execute, done - start);
+                    ring::publish(queue, snapshot, s.journal(), q, req.head, written);
+                    stages.record(Stage::Publish, done.elapsed());
+                }
+                // One interrupt for the whole pass.
+                if ring::needs_signal(queue, snapshot, event_idx) {
+                    let _ = state.signal_used_queue();
+                }
             }
+            n
         };
+        if s.device.has_events() {
+            deliver_events(s, vrings, snapshot, event_idx);
+        }
         let again = rearm.after_pass(vring.get_mut().get_queue_mut(), snapshot, taken);
         match again {
             Ok(true) => continue,
@@ -303,28 +385,106 @@ fn process_commands(s: &Arc<Session>, vrings: &[VringRwLock]) {
     }
 }
 
+/// Busy-polls the command queues after a pass (`--poll-us`): the driver is told it need not
+/// kick (a kick is an exit to the hypervisor, costly under emulation), and requests it
+/// posts meanwhile are taken as soon as they are seen. The window halves after each poll
+/// that finds nothing, so an idle device stops polling soon after the last kick.
+fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
+    let Some(table) = s.memory() else { return };
+    let mem: &GuestMemoryMmap = &table.mem;
+    let event_idx = s.event_idx.load(Ordering::Relaxed);
+    let queues: Vec<usize> = (0..s.in_flight.len())
+        .map(cmd_queue_index)
+        .filter(|&q| q < vrings.len())
+        .collect();
+    loop {
+        let window = s.poll_window.load(Ordering::Relaxed);
+        if window == 0 {
+            return;
+        }
+        for &q in &queues {
+            suppress_kicks(&vrings[q], mem, event_idx);
+        }
+        let end = Instant::now() + Duration::from_micros(window);
+        let mut found = false;
+        while !found && Instant::now() < end {
+            found = queues.iter().any(|&q| has_requests(&vrings[q], mem));
+            // Yields rather than spins: on a host with fewer cores than busy threads (the
+            // guest's vCPUs among them) a poll that kept its core would delay the very
+            // requests it waits for.
+            std::thread::yield_now();
+        }
+        // Kicks are wanted again (process_commands re-arms the queue it serves).
+        for &q in &queues {
+            let _ = vrings[q].get_mut().get_queue_mut().enable_notification(mem);
+        }
+        if !found {
+            s.poll_window.store(window / 2, Ordering::Relaxed);
+        }
+        // What was found, or came as the window closed, is served now.
+        for &q in &queues {
+            if has_requests(&vrings[q], mem) {
+                process_commands(s, vrings, q, None);
+            }
+        }
+    }
+}
+
+/// Tells the driver of ring `vring` that it need not notify: with EVENT_IDX the avail
+/// event is put just behind the ring position (the driver kicks only when it crosses it),
+/// else the used ring's no-notify flag.
+fn suppress_kicks(vring: &VringRwLock, mem: &GuestMemoryMmap, event_idx: bool) {
+    let mut state = vring.get_mut();
+    let queue = state.get_queue_mut();
+    if !queue.ready() {
+        return;
+    }
+    if !event_idx {
+        let _ = queue.disable_notification(mem);
+        return;
+    }
+    let at = queue.used_ring() + 4 + 8 * queue.size() as u64;
+    let _ = vm_memory::Bytes::write_obj(
+        mem,
+        queue.next_avail().wrapping_sub(1),
+        vm_memory::GuestAddress(at),
+    );
+}
+
+/// Whether the driver made requests available that have not been taken.
+fn has_requests(vring: &VringRwLock, mem: &GuestMemoryMmap) -> bool {
+    let state = vring.get_ref();
+    let queue = state.get_queue();
+    queue.ready()
+        && queue
+            .avail_idx(mem, Ordering::Acquire)
+            .is_ok_and(|i| i.0 != queue.next_avail())
+}
+
 fn submit(
     s: &Arc<Session>,
     req: ChainRequest,
     origin: Origin,
     vrings: &[VringRwLock],
     table: Arc<Table>,
+    q: usize,
 ) {
+    let Some(k) = cmd_queue_of(q) else { return };
     let fence = req.hdr.fenced();
-    s.in_flight.fetch_add(1, Ordering::AcqRel);
-    let generation = s.generation.load(Ordering::Acquire);
+    s.in_flight[k].fetch_add(1, Ordering::AcqRel);
+    let generation = s.generation[k].load(Ordering::Acquire);
     let session = s.clone();
     let vrings: Vec<VringRwLock> = vrings.to_vec();
     let queued = s.dispatcher.submit(fence, move || {
-        complete(&session, &vrings, &table.mem, req, origin, generation);
-        let before = session.in_flight.fetch_sub(1, Ordering::AcqRel);
+        complete(&session, &vrings, &table.mem, req, origin, q, generation);
+        let before = session.in_flight[k].fetch_sub(1, Ordering::AcqRel);
         if before >= session.queue_size as usize {
             // We were at the limit: requests may be waiting in the ring.
-            process_commands(&session, &vrings);
+            process_commands(&session, &vrings, q, None);
         }
     });
     if !queued {
-        s.in_flight.fetch_sub(1, Ordering::AcqRel);
+        s.in_flight[k].fetch_sub(1, Ordering::AcqRel);
         log::error!("DMA engines stopped; request dropped");
     }
 }
@@ -336,31 +496,39 @@ fn complete(
     mem: &GuestMemoryMmap,
     req: ChainRequest,
     origin: Origin,
+    q: usize,
     generation: u64,
 ) {
+    let stages = s.device.stages();
+    let start = Instant::now();
+    stages.record(Stage::Queue, start - req.taken);
     let written = ring::answer(&s.device, mem, &req, origin, &s.cancel).written;
+    let done = Instant::now();
+    stages.record(Stage::Execute, done - start);
     if s.poisoned.load(Ordering::Acquire) {
         // A refused table ended guest-memory access; the ring is not touched either.
         return;
     }
-    if s.generation.load(Ordering::Acquire) != generation {
+    let current = cmd_queue_of(q).and_then(|k| s.generation.get(k));
+    if current.map(|g| g.load(Ordering::Acquire)) != Some(generation) {
         log::warn!(
-            "request (head {}) finished after the front-end stopped the queue; not returned",
+            "request (head {}) finished after the front-end stopped queue {q}; not returned",
             req.head
         );
         return;
     }
     let event_idx = s.event_idx.load(Ordering::Relaxed);
     {
-        let mut state = vrings[QUEUE_CMD].get_mut();
+        let mut state = vrings[q].get_mut();
         let queue = state.get_queue_mut();
-        if !ring::publish(queue, mem, s.journal(), req.head, written) {
+        if !ring::publish(queue, mem, s.journal(), q, req.head, written) {
             return;
         }
         if ring::needs_signal(queue, mem, event_idx) {
             let _ = state.signal_used_queue();
         }
     }
+    stages.record(Stage::Publish, done.elapsed());
     if s.device.has_events() {
         deliver_events(s, vrings, mem, event_idx);
     }
@@ -386,8 +554,9 @@ impl VhostUserBackend for CxlBackend {
     type Bitmap = ();
     type Vring = VringRwLock;
 
+    /// The command queues and the event queue (virtqueue 1).
     fn num_queues(&self) -> usize {
-        NUM_QUEUES
+        self.s.device.cmd_queues() + 1
     }
 
     /// Any ring size the virtio specification allows (QEMU lets a guest choose up to 1024
@@ -518,8 +687,11 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if queue_index as usize == QUEUE_CMD {
-            // What runs is cut short and returned INTERRUPTED before the stop is answered.
+        let stopped_cmd = cmd_queue_of(queue_index as usize).and_then(|k| self.s.generation.get(k));
+        if let Some(generation) = stopped_cmd {
+            // What runs is cut short and returned INTERRUPTED before the stop is answered
+            // (on every command queue: the engines are shared; the others' rings still run
+            // and take their answers).
             self.s.cancel.store(true, Ordering::Release);
             if !self.s.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
                 log::warn!(
@@ -528,7 +700,7 @@ impl VhostUserBackend for CxlBackend {
                 );
             }
             // Whatever still finishes must not write to the stopped (maybe reused) ring.
-            self.s.generation.fetch_add(1, Ordering::AcqRel);
+            generation.fetch_add(1, Ordering::AcqRel);
             self.s.cancel.store(false, Ordering::Release);
             // A stop may be a reset, which drops shared memory: map again once started.
             self.s.started.store(false, Ordering::Release);
@@ -538,7 +710,7 @@ impl VhostUserBackend for CxlBackend {
             }
         }
         let q = queue_index as usize;
-        if q < NUM_QUEUES {
+        if q < self.num_queues() {
             // The front-end owns the ring position from here; a later start sets it anew.
             self.s.journal().clear_ring(q);
             if let Ok(mut rings) = self.s.rings.lock() {
@@ -559,9 +731,10 @@ impl VhostUserBackend for CxlBackend {
         if evset != EventSet::IN {
             return Ok(());
         }
+        let kicked = Instant::now();
         self.s.ensure_mapped();
+        let poll_us = self.s.device.settings().poll_us as u64;
         match device_event as usize {
-            QUEUE_CMD => process_commands(&self.s, vrings),
             QUEUE_EVENT => {
                 if let Some(table) = self.s.memory() {
                     let snapshot: &GuestMemoryMmap = &table.mem;
@@ -594,6 +767,13 @@ impl VhostUserBackend for CxlBackend {
                         &table.mem,
                         self.s.event_idx.load(Ordering::Relaxed),
                     );
+                }
+            }
+            q if q < vrings.len() => {
+                process_commands(&self.s, vrings, q, Some(kicked));
+                if poll_us > 0 {
+                    self.s.poll_window.store(poll_us, Ordering::Relaxed);
+                    busy_poll(&self.s, vrings);
                 }
             }
             // Spurious or unknown events are harmless.

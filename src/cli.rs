@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::device::Attach;
-use crate::protocol::{Config, NUM_QUEUES, VIRTIO_ID};
+use crate::protocol::{Config, MAX_CMD_QUEUES, VIRTIO_ID};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SocketMode {
@@ -135,6 +135,25 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub dma_threads: u32,
+
+    /// Command queues offered to the driver (one per guest CPU, or group of CPUs, so that
+    /// threads on different CPUs never share a ring). QEMU gets one virtqueue more (events).
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_CMD_QUEUES as i64))]
+    pub cmd_queues: u32,
+
+    /// Requests moving at most this many bytes run on the ring's thread as they arrive,
+    /// without a hop to a DMA engine (K, M suffixes; 0: every request goes to an engine).
+    #[arg(long, value_name = "BYTES", default_value = "64K", value_parser = parse_size)]
+    pub inline_max: u64,
+
+    /// Busy-poll the command queues for up to this many microseconds after a request
+    /// before waiting for the next kick; the window halves with every poll that finds
+    /// nothing. Saves the driver its notification, at the price of a host CPU while it
+    /// polls (0: off).
+    #[arg(long, value_name = "US", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub poll_us: u32,
 
     /// Instance number of this device; names QEMU objects and picks PCI slot 0x10+N.
     #[arg(long, value_name = "N", default_value_t = 0,
@@ -442,8 +461,9 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
         "-device".into(),
         format!(
             "vhost-user-test-device-pci,id=cxlacc{n},chardev=cxlacc{n}-sock,virtio-id={},\
-num_vqs={NUM_QUEUES},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0{multifunction}",
+num_vqs={},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0{multifunction}",
             args.virtio_id,
+            args.cmd_queues + 1,
             args.queue_size,
             std::mem::size_of::<Config>()
         ),
@@ -521,7 +541,7 @@ mod tests {
         let text = render_qemu_args(&qemu_args(&args).unwrap());
         assert!(text.contains("'socket,id=cxlacc1-sock,path=/tmp/a b.sock'"));
         assert!(text.contains("mem-path=/dev/shm/m,,1,size=256M,share=on"));
-        assert!(text.contains("virtio-id=21,num_vqs=2,vq_size=256,config_size=64"));
+        assert!(text.contains("virtio-id=21,num_vqs=5,vq_size=256,config_size=64"));
         assert!(text.contains("addr=0x11.0,multifunction=on"));
         assert!(
             text.contains("ivshmem-plain,id=cxlacc1-bar,memdev=cxlacc1-mem,bus=pcie.0,addr=0x11.1")

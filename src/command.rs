@@ -186,6 +186,35 @@ impl Cursor<'_> {
     }
 }
 
+/// At most how many bytes a request moves, read from its bytes without decoding them (no
+/// allocation): what decides whether it runs where it arrives or on a DMA engine. A
+/// request too short to say moves nothing (it fails at once).
+pub fn bytes_moved(hdr: Header, bytes: &[u8]) -> u64 {
+    let u32_at = |i: usize| {
+        bytes
+            .get(i..i + 4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |i: usize| u32_at(i) as u64 | (u32_at(i + 4) as u64) << 32;
+    // The lengths of `n` scatter-gather entries from `at` (len is at +8 in each).
+    let sges = |at: usize, n: u32| -> u64 {
+        let size = std::mem::size_of::<Sge>();
+        (0..n.min(MAX_SEGMENTS) as usize)
+            .map(|i| u32_at(at + i * size + 8) as u64)
+            .sum()
+    };
+    let p = std::mem::size_of::<CmdHdr>();
+    match hdr.opcode {
+        OP_COPY => sges(p + std::mem::size_of::<Copy>(), u32_at(p)),
+        OP_FILL => sges(p + std::mem::size_of::<Fill>(), u32_at(p + 8)),
+        OP_CHECKSUM => sges(p + std::mem::size_of::<Checksum>(), u32_at(p)),
+        // Each repetition reads and writes the word.
+        OP_ATOMIC => u64_at(p + 32).max(1).saturating_mul(16),
+        OP_COPY_PAGES => (u32_at(p) as u64).saturating_mul(u32_at(p + 4) as u64),
+        _ => 0,
+    }
+}
+
 fn valid_space(space: u16) -> Result<(), Status> {
     if space == SPACE_GPA || space == SPACE_DEVMEM {
         Ok(())

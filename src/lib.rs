@@ -9,6 +9,7 @@
 //! - ring layer, no vhost-user type: [`ring`] turns descriptor chains into requests and
 //!   answers into used entries, with its journal ([`ring::journal`]); the backend and the
 //!   `chain` fuzz target both use it. [`resume`] takes rings over after a crash.
+//!   [`stages`] times a request's way through the daemon, stage by stage.
 //! - vhost-user transport: [`backend`] (the adapter), [`announcer`] (the backend-channel
 //!   thread), [`server`] (the socket).
 //! - host side: [`files`], [`sigbus`], [`sandbox`], [`supervisor`] and [`workers`]
@@ -36,6 +37,7 @@ pub mod ring;
 pub mod sandbox;
 pub mod server;
 pub mod sigbus;
+pub mod stages;
 pub mod state;
 pub mod supervisor;
 pub mod workers;

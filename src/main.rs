@@ -106,6 +106,9 @@ fn run(args: Args) -> Result<()> {
         attach: args.attach,
         dma_engines: args.dma_threads,
         peers: args.peer_memory_path.clone(),
+        cmd_queues: args.cmd_queues,
+        inline_max: args.inline_max,
+        poll_us: args.poll_us,
         ..Default::default()
     };
     let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));

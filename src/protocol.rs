@@ -15,11 +15,33 @@ compile_error!("cxl-accel encodes wire records in host order and needs a little-
 pub const VIRTIO_ID: u32 = 21;
 pub const MAGIC: u32 = 0x414c_5843;
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 
 pub const QUEUE_CMD: usize = 0;
 pub const QUEUE_EVENT: usize = 1;
+/// The queues of a version 1.0 device: one command queue and the event queue.
 pub const NUM_QUEUES: usize = 2;
+/// Version 1.1: up to this many command queues (config `num_cmd_queues`); command queue
+/// k is virtqueue 0 for k = 0, else virtqueue k + 1 (after the event queue).
+pub const MAX_CMD_QUEUES: usize = 8;
+
+/// The virtqueue index of command queue `k`.
+pub const fn cmd_queue_index(k: usize) -> usize {
+    if k == 0 {
+        QUEUE_CMD
+    } else {
+        k + 1
+    }
+}
+
+/// Which command queue virtqueue `q` is, if it is one.
+pub const fn cmd_queue_of(q: usize) -> Option<usize> {
+    match q {
+        QUEUE_CMD => Some(0),
+        QUEUE_EVENT => None,
+        q => Some(q - 1),
+    }
+}
 
 pub const F_ATOMIC_DEVMEM: u64 = 1 << 0;
 pub const F_ATOMIC_GUEST: u64 = 1 << 1;
@@ -260,7 +282,7 @@ wire_structs! {
         magic: u32, version_major: u16, version_minor: u16, features: u64, devmem_size: u64,
         num_dma_engines: u32, max_segments: u32, read_latency_ns: u32, write_latency_ns: u32,
         read_bandwidth_mbs: u32, write_bandwidth_mbs: u32, device_index: u32, page_size: u32,
-        max_request: u32, reserved: u32,
+        max_request: u32, num_cmd_queues: u32,
     }
     CmdHdr / "cxla_cmd_hdr" { opcode: u16, flags: u16, reserved: u32, tag: u64 }
     Sge / "cxla_sge" { addr: u64, len: u32, space: u16, reserved: u16 }
@@ -300,6 +322,7 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_QUEUE_CMD".into(), QUEUE_CMD as u64),
         ("CXLA_QUEUE_EVENT".into(), QUEUE_EVENT as u64),
         ("CXLA_NUM_QUEUES".into(), NUM_QUEUES as u64),
+        ("CXLA_MAX_CMD_QUEUES".into(), MAX_CMD_QUEUES as u64),
         ("CXLA_F_ATOMIC_DEVMEM".into(), F_ATOMIC_DEVMEM),
         ("CXLA_F_ATOMIC_GUEST".into(), F_ATOMIC_GUEST),
         ("CXLA_F_P2P".into(), F_P2P),

@@ -51,14 +51,14 @@ pub fn adopt(
     let next_avail = journal.ring_position(q, ring).unwrap_or(queue.next_avail());
     queue.set_next_avail(next_avail);
     queue.set_next_used(used.0);
-    let pending = journal.pending(ring.size, next_avail);
+    let pending = journal.pending(q, ring.size, next_avail);
     log::debug!("in flight at the restart: {pending:?}");
     let (mut answered, mut interrupted_n, mut republished) = (0, 0, 0);
     for p in &pending {
         let written = match p.outcome {
             Outcome::Completing { used_slot, written } => {
                 if published(mem, ring, used_slot, used.0, p.head) {
-                    journal.release(p.head);
+                    journal.release(q, p.head);
                     continue;
                 }
                 republished += 1;
@@ -73,11 +73,11 @@ pub fn adopt(
                 write_response(mem, p.resp_gpa, p.resp_len, &interrupted(p.tag))
             }
         };
-        publish(queue, mem, journal, p.head, written);
+        publish(queue, mem, journal, q, p.head, written);
     }
     journal.set_ring(q, ring, next_avail);
     log::info!(
-        "command queue resumed at {next_avail} (used {}): {answered} answered from the \
+        "command queue {q} resumed at {next_avail} (used {}): {answered} answered from the \
          journal, {interrupted_n} interrupted, {republished} republished",
         used.0
     );

@@ -270,6 +270,13 @@ pub fn serve_endpoint(
         // The backend channel died with the session, and so did its epoll thread.
         device.set_export_sink(None, false);
         device.set_event_waker(None);
+        let stages = device.stages().line();
+        if !stages.is_empty() {
+            log::info!(
+                "request stages: {stages}; daemon CPU time so far {:.2} s",
+                process_cpu_seconds()
+            );
+        }
         backend.stop_commands();
         if !dispatcher.drain(Duration::from_secs(5)) {
             log::warn!("commands still running after the session ended");
@@ -305,4 +312,18 @@ where
             }
         }
     }
+}
+
+/// CPU time this process has used (what busy-polling costs shows here).
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if r != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }

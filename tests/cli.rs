@@ -64,7 +64,7 @@ fn print_qemu_args_is_complete_and_touches_nothing() {
     let common = [
         "memory-backend-memfd,id=cxl-guest-ram,size=1G,share=on",
         "-chardev socket,id=cxlacc0-sock,path=/tmp/x.sock",
-        "vhost-user-test-device-pci,id=cxlacc0,chardev=cxlacc0-sock,virtio-id=21,num_vqs=2",
+        "vhost-user-test-device-pci,id=cxlacc0,chardev=cxlacc0-sock,virtio-id=21,num_vqs=5",
         "config_size=64",
     ];
     // Shared memory (QEMU 11.1): one function; QEMU gets the memory file from the daemon.

@@ -103,7 +103,10 @@ fn files_the_readmes_name_exist() {
                 missing.push(format!("{readme}: {p}"));
             } else if let Some(anchor) = anchor {
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
-                if !text.lines().any(|l| heading_anchor(l).as_deref() == Some(&anchor)) {
+                if !text
+                    .lines()
+                    .any(|l| heading_anchor(l).as_deref() == Some(&anchor))
+                {
                     missing.push(format!("{readme}: {p} (no such heading)"));
                 }
             }

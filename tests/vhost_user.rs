@@ -597,9 +597,10 @@ fn requests_in_flight_are_bounded_by_the_queue_size() {
     h.post(&slow, 1, 64);
     std::thread::sleep(Duration::from_millis(20));
     // ...while the guest keeps publishing NOPs as fast as the device takes them, which
-    // without a limit would pile up requests inside the daemon.
+    // without a limit would pile up requests inside the daemon. Fenced, so that they wait
+    // for the engine (an unfenced NOP is answered on the spot).
     h.guest
-        .write_slice(&hdr(OP_NOP, 0, 2), GuestAddress(DATA))
+        .write_slice(&hdr(OP_NOP, FLAG_FENCE, 2), GuestAddress(DATA))
         .unwrap();
     let head = h.queues[0].push(&h.guest, &[(DATA, 16, false), (DATA + 4096, 32, true)]);
     let rounds = 2;

@@ -23,7 +23,7 @@ _cxl__accel() {
 
     case "${cmd}" in
         cxl__accel)
-            opts="-h -V --socket-path --fd --socket-mode --memory-path --memory-size --virtio-id --queue-size --dma-threads --index --peer-memory-path --attach --seccomp --supervise --socket-group --state-path --control-socket --control-fd --worker-fd --resume --print-qemu-args --print-capabilities --guest-ram --reconnect-ms --help --version"
+            opts="-h -V --socket-path --fd --socket-mode --memory-path --memory-size --virtio-id --queue-size --dma-threads --cmd-queues --inline-max --poll-us --index --peer-memory-path --attach --seccomp --supervise --socket-group --state-path --control-socket --control-fd --worker-fd --resume --print-qemu-args --print-capabilities --guest-ram --reconnect-ms --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -58,6 +58,18 @@ _cxl__accel() {
                     return 0
                     ;;
                 --dma-threads)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cmd-queues)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --inline-max)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --poll-us)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -6,6 +6,9 @@ complete -c cxl-accel -l memory-size -d 'Device memory size, a multiple of 2 MiB
 complete -c cxl-accel -l virtio-id -d 'Virtio device ID for QEMU\'s vhost-user-test-device-pci. The default (21) is assigned by the virtio spec but implemented by neither Linux nor QEMU, so only our driver binds it' -r
 complete -c cxl-accel -l queue-size -d 'Maximum size of each virtqueue (power of two, 1..32768)' -r
 complete -c cxl-accel -l dma-threads -d 'Number of DMA engines, each a thread executing commands concurrently' -r
+complete -c cxl-accel -l cmd-queues -d 'Command queues offered to the driver (one per guest CPU, or group of CPUs, so that threads on different CPUs never share a ring). QEMU gets one virtqueue more (events)' -r
+complete -c cxl-accel -l inline-max -d 'Requests moving at most this many bytes run on the ring\'s thread as they arrive, without a hop to a DMA engine (K, M suffixes; 0: every request goes to an engine)' -r
+complete -c cxl-accel -l poll-us -d 'Busy-poll the command queues for up to this many microseconds after a request before waiting for the next kick; the window halves with every poll that finds nothing. Saves the driver its notification, at the price of a host CPU while it polls (0: off)' -r
 complete -c cxl-accel -l index -d 'Instance number of this device; names QEMU objects and picks PCI slot 0x10+N' -r
 complete -c cxl-accel -l peer-memory-path -d 'Memory file of a peer device (repeatable). Its BAR, seen in the memory table, counts as peer-to-peer memory in the device statistics' -r -F
 complete -c cxl-accel -l attach -d 'How the guest sees device memory: "shmem" (a VIRTIO shared memory region, i.e. a BAR of the virtio function itself: one PCI function; needs QEMU >= 11.1), "bar" (BAR2 of an ivshmem-plain sibling function; QEMU >= 10.2) or "numa" (a CPU-less NUMA node of guest RAM). With shmem and bar the driver manages it as coherent device pages' -r

@@ -149,7 +149,7 @@ fuzz_target!(|data: &[u8]| {
             // One chain at a time: a reply written over the ring (legal for a hostile
             // driver's buffers) is seen by the next chain, as with the daemon's engines.
             let mut got = None;
-            match ring::take(&mut queue, mem, journal, 1, |req, origin| {
+            match ring::take(&mut queue, mem, journal, 0, 1, |req, origin| {
                 got = Some((req, origin))
             }) {
                 Ok(_) => {}
@@ -159,7 +159,7 @@ fuzz_target!(|data: &[u8]| {
             taken += 1;
             let answer = ring::answer(&w.device, mem, &req, origin, &never);
             check(&req, &answer);
-            if ring::publish(&mut queue, mem, journal, req.head, answer.written) {
+            if ring::publish(&mut queue, mem, journal, 0, req.head, answer.written) {
                 let event_idx = queue.event_idx_enabled();
                 ring::needs_signal(&mut queue, mem, event_idx);
             }

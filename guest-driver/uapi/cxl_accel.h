@@ -215,6 +215,8 @@ struct cxl_accel_nop {
 #define CXL_ACCEL_DSTAT_EXCLUSIVE	9	/* exclusive device atomics (ATOMIC_EXCLUSIVE) */
 #define CXL_ACCEL_DSTAT_POISON		10	/* POISON events handled */
 #define CXL_ACCEL_DSTAT_HWPOISON	11	/* CPU faults on poisoned pages (SIGBUS) */
+#define CXL_ACCEL_DSTAT_POLLED		12	/* waits that found the completion by polling */
+#define CXL_ACCEL_DSTAT_SLEPT		13	/* waits that slept until the interrupt */
 #define CXL_ACCEL_DSTAT_COUNT		16
 
 /* Device counters (cxl_accel_stats.device[]) */

@@ -46,7 +46,18 @@ pub struct DeviceConfig {
     /// Memory files of other devices, recognised in the memory table as peer BARs.
     /// Resolved when the memory table arrives, so peers may start after us.
     pub peers: Vec<std::path::PathBuf>,
+    /// Command queues offered (config `num_cmd_queues`, 1 ..= MAX_CMD_QUEUES).
+    pub cmd_queues: u32,
+    /// Requests that move at most this many bytes run on the ring's thread as they
+    /// arrive instead of on a DMA engine (0: every request goes to an engine).
+    pub inline_max: u64,
+    /// Busy-poll the command queues for up to this long after the last request before
+    /// waiting for a kick again (0: never; costs a host CPU while it polls).
+    pub poll_us: u32,
 }
+
+/// What runs inline by default: small enough that an engine hop costs more than the work.
+pub const DEFAULT_INLINE_MAX: u64 = 64 << 10;
 
 impl Default for DeviceConfig {
     fn default() -> Self {
@@ -59,6 +70,9 @@ impl Default for DeviceConfig {
             read_bandwidth_mbs: 16000,
             write_bandwidth_mbs: 16000,
             peers: Vec::new(),
+            cmd_queues: 1,
+            inline_max: DEFAULT_INLINE_MAX,
+            poll_us: 0,
         }
     }
 }
@@ -202,6 +216,8 @@ pub struct Device {
     /// Injected faults, the engines' model and poisoned memory (the control channel's).
     faults: Arc<Faults>,
     metrics: Metrics,
+    /// Where requests spend their time in the daemon (latency work).
+    stages: crate::stages::Stages,
     /// One log line per command (the control channel's "trace").
     tracing: std::sync::atomic::AtomicBool,
 }
@@ -243,6 +259,7 @@ impl Device {
             export_sink: RwLock::new(None),
             faults: Arc::new(Faults::new()),
             metrics: Metrics::new(),
+            stages: Default::default(),
             tracing: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -280,6 +297,10 @@ impl Device {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn stages(&self) -> &crate::stages::Stages {
+        &self.stages
     }
 
     pub fn tracing(&self) -> bool {
@@ -365,6 +386,16 @@ impl Device {
         self.cfg.attach
     }
 
+    /// The configuration the device was made with.
+    pub fn settings(&self) -> &DeviceConfig {
+        &self.cfg
+    }
+
+    /// Command queues offered, within what the wire format allows.
+    pub fn cmd_queues(&self) -> usize {
+        (self.cfg.cmd_queues as usize).clamp(1, MAX_CMD_QUEUES)
+    }
+
     pub fn features(&self) -> u64 {
         let managed =
             F_ATOMIC_DEVMEM | F_ATOMIC_GUEST | F_P2P | F_ALLOC | F_COPY_PAGES | F_EVENTS | F_EXPORT;
@@ -391,7 +422,7 @@ impl Device {
             device_index: self.cfg.index,
             page_size: 4096,
             max_request: MAX_REQUEST,
-            reserved: 0,
+            num_cmd_queues: self.cmd_queues() as u32,
         }
     }
 

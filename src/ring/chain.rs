@@ -24,6 +24,8 @@ pub struct ChainRequest {
     pub writable: Vec<(u64, u32)>,
     /// An injected fault, decided when the request was taken (in ring order).
     pub fault: Option<crate::faults::Action>,
+    /// When it was taken off the ring (stage timing).
+    pub taken: std::time::Instant,
 }
 
 impl ChainRequest {
@@ -65,6 +67,7 @@ impl ChainRequest {
             error,
             writable,
             fault: None,
+            taken: std::time::Instant::now(),
         }
     }
 

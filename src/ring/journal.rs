@@ -5,14 +5,18 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::protocol::{Resp, Status};
+use crate::protocol::{cmd_queue_of, Resp, Status, MAX_CMD_QUEUES};
 use crate::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
 
 /// Largest queue the journal can describe (the virtio maximum).
 pub const MAX_QUEUE: usize = 32768;
+/// Largest ring of the command queues after the first (QEMU's own limit for a ring a
+/// guest chooses): the journal has this many entries for each of them.
+pub const MAX_EXTRA_QUEUE: usize = 1024;
 
 // Layout, in 8-byte words from the journal's start: a block of words per ring, then an
-// entry per descriptor head.
+// entry per descriptor head of command queue 0, then MAX_EXTRA_QUEUE entries for each
+// further command queue.
 const QUEUE_WORDS: usize = 16;
 const QUEUES: usize = 0;
 const Q_VALID: usize = 0;
@@ -32,7 +36,17 @@ const E_PACKED: usize = 4;
 /// ANSWERED: status | detail << 32, result0, result1. COMPLETING: bytes written.
 const E_RESP: usize = 5;
 /// The journal's length in words.
-pub(crate) const WORDS: usize = INFLIGHT + MAX_QUEUE * ENTRY_WORDS;
+pub(crate) const WORDS: usize =
+    INFLIGHT + (MAX_QUEUE + (MAX_CMD_QUEUES - 1) * MAX_EXTRA_QUEUE) * ENTRY_WORDS;
+
+/// How many heads of virtqueue `q` the journal has entries for (0: not a command queue).
+pub fn capacity(q: usize) -> usize {
+    match cmd_queue_of(q) {
+        Some(0) => MAX_QUEUE,
+        Some(k) if k < MAX_CMD_QUEUES => MAX_EXTRA_QUEUE,
+        _ => 0,
+    }
+}
 
 /// Journal entry states.
 const FREE: u64 = 0;
@@ -46,6 +60,8 @@ const COMPLETING: u64 = 3;
 /// The request a command came from, so a state change and its answer are logged together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Origin {
+    /// The virtqueue the request came from.
+    pub queue: u16,
     pub head: u16,
     pub nonce: u64,
 }
@@ -105,8 +121,14 @@ impl Journal<'_> {
         JOURNAL + QUEUES + q * QUEUE_WORDS + w
     }
 
-    fn entry(head: u16, w: usize) -> usize {
-        JOURNAL + INFLIGHT + head as usize * ENTRY_WORDS + w
+    /// Word `w` of the entry of `head` in virtqueue `q`; callers check the head against
+    /// [`capacity`] first.
+    fn entry(q: usize, head: u16, w: usize) -> usize {
+        let slot = match cmd_queue_of(q) {
+            Some(k) if k > 0 => MAX_QUEUE + (k - 1) * MAX_EXTRA_QUEUE + head as usize,
+            _ => head as usize,
+        };
+        JOURNAL + INFLIGHT + slot * ENTRY_WORDS + w
     }
 
     /// A fresh nonce for a request taken from the ring (unique across restarts).
@@ -151,15 +173,15 @@ impl Journal<'_> {
     ) {
         // A head outside the ring is answered by nobody (add_used refuses it); only the
         // position moves on.
-        if head < size && (head as usize) < MAX_QUEUE {
-            self.store(Self::entry(head, E_NONCE), nonce);
-            self.store(Self::entry(head, E_TAG), tag);
-            self.store(Self::entry(head, E_RESP_GPA), resp.0);
+        if head < size && (head as usize) < capacity(q) {
+            self.store(Self::entry(q, head, E_NONCE), nonce);
+            self.store(Self::entry(q, head, E_TAG), tag);
+            self.store(Self::entry(q, head, E_RESP_GPA), resp.0);
             self.store(
-                Self::entry(head, E_PACKED),
+                Self::entry(q, head, E_PACKED),
                 resp.1 as u64 | (pos as u64) << 32,
             );
-            self.store(Self::entry(head, E_STATE), RUNNING);
+            self.store(Self::entry(q, head, E_STATE), RUNNING);
         }
         self.store(
             Self::queue_word(q, Q_NEXT_AVAIL),
@@ -169,34 +191,35 @@ impl Journal<'_> {
 
     /// A state change made by request `o` took effect with this response.
     pub(crate) fn answered(&self, o: Origin, resp: &Resp) {
-        if o.head as usize >= MAX_QUEUE || self.load(Self::entry(o.head, E_NONCE)) != o.nonce {
+        let q = o.queue as usize;
+        if o.head as usize >= capacity(q) || self.load(Self::entry(q, o.head, E_NONCE)) != o.nonce {
             return;
         }
         let (s, r0, r1, _) = resp_words(resp);
-        self.store(Self::entry(o.head, E_RESP), s);
-        self.store(Self::entry(o.head, E_RESP + 1), r0);
-        self.store(Self::entry(o.head, E_RESP + 2), r1);
-        self.store(Self::entry(o.head, E_STATE), ANSWERED);
+        self.store(Self::entry(q, o.head, E_RESP), s);
+        self.store(Self::entry(q, o.head, E_RESP + 1), r0);
+        self.store(Self::entry(q, o.head, E_RESP + 2), r1);
+        self.store(Self::entry(q, o.head, E_STATE), ANSWERED);
     }
 
     /// The response (`written` bytes) is in guest memory; the used entry goes to `used_slot`.
-    pub fn completing(&self, head: u16, used_slot: u16, written: u32) {
-        if head as usize >= MAX_QUEUE {
+    pub fn completing(&self, q: usize, head: u16, used_slot: u16, written: u32) {
+        if head as usize >= capacity(q) {
             return;
         }
-        let packed = self.load(Self::entry(head, E_PACKED)) & 0x0000_ffff_ffff_ffff;
+        let packed = self.load(Self::entry(q, head, E_PACKED)) & 0x0000_ffff_ffff_ffff;
         self.store(
-            Self::entry(head, E_PACKED),
+            Self::entry(q, head, E_PACKED),
             packed | (used_slot as u64) << 48,
         );
-        self.store(Self::entry(head, E_RESP), written as u64);
-        self.store(Self::entry(head, E_STATE), COMPLETING);
+        self.store(Self::entry(q, head, E_RESP), written as u64);
+        self.store(Self::entry(q, head, E_STATE), COMPLETING);
     }
 
     /// The request is back with the driver.
-    pub fn release(&self, head: u16) {
-        if (head as usize) < MAX_QUEUE {
-            self.store(Self::entry(head, E_STATE), FREE);
+    pub fn release(&self, q: usize, head: u16) {
+        if (head as usize) < capacity(q) {
+            self.store(Self::entry(q, head, E_STATE), FREE);
         }
     }
 
@@ -204,43 +227,44 @@ impl Journal<'_> {
     pub fn clear_ring(&self, q: usize) {
         self.store(Self::queue_word(q, Q_VALID), 0);
         // Rings may have any size up to the maximum; only entries in use are written.
-        for head in 0..MAX_QUEUE {
-            if self.load(Self::entry(head as u16, E_STATE)) != FREE {
-                self.release(head as u16);
+        for head in 0..capacity(q) {
+            if self.load(Self::entry(q, head as u16, E_STATE)) != FREE {
+                self.release(q, head as u16);
             }
         }
     }
 
     /// Requests the previous daemon took from ring `q` (taken before avail position
     /// `next_avail`) and did not return.
-    pub fn pending(&self, size: u16, next_avail: u16) -> Vec<Pending> {
+    pub fn pending(&self, q: usize, size: u16, next_avail: u16) -> Vec<Pending> {
         let answers = self.file.logged_answers();
         let mut out = Vec::new();
-        for head in 0..(size as usize).min(MAX_QUEUE) {
+        let e = |head, w| Self::entry(q, head, w);
+        for head in 0..(size as usize).min(capacity(q)) {
             let head = head as u16;
-            let state = self.load(Self::entry(head, E_STATE));
+            let state = self.load(e(head, E_STATE));
             if state == FREE {
                 continue;
             }
-            let packed = self.load(Self::entry(head, E_PACKED));
+            let packed = self.load(e(head, E_PACKED));
             let pos = (packed >> 32) as u16;
             // Recorded but the position never moved past it: it is still in the ring
             // and will be taken again.
             if pos.wrapping_sub(next_avail) as i16 >= 0 {
-                self.release(head);
+                self.release(q, head);
                 continue;
             }
-            let nonce = self.load(Self::entry(head, E_NONCE));
+            let nonce = self.load(e(head, E_NONCE));
             let outcome = match state {
                 ANSWERED => Outcome::Answered(resp_from(
-                    self.load(Self::entry(head, E_TAG)),
-                    self.load(Self::entry(head, E_RESP)),
-                    self.load(Self::entry(head, E_RESP + 1)),
-                    self.load(Self::entry(head, E_RESP + 2)),
+                    self.load(e(head, E_TAG)),
+                    self.load(e(head, E_RESP)),
+                    self.load(e(head, E_RESP + 1)),
+                    self.load(e(head, E_RESP + 2)),
                 )),
                 COMPLETING => Outcome::Completing {
                     used_slot: (packed >> 48) as u16,
-                    written: self.load(Self::entry(head, E_RESP)) as u32,
+                    written: self.load(e(head, E_RESP)) as u32,
                 },
                 _ => match answers.get(&nonce) {
                     Some(r) => Outcome::Answered(*r),
@@ -249,8 +273,8 @@ impl Journal<'_> {
             };
             out.push(Pending {
                 head,
-                tag: self.load(Self::entry(head, E_TAG)),
-                resp_gpa: self.load(Self::entry(head, E_RESP_GPA)),
+                tag: self.load(e(head, E_TAG)),
+                resp_gpa: self.load(e(head, E_RESP_GPA)),
                 resp_len: packed as u32,
                 outcome,
             });
@@ -301,13 +325,14 @@ mod tests {
             &a,
             m,
             Some(Origin {
+                queue: 0,
                 head: 2,
                 nonce: 102,
             }),
             &ok(b.id),
         );
         s.begin(0, 3, 8, 12, 103, 3, (0x9200, 32));
-        s.completing(3, 5, 32);
+        s.completing(0, 3, 5, 32);
         s.begin(0, 5, 8, 13, 105, 5, (0x9300, 32));
         s.begin(0, 4, 8, 14, 104, 4, (0x9400, 32));
         s.store(Journal::queue_word(0, Q_NEXT_AVAIL), 14);
@@ -317,7 +342,7 @@ mod tests {
         assert_eq!(s.ring_position(0, ring), Some(15));
         s.store(Journal::queue_word(0, Q_NEXT_AVAIL), 14);
         assert_eq!(s.ring_position(0, RingId { size: 16, ..ring }), None);
-        let p = s.pending(8, 14);
+        let p = s.pending(0, 8, 14);
         let by_head: BTreeMap<u16, Outcome> = p.iter().map(|p| (p.head, p.outcome)).collect();
         assert_eq!(by_head.len(), 4, "{p:?}");
         assert_eq!(by_head[&1], Outcome::Unknown);
@@ -332,10 +357,44 @@ mod tests {
         assert_eq!(by_head[&5], Outcome::Answered(ok(55)));
         assert_eq!(p.iter().find(|p| p.head == 1).unwrap().tag, 1);
         // Released entries are gone; a stopped ring forgets everything.
-        s.release(1);
-        assert_eq!(s.pending(8, 14).len(), 3);
+        s.release(0, 1);
+        assert_eq!(s.pending(0, 8, 14).len(), 3);
         s.clear_ring(0);
-        assert!(s.pending(8, 14).is_empty());
+        assert!(s.pending(0, 8, 14).is_empty());
         assert_eq!(s.ring_position(0, ring), None);
+    }
+
+    #[test]
+    fn each_command_queue_has_entries_of_its_own() {
+        let file = StateFile::anonymous(SIZE).unwrap();
+        let s = file.journal();
+        let ring = |base: u64| RingId {
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            size: 8,
+        };
+        // Command queues 0, 1 and 2 are virtqueues 0, 2 and 3; the same head in each.
+        for (q, base) in [(0, 0x10000), (2, 0x20000), (3, 0x30000)] {
+            s.set_ring(q, ring(base), 0);
+            s.begin(q, 4, 8, 0, 100 + q as u64, q as u64, (0x9000, 32));
+        }
+        s.completing(2, 4, 0, 32);
+        assert_eq!(s.pending(0, 8, 1)[0].outcome, Outcome::Unknown);
+        assert_eq!(s.pending(3, 8, 1)[0].tag, 3);
+        assert!(matches!(
+            s.pending(2, 8, 1)[0].outcome,
+            Outcome::Completing { written: 32, .. }
+        ));
+        // Stopping one ring leaves the others' requests alone.
+        s.clear_ring(2);
+        assert!(s.pending(2, 8, 1).is_empty());
+        assert_eq!(s.pending(0, 8, 1).len(), 1);
+        assert_eq!(s.pending(3, 8, 1).len(), 1);
+        // The event queue has no entries; extra command queues hold 1024 heads.
+        assert_eq!(capacity(1), 0);
+        assert_eq!(capacity(2), MAX_EXTRA_QUEUE);
+        s.begin(2, MAX_EXTRA_QUEUE as u16, 2048, 1, 1, 1, (0, 32));
+        assert!(s.pending(2, 2048, 2).is_empty());
     }
 }

@@ -11,16 +11,17 @@ use super::chain::{write_out, ChainRequest};
 use super::journal::{Journal, Origin};
 use super::Error;
 use crate::device::{Device, Reply};
-use crate::protocol::{Resp, Status, EVENT_ERROR, QUEUE_CMD};
+use crate::protocol::{Resp, Status, EVENT_ERROR};
 use crate::sigbus;
 
-/// Takes up to `room` requests from the command queue and hands each to `each`. Every
-/// request is journaled before `each` sees it, that is before it can take effect, so a
-/// successor knows it was taken. Returns how many were taken.
+/// Takes up to `room` requests from command queue `q` (its virtqueue index) and hands
+/// each to `each`. Every request is journaled before `each` sees it, that is before it
+/// can take effect, so a successor knows it was taken. Returns how many were taken.
 pub fn take(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
     journal: Journal,
+    q: usize,
     room: usize,
     mut each: impl FnMut(ChainRequest, Origin),
 ) -> Result<usize, Error> {
@@ -37,12 +38,13 @@ pub fn take(
         let pos = start.wrapping_add(k as u16);
         let req = ChainRequest::parse(&chain, mem);
         let origin = Origin {
+            queue: q as u16,
             head: req.head,
             nonce: journal.next_nonce(),
         };
         log::trace!("took head {} tag {} at {pos}", req.head, req.hdr.tag);
         journal.begin(
-            QUEUE_CMD,
+            q,
             req.head,
             size,
             pos,
@@ -139,13 +141,14 @@ pub fn publish(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
     journal: Journal,
+    q: usize,
     head: u16,
     written: u32,
 ) -> bool {
     let slot = queue.next_used();
     log::trace!("returned head {head} at used {slot}");
-    journal.completing(head, slot, written);
+    journal.completing(q, head, slot, written);
     let ok = queue.add_used(mem, head, written).is_ok();
-    journal.release(head);
+    journal.release(q, head);
     ok
 }

@@ -86,7 +86,7 @@ fn post_request(mem: &GuestMemoryMmap, mq: &MockSplitQueue<GuestMemoryMmap>, k: 
 
 fn take_all(q: &mut Queue, mem: &GuestMemoryMmap, journal: Journal) -> Vec<(ChainRequest, Origin)> {
     let mut got = Vec::new();
-    take(q, mem, journal, 64, |r, o| got.push((r, o))).unwrap();
+    take(q, mem, journal, 0, 64, |r, o| got.push((r, o))).unwrap();
     got
 }
 
@@ -119,7 +119,7 @@ fn a_request_is_journaled_answered_and_returned() {
     assert_eq!((req.head, req.hdr.tag, req.hdr.whole), (0, 7, true));
     assert_eq!(req.response_area(), (RESP, 32));
     // Taken, not yet answered: a successor would answer it INTERRUPTED.
-    let pending = journal.pending(16, 1);
+    let pending = journal.pending(0, 16, 1);
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].outcome, journal::Outcome::Unknown);
 
@@ -127,10 +127,10 @@ fn a_request_is_journaled_answered_and_returned() {
     assert_eq!(a.written, 32);
     let r = resp_at(&mem, 0);
     assert_eq!((r.status, r.tag), (Status::Ok as u32, 7));
-    assert!(publish(&mut q, &mem, journal, req.head, a.written));
+    assert!(publish(&mut q, &mem, journal, 0, req.head, a.written));
     assert_eq!(used_idx(&mem, &mq), 1);
     assert_eq!(used(&mem, &mq, 0), (0, 32));
-    assert!(journal.pending(16, 1).is_empty());
+    assert!(journal.pending(0, 16, 1).is_empty());
     assert!(needs_signal(&mut q, &mem, false));
     // Nothing more: the queue is rearmed and left until the next kick.
     assert!(!Rearm::default().after_pass(&mut q, &mem, 1).unwrap());
@@ -252,9 +252,9 @@ fn a_successor_answers_what_was_in_flight() {
     // daemon dies.
     let never = AtomicBool::new(false);
     let a = answer(&dev, &mem, &got[0].0, got[0].1, &never);
-    assert!(publish(&mut q, &mem, journal, got[0].0.head, a.written));
+    assert!(publish(&mut q, &mem, journal, 0, got[0].0.head, a.written));
     let a = answer(&dev, &mem, &got[1].0, got[1].1, &never);
-    journal.completing(got[1].0.head, q.next_used(), a.written);
+    journal.completing(0, got[1].0.head, q.next_used(), a.written);
 
     // The successor's queue starts from the front-end's set-up, at 0.
     let mut q: Queue = mq.create_queue().unwrap();
@@ -266,5 +266,5 @@ fn a_successor_answers_what_was_in_flight() {
     assert_eq!(resp_at(&mem, 1).status, Status::Ok as u32);
     let r = resp_at(&mem, 2);
     assert_eq!((r.status, r.tag), (Status::Interrupted as u32, 102));
-    assert!(journal.pending(16, 3).is_empty());
+    assert!(journal.pending(0, 16, 3).is_empty());
 }

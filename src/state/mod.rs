@@ -29,7 +29,8 @@ use alloc_log::LogCursor;
 pub use alloc_log::Mutation;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"CXLASTA1");
-const VERSION: u64 = 1;
+/// 2: the journal has entries for the command queues after the first (version 1.1).
+const VERSION: u64 = 2;
 
 // Layout, in 8-byte words: header, counters, the ring journal, the allocator's log.
 const H_MAGIC: usize = 0;

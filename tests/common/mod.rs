@@ -149,6 +149,9 @@ impl Rng {
 pub struct DriverQueue {
     /// The queue's call eventfd, to sleep on instead of polling.
     call_fd: Option<i32>,
+    /// How long a wait polls the used ring before it sleeps on the call eventfd (a
+    /// benchmark sleeps at once: a polling front-end takes CPU the daemon needs).
+    pub spin: Duration,
     base: u64,
     size: u16,
     avail_idx: u16,
@@ -160,6 +163,7 @@ impl DriverQueue {
     fn new(base: u64, size: u16) -> Self {
         DriverQueue {
             call_fd: None,
+            spin: Duration::from_micros(50),
             base,
             size,
             avail_idx: 0,
@@ -254,7 +258,7 @@ impl DriverQueue {
             if waited > timeout {
                 return None;
             }
-            if waited < Duration::from_micros(50) {
+            if waited < self.spin {
                 std::thread::yield_now();
             } else if let Some(fd) = self.call_fd {
                 let mut pfd = libc::pollfd {
