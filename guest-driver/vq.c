@@ -535,6 +535,24 @@ int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
 }
 
 /*
+ * A request the device returned, or one taken back from a dead queue: to
+ * its waiter, or to the reaper when the waiter gave up. Returns true in
+ * the latter case. Called with the queue's lock held.
+ */
+static bool cxla_req_handback(struct cxla_dev *cd, struct cxla_req *req)
+{
+	if (req->state == CXLA_REQ_ABANDONED) {
+		spin_lock(&cd->cmd_lock);
+		list_add_tail(&req->node, &cd->reap_list);
+		spin_unlock(&cd->cmd_lock);
+		return true;
+	}
+	req->state = CXLA_REQ_DONE;
+	complete(&req->done);
+	return false;
+}
+
+/*
  * Hand the requests the device returned on q back to their waiters (or to
  * the reaper, when abandoned). Called with q->lock held; returns how many,
  * *reap set when the reaper has work.
@@ -550,15 +568,8 @@ static unsigned int cxla_cmdq_reap(struct cxla_dev *cd, struct cxla_cmdq *q,
 		req->used_len = len;
 		n++;
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_COMPLETED);
-		if (req->state == CXLA_REQ_ABANDONED) {
-			spin_lock(&cd->cmd_lock);
-			list_add_tail(&req->node, &cd->reap_list);
-			spin_unlock(&cd->cmd_lock);
+		if (cxla_req_handback(cd, req))
 			*reap = true;
-		} else {
-			req->state = CXLA_REQ_DONE;
-			complete(&req->done);
-		}
 	}
 	return n;
 }
@@ -688,14 +699,7 @@ void cxla_cancel_all(struct cxla_dev *cd)
 		spin_lock_irqsave(&q->lock, flags);
 		while ((req = virtqueue_detach_unused_buf(q->vq))) {
 			req->cancelled = true;
-			if (req->state == CXLA_REQ_ABANDONED) {
-				spin_lock(&cd->cmd_lock);
-				list_add_tail(&req->node, &cd->reap_list);
-				spin_unlock(&cd->cmd_lock);
-			} else {
-				req->state = CXLA_REQ_DONE;
-				complete(&req->done);
-			}
+			cxla_req_handback(cd, req);
 		}
 		spin_unlock_irqrestore(&q->lock, flags);
 		wake_up_all(&q->space);

@@ -782,7 +782,7 @@ static double copy_rate(FIXTURE_DATA(fault) *c, uint32_t hs, uint32_t hd, size_t
 	for (i = 0; i < n && i < 16; i++) {
 		double t0 = now_sec();
 
-		if (copy_t(c->fd, cxla_dev(hs, 0), cxla_dev(hd, 0), len, 10000))
+		if (copy_t(c->fd, cxla_dev(hs, 0), cxla_dev(hd, 0), len, 30000))
 			return -1;
 		t[i] = now_sec() - t0;
 	}
@@ -1267,21 +1267,6 @@ static double nop_us(int fd, int n)
 	return median(v, n);
 }
 
-static double copy_mbs(FIXTURE_DATA(fault) *c, uint32_t hs, uint32_t hd, size_t len, int n)
-{
-	double v[8];
-	int i;
-
-	for (i = 0; i < n && i < 8; i++) {
-		double t0 = now_sec();
-
-		if (copy_t(c->fd, cxla_dev(hs, 0), cxla_dev(hd, 0), len, 30000))
-			return -1;
-		v[i] = len / (now_sec() - t0) / 1e6;
-	}
-	return median(v, i);
-}
-
 /*
  * What the control channel and tracing cost: NOP round trip and COPY
  * bandwidth on dev (control socket present; trace off, then on) and on
@@ -1318,7 +1303,7 @@ static int bench(FIXTURE_DATA(fault) *c, FIXTURE_DATA(fault) *p, const char *pre
 				return 1;
 			}
 			nopv[k][round] = nop_us(cc->fd, 1000);
-			bwv[k][round] = copy_mbs(cc, s[di].a.handle, d[di].a.handle, len, 3);
+			bwv[k][round] = copy_rate(cc, s[di].a.handle, d[di].a.handle, len, 3);
 			if (k == TRACE)
 				host(c, "trace off");
 		}
