@@ -131,13 +131,26 @@ static inline struct page *cxla_make_exclusive(struct mm_struct *mm,
 
 	return make_device_exclusive(mm, addr, owner, &folio);
 #elif defined(CONFIG_DEVICE_PRIVATE)
-	struct page *page = NULL;
-	int n = make_device_exclusive_range(mm, addr, addr + PAGE_SIZE, &page,
-					    owner);
+	struct page *page;
+	int tries, n;
 
-	if (n == 1 && page)
-		return page;
-	return ERR_PTR(n < 0 ? n : -EBUSY);
+	/*
+	 * Before make_device_exclusive() (6.15) the range call only trylocks
+	 * the folio and gives no page when that fails, e.g. while a CPU thread
+	 * faults the page back from an earlier exclusive entry: try again a
+	 * while. A page of a large folio never works here (-EBUSY).
+	 */
+	for (tries = 0; tries < 1000; tries++) {
+		page = NULL;
+		n = make_device_exclusive_range(mm, addr, addr + PAGE_SIZE,
+						&page, owner);
+		if (n < 0)
+			return ERR_PTR(n);
+		if (n == 1 && page)
+			return page;
+		cond_resched();
+	}
+	return ERR_PTR(-EBUSY);
 #else
 	return ERR_PTR(-EOPNOTSUPP);
 #endif

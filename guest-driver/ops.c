@@ -510,7 +510,10 @@ static long cxla_atomic_exclusive(struct cxla_file *cf,
 	page = cxla_make_exclusive(mm, a->target.addr & PAGE_MASK, cd->mig);
 	mmap_read_unlock(mm);
 	if (IS_ERR(page)) {
-		ret = PTR_ERR(page) == -EOPNOTSUPP ? -EOPNOTSUPP : -EFAULT;
+		ret = PTR_ERR(page);
+		/* busy and unsupported as they are; anything else: no such page */
+		if (ret != -EOPNOTSUPP && ret != -EBUSY)
+			ret = -EFAULT;
 		goto err;
 	}
 	ret = cxla_page_dev_addr(cd, page, &addr, &space);

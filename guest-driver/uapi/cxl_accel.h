@@ -130,7 +130,8 @@ struct cxl_accel_checksum {
  * device-exclusive entry, a CPU access in the meantime waits, and the next
  * one takes the page back), as a device does whose link has no atomics
  * towards system memory. Needs CONFIG_DEVICE_PRIVATE (HMM_INFO flag
- * CXL_ACCEL_HMM_PRIVATE), else -EOPNOTSUPP.
+ * CXL_ACCEL_HMM_PRIVATE), else -EOPNOTSUPP. -EBUSY when the kernel would
+ * not give the page up (before 6.15: a page of a transparent huge page).
  */
 #define CXL_ACCEL_ATOMIC_EXCLUSIVE	(1U << 1)
 

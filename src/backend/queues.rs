@@ -273,17 +273,20 @@ fn complete(
         return;
     }
     let event_idx = s.event_idx.load(Ordering::Relaxed);
-    {
+    let signal = {
         let mut state = vrings[q].get_mut();
         let queue = state.get_queue_mut();
         if !ring::publish(queue, mem, s.journal(), q, req.head, written) {
             return;
         }
-        if ring::needs_signal(queue, mem, event_idx) {
-            let _ = state.signal_used_queue();
-        }
-    }
+        ring::needs_signal(queue, mem, event_idx)
+    };
     stages.record(Stage::Publish, done.elapsed());
+    // Outside the ring's lock: the wake-up may put this thread aside for a while, and the
+    // ring thread must not wait for it meanwhile.
+    if signal {
+        let _ = vrings[q].signal_used_queue();
+    }
     if s.device.has_events() {
         deliver_events(s, vrings, mem, event_idx);
     }
