@@ -4,14 +4,17 @@
 //! Module map:
 //! - wire format: [`protocol`].
 //! - device model, transport-independent: [`device`] (with [`devmem`], [`allocator`],
-//!   [`command`], [`engine`], [`dispatch`]) and the crash-safe [`state`] file (counters and
-//!   the allocator's log).
+//!   [`command`], [`engine`], [`dispatch`]), injected faults ([`faults`]) and per-opcode
+//!   [`metrics`], and the crash-safe [`state`] file (counters and the allocator's log).
 //! - ring layer, no vhost-user type: [`ring`] turns descriptor chains into requests and
 //!   answers into used entries, with its journal ([`ring::journal`]); the backend and the
 //!   `chain` fuzz target both use it. [`resume`] takes rings over after a crash.
 //!   [`stages`] times a request's way through the daemon, stage by stage.
-//! - vhost-user transport: [`backend`] (the adapter), [`announcer`] (the backend-channel
-//!   thread), [`server`] (the socket).
+//! - vhost-user transport: [`backend`] (the adapter; its `queues` submodule runs the
+//!   command and event queues on the vring thread and the engines), [`announcer`] (the
+//!   backend-channel thread), [`server`] (the socket).
+//! - control channel: [`control`] (the daemon's JSON-lines socket) and [`ctl`] (its client,
+//!   `cxl-accel ctl`).
 //! - host side: [`files`], [`sigbus`], [`sandbox`], [`supervisor`] and [`workers`]
 //!   (`--supervise`), [`cli`] (the command line).
 //!
