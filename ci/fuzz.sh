@@ -15,14 +15,17 @@ SECONDS_PER_TARGET=${1:-60}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     log "installing cargo-fuzz from crates.io"
-    cargo install --locked cargo-fuzz >"$CACHE/cargo-fuzz-install.log" 2>&1 ||
+    mkdir -p "$CACHE"
+    with_progress "cargo install cargo-fuzz" "$CACHE/cargo-fuzz-install.log" \
+        cargo install --locked cargo-fuzz ||
         die "ci/fuzz.sh: cannot install cargo-fuzz (log: $CACHE/cargo-fuzz-install.log)"
 fi
 # libFuzzer instrumentation needs unstable rustc flags; the stable toolchain allows them
 # with RUSTC_BOOTSTRAP, which is confined to this build.
 export RUSTC_BOOTSTRAP=1
 cd "$ROOT/fuzz"
-cargo fuzz build -O >/dev/null 2>&1 || cargo fuzz build -O
+with_progress "cargo fuzz build" "$CACHE/fuzz-build.log" cargo fuzz build -O ||
+    { tail -n 30 "$CACHE/fuzz-build.log" >&2; die "ci/fuzz.sh: the fuzz targets do not build (log: $CACHE/fuzz-build.log)"; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 for target in decode execute chain; do
