@@ -92,8 +92,11 @@ worker() { pgrep -P "$sup" -x cxl-accel | head -n 1; }
 i=0; while [ -z "$(worker)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 w=$(worker)
 check supervised-has-worker test -n "$w"
+# Kill it once it runs as a worker (the supervisor logged it), not in the window between
+# fork and exec, where it already has the supervisor's name.
+i=0; while ! journalctl -u cxl-accel@1 --no-pager 2>/dev/null | grep -q "worker pid $w started" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 kill -9 "$w" 2>/dev/null
-i=0; while { [ -z "$(worker)" ] || [ "$(worker)" = "$w" ]; } && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+i=0; while { [ -z "$(worker)" ] || [ "$(worker)" = "$w" ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 check supervised-worker-replaced sh -c "[ -n \"$(worker)\" ] && [ \"$(worker)\" != $w ] && systemctl is-active cxl-accel@1"
 check supervised-stops systemctl stop cxl-accel@1
 journalctl -u cxl-accel@1 --no-pager >/out/journal-1 2>&1
