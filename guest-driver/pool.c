@@ -442,11 +442,11 @@ void cxla_mig_free(struct cxla_dev *cd)
 	kfree(mig);
 }
 
-/*
- * Pool pages that a page table still maps; with skip_poisoned, not those
- * on poisoned memory (eviction leaves them where they are).
- */
-unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned)
+/* Pool pages in use (neither free nor quarantined) that test() picks */
+static unsigned long cxla_pool_count_used(struct cxla_mig *mig,
+					  bool (*test)(struct cxla_mig *mig,
+						       struct cxla_chunk *c,
+						       unsigned int i))
 {
 	unsigned long n = 0, flags;
 	struct cxla_chunk *c;
@@ -458,35 +458,48 @@ unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned)
 			continue;
 		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
 			if (!test_bit(i, c->free) && !test_bit(i, c->quar) &&
-			    folio_mapped(page_folio(pfn_to_page(c->first_pfn + i))) &&
-			    !(skip_poisoned &&
-			      cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
-					      PAGE_SIZE)))
+			    test(mig, c, i))
 				n++;
 	}
 	spin_unlock_irqrestore(&mig->lock, flags);
 	return n;
 }
 
+static bool cxla_pool_page_poisoned(struct cxla_mig *mig, struct cxla_chunk *c,
+				    unsigned int i)
+{
+	return cxla_poison_hit(mig->cd, cxla_chunk_off(c, i), PAGE_SIZE);
+}
+
+static bool cxla_pool_page_mapped(struct cxla_mig *mig, struct cxla_chunk *c,
+				  unsigned int i)
+{
+	return folio_mapped(page_folio(pfn_to_page(c->first_pfn + i)));
+}
+
+static bool cxla_pool_page_mapped_unpoisoned(struct cxla_mig *mig,
+					     struct cxla_chunk *c,
+					     unsigned int i)
+{
+	return cxla_pool_page_mapped(mig, c, i) &&
+	       !cxla_pool_page_poisoned(mig, c, i);
+}
+
+/*
+ * Pool pages that a page table still maps; with skip_poisoned, not those
+ * on poisoned memory (eviction leaves them where they are).
+ */
+unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned)
+{
+	return cxla_pool_count_used(mig, skip_poisoned ?
+				    cxla_pool_page_mapped_unpoisoned :
+				    cxla_pool_page_mapped);
+}
+
 /* Pool pages in use (process data, private pages' backing) on poisoned memory */
 unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig)
 {
-	unsigned long n = 0, flags;
-	struct cxla_chunk *c;
-	unsigned int i;
-
-	spin_lock_irqsave(&mig->lock, flags);
-	list_for_each_entry(c, &mig->chunks, node) {
-		if (cxla_chunk_empty(c))
-			continue;
-		for (i = 0; i < CXLA_CHUNK_PAGES; i++)
-			if (!test_bit(i, c->free) && !test_bit(i, c->quar) &&
-			    cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
-					    PAGE_SIZE))
-				n++;
-	}
-	spin_unlock_irqrestore(&mig->lock, flags);
-	return n;
+	return cxla_pool_count_used(mig, cxla_pool_page_poisoned);
 }
 
 /* POISON (poison.c): the free pages of [start, end) are held back. */
