@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -3225,6 +3226,22 @@ static int private_thp(int v)
 }
 
 /*
+ * private_thp is one parameter of the module while the suite runs the table
+ * on every device at once: whoever changes it holds this lock until it has
+ * set it back, so another device's test never migrates under the wrong value.
+ */
+static int private_thp_lock(void)
+{
+	int fd = open("/tmp/cxla-private-thp.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+	if (fd >= 0 && flock(fd, LOCK_EX)) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/*
  * 2 MiB of THP to private memory: whole (a device-private PMD, SNAPSHOT
  * says HUGE) or, with private_thp off, split by the kernel into 512 pages.
  * A CPU access brings back what the device holds the way it was moved.
@@ -3236,7 +3253,7 @@ static int private_thp_run(FIXTURE_DATA(dev) *c, bool whole)
 	struct cxl_accel_hmm_info h0, h1;
 	struct cxl_accel_migrate m;
 	uint32_t crc = 0, want;
-	int ret = FAIL;
+	int ret = FAIL, lock;
 
 	NEED_PRIVATE();
 	if (private_thp(-1) < 0) {
@@ -3256,7 +3273,12 @@ static int private_thp_run(FIXTURE_DATA(dev) *c, bool whole)
 		munmap(p, len);
 		return SKIP;
 	}
-	CHECK(private_thp(whole) == whole, "cannot set private_thp");
+	lock = private_thp_lock();
+	CHECK(lock >= 0, "lock for private_thp: %s", strerror(errno));
+	if (private_thp(whole) != whole) {
+		DETAIL("cannot set private_thp");
+		goto out;
+	}
 	if (cxla_migrate_flags(c->fd, p, len, true, PRIV, &m)) {
 		DETAIL("MIGRATE_TO_DEV: %s", strerror(errno));
 		goto out;
@@ -3305,6 +3327,7 @@ static int private_thp_run(FIXTURE_DATA(dev) *c, bool whole)
 	ret = PASS;
 out:
 	private_thp(1);
+	close(lock);
 	munmap(p, len);
 	if (ret == PASS)
 		PRIVATE_IDLE(c->fd);
