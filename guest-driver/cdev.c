@@ -195,7 +195,9 @@ int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *out,
 	int ret;
 
 	/* buffer frees deferred from munmap: make devmem_free exact */
-	flush_workqueue(cxla_wq);
+	ret = cxla_deferred_wait(cd, intr);
+	if (ret)
+		return ret;
 	ret = cxla_simple_cmd(cd, CXLA_OP_IDENTIFY, NULL, 0, &id, sizeof(id),
 			      NULL, 0, intr);
 	if (ret)

@@ -120,6 +120,8 @@ struct cxla_dev {
 	bool devmem_orphan;		/* removed; pages_live ends the teardown */
 	unsigned long devmem_unmapping;	/* bit 0: teardown started */
 	struct work_struct devmem_work;	/* orphaned teardown */
+	atomic_t deferred;		/* frees of ours queued on cxla_wq */
+	wait_queue_head_t deferred_wait;	/* deferred reached 0 */
 	struct rw_semaphore map_sem;	/* page handout (fault, alloc) vs removal */
 	struct mutex buf_lock;		/* bufs, nbufs, cxla_buf.pages_held */
 	struct list_head bufs;
@@ -270,6 +272,9 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 		   struct cxla_buf **out);
 void cxla_buf_put(struct cxla_buf *buf);
 void cxla_buf_put_async(struct cxla_buf *buf);
+void cxla_defer(struct cxla_dev *cd, struct work_struct *work);
+void cxla_deferred_done(struct cxla_dev *cd);
+int cxla_deferred_wait(struct cxla_dev *cd, bool intr);
 static inline void cxla_buf_get(struct cxla_buf *buf)
 {
 	kref_get(&buf->ref);

@@ -54,6 +54,44 @@ bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page)
 	return is_zone_device_page(page) && cxla_page_pgmap(page) == &cd->pgmap;
 }
 
+/*
+ * Frees queued on the module's workqueue, counted per device: IDENTIFY and
+ * HMM_INFO wait for their own device's frees (exact free counts), never for
+ * another device's, which may be stalled or gone.
+ */
+void cxla_defer(struct cxla_dev *cd, struct work_struct *work)
+{
+	atomic_inc(&cd->deferred);
+	if (!queue_work(cxla_wq, work))
+		cxla_deferred_done(cd);
+}
+
+void cxla_deferred_done(struct cxla_dev *cd)
+{
+	if (atomic_dec_and_test(&cd->deferred))
+		wake_up_all(&cd->deferred_wait);
+}
+
+/*
+ * Until this device's deferred frees ran, for at most four command timeouts
+ * (a FREE may be asked four times); -ERESTARTSYS on a signal when intr.
+ */
+int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
+{
+	unsigned long timeout = 4 * cxla_timeout_jiffies(0);
+	long ret;
+
+	if (!intr) {
+		wait_event_timeout(cd->deferred_wait,
+				   !atomic_read(&cd->deferred), timeout);
+		return 0;
+	}
+	ret = wait_event_interruptible_timeout(cd->deferred_wait,
+					       !atomic_read(&cd->deferred),
+					       timeout);
+	return ret < 0 ? ret : 0;
+}
+
 /* Every page of the buffer is back: return the range to the device. */
 static void cxla_buf_finish(struct cxla_buf *buf)
 {
@@ -111,7 +149,13 @@ static void cxla_buf_finish(struct cxla_buf *buf)
 
 static void cxla_buf_finish_work(struct work_struct *work)
 {
-	cxla_buf_finish(container_of(work, struct cxla_buf, finish_work));
+	struct cxla_buf *buf = container_of(work, struct cxla_buf, finish_work);
+	struct cxla_dev *cd = buf->dev;
+
+	get_device(&cd->dev);	/* the buffer's own reference goes with it */
+	cxla_buf_finish(buf);
+	cxla_deferred_done(cd);
+	put_device(&cd->dev);
 }
 
 /* Pages of cd with references: the last one finishes an orphaned removal. */
@@ -138,7 +182,7 @@ static void cxla_page_free(struct page *page)
 	if (WARN_ON_ONCE(!buf))
 		return;
 	if (atomic_long_dec_and_test(&buf->pages_out))
-		queue_work(cxla_wq, &buf->finish_work);
+		cxla_defer(cd, &buf->finish_work);
 	cxla_pages_live_dec(cd);
 }
 
@@ -180,14 +224,20 @@ static void cxla_buf_release(struct kref *ref)
 
 static void cxla_buf_release_work(struct work_struct *work)
 {
-	cxla_buf_release(&container_of(work, struct cxla_buf, release_work)->ref);
+	struct cxla_buf *buf = container_of(work, struct cxla_buf, release_work);
+	struct cxla_dev *cd = buf->dev;
+
+	get_device(&cd->dev);	/* the buffer's own reference goes with it */
+	cxla_buf_release(&buf->ref);
+	cxla_deferred_done(cd);
+	put_device(&cd->dev);
 }
 
 static void cxla_buf_release_async(struct kref *ref)
 {
 	struct cxla_buf *buf = container_of(ref, struct cxla_buf, ref);
 
-	queue_work(cxla_wq, &buf->release_work);
+	cxla_defer(buf->dev, &buf->release_work);
 }
 
 /* Drop a reference; the last one may talk to the device and sleep. */

@@ -209,6 +209,7 @@ static int cxla_probe(struct virtio_device *vdev)
 	INIT_WORK(&cd->reap_work, cxla_reap_work);
 	spin_lock_init(&cd->evt_lock);
 	init_waitqueue_head(&cd->evt_wait);
+	init_waitqueue_head(&cd->deferred_wait);
 	init_rwsem(&cd->map_sem);
 	mutex_init(&cd->buf_lock);
 	INIT_LIST_HEAD(&cd->bufs);

@@ -909,9 +909,12 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg)
 {
 	struct cxl_accel_hmm_info h;
+	int ret;
 
 	/* chunks emptied by munmap or exit go back first: exact counts */
-	flush_workqueue(cxla_wq);
+	ret = cxla_deferred_wait(cf->dev, true);
+	if (ret)
+		return ret;
 	cxla_hmm_info(cf->dev, &h);
 	return copy_to_user(arg, &h, sizeof(h)) ? -EFAULT : 0;
 }

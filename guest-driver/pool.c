@@ -186,7 +186,7 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 	empty = c->live && cxla_chunk_empty(c) && !mig->closed;
 	spin_unlock_irqrestore(&mig->lock, flags);
 	if (empty)
-		queue_work(cxla_wq, &mig->shrink_work);
+		cxla_defer(mig->cd, &mig->shrink_work);
 }
 
 /* Take up to n free pages; they come back locked with refcount 1. */
@@ -403,6 +403,7 @@ static void cxla_shrink_work(struct work_struct *work)
 	if (!READ_ONCE(mig->closed))
 		cxla_pool_shrink(mig);
 	up_write(&mig->sem);
+	cxla_deferred_done(mig->cd);
 }
 
 int cxla_mig_init(struct cxla_dev *cd)

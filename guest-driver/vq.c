@@ -579,7 +579,7 @@ static void cxla_cmdq_reaped(struct cxla_dev *cd, struct cxla_cmdq *q,
 			     unsigned int n, bool reap)
 {
 	if (reap)
-		queue_work(cxla_wq, &cd->reap_work);
+		cxla_defer(cd, &cd->reap_work);
 	if (n)
 		wake_up_all(&q->space);
 }
@@ -598,7 +598,7 @@ void cxla_cmd_done(struct virtqueue *vq)
 	n = cxla_cmdq_reap(cd, q, &reap);
 	spin_unlock_irqrestore(&q->lock, flags);
 	if (reap)
-		queue_work(cxla_wq, &cd->reap_work);
+		cxla_defer(cd, &cd->reap_work);
 	wake_up_all(&q->space);
 	(void)n;
 }
@@ -681,6 +681,7 @@ void cxla_reap_work(struct work_struct *work)
 			cxla_reap_orphan_alloc(cd, req);
 		cxla_req_free(cd, req);
 	}
+	cxla_deferred_done(cd);
 }
 
 /*
@@ -704,7 +705,7 @@ void cxla_cancel_all(struct cxla_dev *cd)
 		spin_unlock_irqrestore(&q->lock, flags);
 		wake_up_all(&q->space);
 	}
-	queue_work(cxla_wq, &cd->reap_work);
+	cxla_defer(cd, &cd->reap_work);
 }
 
 /* Command queues: vqs[k] is command queue k. */

@@ -17,7 +17,7 @@
  *
  * Every test is one child process of the runner (cxla_test.h) and prints a
  * RESULT line. Usage:
- *   fault-tests [-d dev] [-p prefix] [-t test]... [-l] [--supervised]
+ *   fault-tests [-d dev] [-P peer] [-p prefix] [-t test]... [-l] [--supervised]
  *   fault-tests --bench -d dev -P dev-without-control-socket [-p prefix]
  */
 #define _GNU_SOURCE
@@ -568,6 +568,53 @@ CXLA_TEST_F(fault, delayed_completion)
 	dbuf_del(c, &d);
 	SETTLED(c);
 	DETAIL("COPY delayed by 1.5 s with a 5 s timeout: succeeded after %.2f s, data intact, no timeout counted", t);
+	return PASS;
+}
+
+/*
+ * One device's deferred work never holds up another: the last reference
+ * to a buffer goes with its munmap, and the FREE it sends from the driver's
+ * workqueue is delayed by the host for 3 s. Meanwhile IDENTIFY on the other
+ * device answers at once; on this one it waits for that FREE, so that its
+ * free count is exact.
+ */
+CXLA_TEST_F(fault, deferred_free_per_device)
+{
+	struct cxl_accel_identify id0, id;
+	double t0, t_peer, t_own;
+	struct dbuf b;
+
+	if (c->pfd < 0) {
+		DETAIL("needs a second device (-P)");
+		return SKIP;
+	}
+	OK(cxla_identify(c->fd, &id0));
+	OK(dbuf_new(c, &b, MIB, true));
+	memset(b.p, 0x5a, MIB);
+	/* the mapping keeps the buffer: no FREE is sent yet */
+	OK(cxla_free(c->fd, b.a.handle));
+	b.a.handle = 0;
+	HOST(c, "fault clear; fault add --opcode FREE --nth 1 --delay-ms 3000");
+	t0 = now_sec();
+	munmap(b.p, MIB);
+	b.p = NULL;
+	OK(cxla_identify(c->pfd, &id));
+	t_peer = now_sec() - t0;
+	OK(cxla_identify(c->fd, &id));
+	t_own = now_sec() - t0;
+	HOST(c, "fault clear");
+	CHECK(t_peer < 1.0,
+	      "IDENTIFY of the other device took %.2f s, behind this device's delayed FREE",
+	      t_peer);
+	CHECK(t_own >= 2.9,
+	      "IDENTIFY of this device answered after %.2f s, before its FREE (delayed 3 s) ran",
+	      t_own);
+	CHECK(id.devmem_free == id0.devmem_free,
+	      "devmem_free %llu after the FREE, %llu before the buffer",
+	      (unsigned long long)id.devmem_free, (unsigned long long)id0.devmem_free);
+	SETTLED(c);
+	DETAIL("FREE of an unmapped buffer delayed 3 s: IDENTIFY of the other device in %.3f s, of this one after %.2f s with all its memory free again",
+	       t_peer, t_own);
 	return PASS;
 }
 
@@ -1347,7 +1394,7 @@ static void name_device(FIXTURE_DATA(fault) *c)
 
 FIXTURE_SETUP(fault)
 {
-	int r = cxla_open_devs(&c->devs, CXLA_NO_PEER);
+	int r = cxla_open_devs(&c->devs, CXLA_PEER_IF_GIVEN);
 
 	if (r == PASS)
 		name_device(c);
@@ -1360,6 +1407,8 @@ FIXTURE_TEARDOWN(fault)
 	if (verdict == FAIL)
 		host(c, "fault clear; unstall; model --enforce false");
 	close(c->fd);
+	if (c->pfd >= 0)
+		close(c->pfd);
 	return verdict;
 }
 

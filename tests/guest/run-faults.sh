@@ -69,8 +69,11 @@ for s in /sys/class/cxl-accel/*; do
     esac
 done
 [ -n "$d0" ] || { result faults.load FAIL "no device with index 0"; exit 1; }
+# the second device, when there is one, for the tests that need two
+peer=
+[ -z "$d1" ] || peer="-P /dev/$d1"
 # shellcheck disable=SC2086
-/cxl/fault-tests -d "/dev/$d0" -p faults. $FT_ARGS || RC=1
+/cxl/fault-tests -d "/dev/$d0" $peer -p faults. $FT_ARGS || RC=1
 if [ "$BENCH" = 1 ] && [ -n "$d1" ]; then
     # both devices' interrupts and the benchmark on CPU 0: the devices differ
     # only in the control socket, not in where their completions land
