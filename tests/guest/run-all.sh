@@ -203,6 +203,9 @@ elif [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
         pids="$pids $!"
     done
     for p in $pids; do wait "$p" || RC=1; done
+    # a private_thp test killed by its alarm cannot set the parameter back
+    p=/sys/module/cxl_accel/parameters/private_thp
+    [ ! -w "$p" ] || echo 1 >"$p"
     for dev in $(device_list); do cat "/tmp/$dev.hmm.out"; done
     # shellcheck disable=SC2046
     set -- $(device_list)
