@@ -55,9 +55,9 @@ bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page)
 }
 
 /*
- * Frees queued on the module's workqueue, counted per device: IDENTIFY and
- * HMM_INFO wait for their own device's frees (exact free counts), never for
- * another device's, which may be stalled or gone.
+ * Work queued on the module's workqueue (frees, reaping, poison), counted
+ * per device: IDENTIFY and HMM_INFO wait for their own device's (exact
+ * counts), never for another device's, which may be stalled or gone.
  */
 void cxla_defer(struct cxla_dev *cd, struct work_struct *work)
 {
@@ -73,23 +73,18 @@ void cxla_deferred_done(struct cxla_dev *cd)
 }
 
 /*
- * Until this device's deferred frees ran, for at most four command timeouts
- * (a FREE may be asked four times); -ERESTARTSYS on a signal when intr.
+ * Until this device's deferred work ran (each piece ends: its commands time
+ * out); a signal ends the wait when intr (-ERESTARTSYS). Without intr (at
+ * probe, where nothing is deferred yet) at most four command timeouts.
  */
 int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
 {
-	unsigned long timeout = 4 * cxla_timeout_jiffies(0);
-	long ret;
-
-	if (!intr) {
-		wait_event_timeout(cd->deferred_wait,
-				   !atomic_read(&cd->deferred), timeout);
-		return 0;
-	}
-	ret = wait_event_interruptible_timeout(cd->deferred_wait,
-					       !atomic_read(&cd->deferred),
-					       timeout);
-	return ret < 0 ? ret : 0;
+	if (intr)
+		return wait_event_interruptible(cd->deferred_wait,
+						!atomic_read(&cd->deferred));
+	wait_event_timeout(cd->deferred_wait, !atomic_read(&cd->deferred),
+			   4 * cxla_timeout_jiffies(0));
+	return 0;
 }
 
 /* Every page of the buffer is back: return the range to the device. */

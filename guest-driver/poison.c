@@ -215,13 +215,14 @@ static void cxla_poison_work(struct work_struct *work)
 				cxla_poison_clear(cd, ev[i].value0, ev[i].value1);
 		}
 	} while (n);
+	cxla_deferred_done(cd);
 }
 
 /* An event arrived (interrupt context, evt_lock held): look at it soon. */
 void cxla_poison_kick(struct cxla_dev *cd)
 {
 	if (cd->poison)
-		queue_work(cxla_wq, &cd->poison->work);
+		cxla_defer(cd, &cd->poison->work);
 }
 
 int cxla_poison_init(struct cxla_dev *cd)
@@ -241,8 +242,8 @@ int cxla_poison_init(struct cxla_dev *cd)
 /* Removal, after the device reset: no event comes any more. */
 void cxla_poison_stop(struct cxla_dev *cd)
 {
-	if (cd->poison)
-		cancel_work_sync(&cd->poison->work);
+	if (cd->poison && cancel_work_sync(&cd->poison->work))
+		cxla_deferred_done(cd);
 }
 
 void cxla_poison_free(struct cxla_dev *cd)

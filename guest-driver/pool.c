@@ -184,9 +184,10 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 	}
 	mig->pages_used--;
 	empty = c->live && cxla_chunk_empty(c) && !mig->closed;
-	spin_unlock_irqrestore(&mig->lock, flags);
+	/* queued under the lock: the teardown's cancel (after closed) sees it */
 	if (empty)
 		cxla_defer(mig->cd, &mig->shrink_work);
+	spin_unlock_irqrestore(&mig->lock, flags);
 }
 
 /* Take up to n free pages; they come back locked with refcount 1. */
