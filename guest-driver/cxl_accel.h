@@ -120,7 +120,7 @@ struct cxla_dev {
 	bool devmem_orphan;		/* removed; pages_live ends the teardown */
 	unsigned long devmem_unmapping;	/* bit 0: teardown started */
 	struct work_struct devmem_work;	/* orphaned teardown */
-	atomic_t deferred;		/* frees of ours queued on cxla_wq */
+	atomic_t deferred;		/* our work on cxla_wq (cxla_defer) */
 	wait_queue_head_t deferred_wait;	/* deferred reached 0 */
 	struct rw_semaphore map_sem;	/* page handout (fault, alloc) vs removal */
 	struct mutex buf_lock;		/* bufs, nbufs, cxla_buf.pages_held */
