@@ -11,6 +11,7 @@
 #include <linux/fs.h>
 #include <linux/hmm.h>
 #include <linux/memremap.h>
+#include <linux/migrate.h>
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/rmap.h>
@@ -131,14 +132,40 @@ static inline struct page *cxla_make_exclusive(struct mm_struct *mm,
 
 	return make_device_exclusive(mm, addr, owner, &folio);
 #elif defined(CONFIG_DEVICE_PRIVATE)
+	struct vm_area_struct *vma = vma_lookup(mm, addr);
+	unsigned long huge = ALIGN_DOWN(addr, PMD_SIZE);
 	struct page *page;
 	int tries, n;
+
+	/*
+	 * The range call gives no page for a part of a large folio, and its
+	 * FOLL_SPLIT_PMD leaves the folio whole: split a THP that may be
+	 * there first. A migration's look at the page splits it (nothing
+	 * moves: no destination is given).
+	 */
+	if (vma && vma_is_anonymous(vma) && huge >= vma->vm_start &&
+	    huge + PMD_SIZE <= vma->vm_end) {
+		unsigned long src = 0, dst = 0;
+		struct migrate_vma args = {
+			.vma = vma,
+			.start = addr,
+			.end = addr + PAGE_SIZE,
+			.src = &src,
+			.dst = &dst,
+			.flags = MIGRATE_VMA_SELECT_SYSTEM,
+		};
+
+		if (!migrate_vma_setup(&args)) {
+			migrate_vma_pages(&args);
+			migrate_vma_finalize(&args);
+		}
+	}
 
 	/*
 	 * Before make_device_exclusive() (6.15) the range call only trylocks
 	 * the folio and gives no page when that fails, e.g. while a CPU thread
 	 * faults the page back from an earlier exclusive entry: try again a
-	 * while. A page of a large folio never works here (-EBUSY).
+	 * while.
 	 */
 	for (tries = 0; tries < 1000; tries++) {
 		page = NULL;

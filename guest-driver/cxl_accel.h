@@ -48,6 +48,7 @@ struct cxla_req;
 /* data commands moving at most this much are polled for (the daemon runs them inline) */
 #define CXLA_POLL_BYTES		SZ_64K
 #define CXLA_REQ_CACHE		16	/* small requests kept per queue for reuse */
+#define CXLA_POLL_MAX_US	1000	/* poll_us is capped: preemption is off */
 
 /*
  * A command queue. Each CPU submits on one of them (cxla_cmdq_here()), so
@@ -57,6 +58,7 @@ struct cxla_req;
 struct cxla_cmdq {
 	struct cxla_dev *cd;
 	struct virtqueue *vq;
+	unsigned int size;		/* of the vring, kept: vq goes at removal */
 	unsigned int index;		/* 0 .. nr_cmdq - 1 */
 	spinlock_t lock;		/* vq, states of its requests, pollers, cache */
 	wait_queue_head_t space;	/* room in this queue */

@@ -61,6 +61,7 @@ typedef uint64_t __le64;
 #define CXLA_MAX_SEGMENTS		4096	/* per scatter-gather list */
 #define CXLA_MAX_PAGES			4096	/* per COPY_PAGES */
 #define CXLA_MAX_REQUEST		(256 * 1024) /* readable bytes per request */
+#define CXLA_MAX_RESPONSE_SEGMENTS	64	/* writable descriptors per request */
 #define CXLA_MAX_TRANSFER		(1ULL << 30) /* bytes moved by one command */
 #define CXLA_MAX_ATOMIC_REPEAT		(1ULL << 27) /* ATOMIC FETCH_ADD repeat */
 
@@ -127,7 +128,7 @@ struct cxla_config {
 #define CXLA_S_EXISTS			14
 #define CXLA_S_INTERNAL			15
 #define CXLA_S_INTERRUPTED		16	/* daemon restarted mid-command: outcome unknown */
-#define CXLA_S_MEDIA_ERROR		17	/* poisoned device memory; detail = offset */
+#define CXLA_S_MEDIA_ERROR		17	/* poisoned device memory; detail = page (offset / 4096) */
 
 /* Every request starts with this header, 16 bytes */
 struct cxla_cmd_hdr {

@@ -74,17 +74,24 @@ void cxla_deferred_done(struct cxla_dev *cd)
 
 /*
  * Until this device's deferred work ran (each piece ends: its commands time
- * out); a signal ends the wait when intr (-ERESTARTSYS). Without intr (at
- * probe, where nothing is deferred yet) at most four command timeouts.
+ * out), for at most four command timeouts: on a device other processes keep
+ * busy the count may never reach zero, and the caller then reports counts a
+ * little behind. A signal ends the wait when intr (-ERESTARTSYS).
  */
 int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
 {
-	if (intr)
-		return wait_event_interruptible(cd->deferred_wait,
-						!atomic_read(&cd->deferred));
-	wait_event_timeout(cd->deferred_wait, !atomic_read(&cd->deferred),
-			   4 * cxla_timeout_jiffies(0));
-	return 0;
+	unsigned long limit = 4 * cxla_timeout_jiffies(0);
+	long left;
+
+	if (!intr) {
+		wait_event_timeout(cd->deferred_wait,
+				   !atomic_read(&cd->deferred), limit);
+		return 0;
+	}
+	left = wait_event_interruptible_timeout(cd->deferred_wait,
+						!atomic_read(&cd->deferred),
+						limit);
+	return left < 0 ? left : 0;
 }
 
 /* Every page of the buffer is back: return the range to the device. */
@@ -655,7 +662,8 @@ void cxla_devmem_free_all(struct cxla_dev *cd)
 	int ret;
 
 	mutex_lock(&cd->buf_lock);
-	ids = kmalloc_array(max(cd->nbufs, 1U), sizeof(*ids), GFP_KERNEL);
+	/* one id per live buffer: possibly more than kmalloc gives in one piece */
+	ids = kvmalloc_array(max(cd->nbufs, 1U), sizeof(*ids), GFP_KERNEL);
 	list_for_each_entry(buf, &cd->bufs, node) {
 		if (buf->dev_freed || !ids)
 			continue;
@@ -674,7 +682,7 @@ void cxla_devmem_free_all(struct cxla_dev *cd)
 	}
 	if (n)
 		dev_info(&cd->dev, "%u buffers still in use at removal freed\n", n);
-	kfree(ids);
+	kvfree(ids);
 }
 
 /* The last page of an orphaned removal came back: finish it. */
@@ -682,6 +690,7 @@ static void cxla_devmem_work(struct work_struct *work)
 {
 	struct cxla_dev *cd = container_of(work, struct cxla_dev, devmem_work);
 
+	cxla_mig_final_shrink(cd);
 	memunmap_pages(&cd->pgmap);
 	cd->pgmap_live = false;
 	cxla_devmem_release_pci(cd);
@@ -702,7 +711,7 @@ void cxla_devmem_init_dev(struct cxla_dev *cd)
 
 bool cxla_unloading;
 
-/* Module unload: wait (interruptibly: no hung task) for every page. */
+/* Module unload: wait for every page (page_free() is module code). */
 static void cxla_devmem_wait_pages(struct cxla_dev *cd)
 {
 	unsigned long next = jiffies;
@@ -714,7 +723,8 @@ static void cxla_devmem_wait_pages(struct cxla_dev *cd)
 				 atomic_long_read(&cd->pages_live));
 			next = jiffies + CXLA_UNLOAD_NAG_S * HZ;
 		}
-		msleep_interruptible(50);
+		/* idle: neither a hung task nor a busy loop once a signal is pending */
+		schedule_timeout_idle(msecs_to_jiffies(50));
 	}
 }
 
@@ -804,6 +814,7 @@ bool cxla_devmem_teardown(struct cxla_dev *cd)
 	WRITE_ONCE(cd->devmem_orphan, false);
 	put_device(&cd->dev);
 	module_put(THIS_MODULE);
+	cxla_mig_final_shrink(cd);
 	memunmap_pages(&cd->pgmap);
 	cd->pgmap_live = false;
 	return false;

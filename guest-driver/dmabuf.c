@@ -468,6 +468,9 @@ again:
 			exp->buf->id);
 	}
 	cxla_req_free(cd, req);
+	/* timed out: it may still run, after the next EXPORT unless fenced */
+	if (ret == -ETIMEDOUT)
+		WRITE_ONCE(exp->buf->export_fence, true);
 	/*
 	 * -EIO: the daemon restarted with the UNEXPORT in flight and cannot
 	 * say whether it ran. Left alone, the UUID could stay on the buffer
@@ -808,7 +811,7 @@ void cxla_dmabuf_zap(struct cxla_dev *cd, u64 start, u64 end)
 	mutex_unlock(&cd->dmabuf_lock);
 	if (!max)
 		return;
-	list = kcalloc(max, sizeof(*list), GFP_KERNEL);
+	list = kvcalloc(max, sizeof(*list), GFP_KERNEL);
 	if (!list)
 		return;
 	mutex_lock(&cd->dmabuf_lock);
@@ -826,7 +829,7 @@ void cxla_dmabuf_zap(struct cxla_dev *cd, u64 start, u64 end)
 		unmap_mapping_range(list[i]->file->f_mapping, 0, 0, 1);
 		dma_buf_put(list[i]);
 	}
-	kfree(list);
+	kvfree(list);
 }
 
 /* ------------------------------------------------------------- importer */

@@ -31,6 +31,7 @@
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
+#include <linux/sort.h>
 #include <linux/uaccess.h>
 
 #include "cxl_accel.h"
@@ -99,18 +100,33 @@ static void cxla_mm_set_put(struct cxla_mm_set *set)
 
 static void cxla_mm_set_add(struct cxla_mm_set *set, struct mm_struct *mm)
 {
-	unsigned int i;
-
-	for (i = 0; i < set->n; i++) {
-		if (set->mm[i] == mm) {
-			mmput_async(mm);
-			return;
-		}
-	}
 	if (set->n < set->max)
 		set->mm[set->n++] = mm;
 	else
 		mmput_async(mm);
+}
+
+static int cxla_mm_cmp(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)*(struct mm_struct * const *)a;
+	uintptr_t y = (uintptr_t)*(struct mm_struct * const *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Processes sharing an address space (CLONE_VM) leave it once in the set. */
+static void cxla_mm_set_unique(struct cxla_mm_set *set)
+{
+	unsigned int i, n = 0;
+
+	sort(set->mm, set->n, sizeof(*set->mm), cxla_mm_cmp, NULL);
+	for (i = 0; i < set->n; i++) {
+		if (n && set->mm[n - 1] == set->mm[i])
+			mmput_async(set->mm[i]);
+		else
+			set->mm[n++] = set->mm[i];
+	}
+	set->n = n;
 }
 
 static int cxla_tracked_mms(struct cxla_mig *mig, struct cxla_mm_set *set)
@@ -159,6 +175,8 @@ static int cxla_all_mms(struct cxla_mm_set *set)
 			cxla_mm_set_add(set, mm);
 	}
 	rcu_read_unlock();
+	/* after the RCU section: de-duplication is n log n, not under it */
+	cxla_mm_set_unique(set);
 	return 0;
 }
 
@@ -507,6 +525,22 @@ void cxla_mig_teardown(struct cxla_dev *cd)
 		dev_info(&cd->dev,
 			 "%lu migrated pages are still referenced (pipes, pins) but mapped by no process: their device memory stays until they are released\n",
 			 READ_ONCE(mig->pages_used));
+	cxla_pool_shrink(mig);
+	up_write(&mig->sem);
+}
+
+/*
+ * Removal's last step, once every page is back (at once, or when the last
+ * pipe or pin let go of an orphaned removal): chunks that emptied after the
+ * teardown go too, and with them their buffers' device references.
+ */
+void cxla_mig_final_shrink(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig = cd->mig;
+
+	if (!mig)
+		return;
+	down_write(&mig->sem);
 	cxla_pool_shrink(mig);
 	up_write(&mig->sem);
 }

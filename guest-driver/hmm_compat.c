@@ -80,6 +80,7 @@ enum {
 
 #define CXLA_DMIRRORS		4	/* 0, 1 private; 2, 3 coherent */
 #define CXLA_DMIRROR_BATCH	64	/* pages per fault or device command */
+#define CXLA_DMIRROR_TRIES	3	/* map-and-read rounds after a migration */
 #define CXLA_DPT_WRITE		1UL	/* xarray pointer tags */
 #define CXLA_DPT_ATOMIC		2UL
 
@@ -186,8 +187,11 @@ static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
 /*
  * The device copies between the mirrored pages of [start, start + n pages)
  * and the bounce pages (to_bounce: from the mirror). The mirror mutex is
- * held: no invalidation can take the pages away meanwhile. -ENOENT: a page
- * is not in the table (or not writable for a write), *done pages were.
+ * held only to look the pages up (each referenced, so none goes away): the
+ * copy allocates, and reclaim may invalidate, which takes the mutex. An
+ * invalidation meanwhile (the notifier's sequence moved) makes the batch
+ * look again. -ENOENT: a page is not in the table (or not writable for a
+ * write), *done pages were copied.
  */
 static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 			     unsigned long n, struct page **bounce,
@@ -195,16 +199,22 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 {
 	struct cxla_dev *cd = dm->cd;
 	struct cxla_xpage *xp;
-	unsigned long i, k;
-	int ret = 0;
+	struct page **held;
+	unsigned long i, k, j, seq;
+	int ret = 0, again = 0;
 
-	xp = kvcalloc(CXLA_DMIRROR_BATCH, sizeof(*xp), GFP_KERNEL);
-	if (!xp)
-		return -ENOMEM;
 	*done = 0;
+	xp = kvcalloc(CXLA_DMIRROR_BATCH, sizeof(*xp), GFP_KERNEL);
+	held = kvcalloc(CXLA_DMIRROR_BATCH, sizeof(*held), GFP_KERNEL);
+	if (!xp || !held) {
+		ret = -ENOMEM;
+		goto out;
+	}
 	for (i = 0; i < n && !ret; i += k) {
 		unsigned long cnt = min(n - i, CXLA_DMIRROR_BATCH);
 
+		seq = mmu_interval_read_begin(&dm->notifier);
+		mutex_lock(&dm->mutex);
 		for (k = 0; k < cnt; k++) {
 			void *e = xa_load(&dm->pt, (start >> PAGE_SHIFT) + i + k);
 			struct page *page = xa_untag_pointer(e);
@@ -217,6 +227,8 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 			ret = cxla_page_dev_addr(cd, page, &addr, &space);
 			if (ret)
 				break;
+			get_page(page);
+			held[k] = page;
 			memset(x, 0, sizeof(*x));
 			if (to_bounce) {
 				x->src = addr;
@@ -232,17 +244,28 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 				x->dpage = page;
 			}
 		}
-		if (k) {
-			int r = cxla_xcopy(cd->mig, xp, k, 0, true);
-
-			ret = ret ?: r;
-			if (r)
+		mutex_unlock(&dm->mutex);
+		if (k && !ret)
+			ret = cxla_xcopy(cd->mig, xp, k, 0, true);
+		for (j = 0; j < k; j++)
+			put_page(held[j]);
+		if (ret)
+			break;
+		if (k && mmu_interval_read_retry(&dm->notifier, seq)) {
+			/* the table changed meanwhile: this batch again */
+			if (++again > 100) {
+				ret = -EBUSY;
 				break;
-			*done += k;
+			}
+			k = 0;
+			continue;
 		}
-		if (!ret && k < cnt)
+		*done += k;
+		if (k < cnt)
 			ret = -ENOENT;
 	}
+out:
+	kvfree(held);
 	kvfree(xp);
 	return ret;
 }
@@ -316,11 +339,9 @@ static int cxla_dmirror_rw(struct cxla_dmirror *dm, struct hmm_dmirror_cmd *cmd,
 			goto out;
 	}
 	for (;;) {
-		mutex_lock(&dm->mutex);
 		ret = cxla_dmirror_copy(dm, start + (cmd->cpages << PAGE_SHIFT),
 					n - cmd->cpages, b + cmd->cpages, !write,
 					&done);
-		mutex_unlock(&dm->mutex);
 		cmd->cpages += done;
 		if (ret != -ENOENT)
 			break;
@@ -355,9 +376,9 @@ static int cxla_dmirror_migrate(struct cxla_dmirror *dm,
 		.timeout_ms = READ_ONCE(cxla_cmd_timeout_ms),
 	};
 	struct vm_area_struct *vma;
-	unsigned long addr, done;
+	unsigned long addr, done = 0;
 	struct page **b;
-	int ret;
+	int ret, tries;
 
 	if (dm->priv && !dm->cd->priv)
 		return -EOPNOTSUPP;	/* no device-private memory here */
@@ -386,17 +407,26 @@ static int cxla_dmirror_migrate(struct cxla_dmirror *dm,
 	/*
 	 * The device maps what it now holds (the migration's invalidation
 	 * dropped the range from its page table) and reads it back, for the
-	 * test to compare; a page that is not on this device is -ENOENT.
+	 * test to compare; a page that is not on this device is -ENOENT. An
+	 * invalidation between the two (another process's work on the same
+	 * memory) drops entries again: map and read again, a few times.
 	 */
-	ret = cxla_dmirror_fill(dm, cmd->addr, end, false, true);
-	if (ret)
-		return ret;
 	b = cxla_bounce_alloc(cmd->npages);
 	if (!b)
 		return -ENOMEM;
-	mutex_lock(&dm->mutex);
-	ret = cxla_dmirror_copy(dm, cmd->addr, cmd->npages, b, true, &done);
-	mutex_unlock(&dm->mutex);
+	for (tries = 0; tries < CXLA_DMIRROR_TRIES; tries++) {
+		ret = cxla_dmirror_fill(dm, cmd->addr, end, false, true);
+		if (ret)
+			break;
+		ret = cxla_dmirror_copy(dm, cmd->addr, cmd->npages, b, true,
+					&done);
+		if (ret != -ENOENT)
+			break;
+	}
+	if (ret && ret != -ENOENT) {
+		cxla_bounce_free(b, cmd->npages);
+		return ret;
+	}
 	cmd->cpages = done;
 	if (!ret)
 		ret = cxla_bounce_user(b, cmd->npages, cmd->ptr, true);
@@ -528,7 +558,7 @@ static int cxla_dmirror_exclusive(struct cxla_dmirror *dm,
 		mutex_lock(&dm->mutex);
 		xa_store(&dm->pt, addr >> PAGE_SHIFT,
 			 xa_tag_pointer(page, CXLA_DPT_ATOMIC | CXLA_DPT_WRITE),
-			 GFP_KERNEL);
+			 GFP_ATOMIC);	/* no reclaim: it may invalidate */
 		mutex_unlock(&dm->mutex);
 		unlock_page(page);
 		put_page(page);
@@ -540,9 +570,7 @@ static int cxla_dmirror_exclusive(struct cxla_dmirror *dm,
 	b = cxla_bounce_alloc(cmd->npages);
 	if (!b)
 		return -ENOMEM;
-	mutex_lock(&dm->mutex);
 	ret = cxla_dmirror_copy(dm, cmd->addr, cmd->npages, b, true, &done);
-	mutex_unlock(&dm->mutex);
 	cmd->cpages = done;
 	if (!ret)
 		ret = cxla_bounce_user(b, cmd->npages, cmd->ptr, true);

@@ -121,6 +121,13 @@ static int cxla_init_vqs(struct cxla_dev *cd)
 
 	if (cxla_cmd_queues)
 		ncmd = min(ncmd, cxla_cmd_queues);
+	/*
+	 * Command queue 1 is virtqueue 2, behind the event queue: without the
+	 * event queue the transport would number it 1 (unnamed entries get no
+	 * index).
+	 */
+	if (!events)
+		ncmd = 1;
 	nvqs = ncmd > 1 ? ncmd + 1 : 1 + events;
 	info[CXLA_QUEUE_CMD] = (struct virtqueue_info){ "command", cxla_cmd_done };
 	if (events)	/* a NULL name leaves the queue alone */

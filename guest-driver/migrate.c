@@ -16,6 +16,7 @@
  * The page copy engine is in xcopy.c, the page pool in pool.c, eviction in
  * evict.c.
  */
+#include <linux/delay.h>
 #include <linux/highmem.h>
 #include <linux/mempolicy.h>
 #include <linux/memremap.h>
@@ -667,8 +668,10 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 	migrate_vma_finalize(&args);
 #ifdef CONFIG_DEVICE_PRIVATE
 	if (x->priv && x->mode == CXLA_MIG_TO_DEV && res->busy > busy) {
+		/* the pages this window just moved are ours now: not counted */
+		unsigned long ours = cxla_mig_own_private(x, vma, start, end);
 		u64 own = min_t(u64, res->busy - busy,
-				cxla_mig_own_private(x, vma, start, end));
+				ours > moved ? ours - moved : 0);
 
 		res->busy -= own;
 		res->already += own;
@@ -732,6 +735,8 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 		/* in place after the passes so far: found so or moved */
 		u64 known = res->migrated + res->already;
 
+		/* whoever held them (an isolation, a CPU's LRU batch) goes on */
+		usleep_range(500, 1000);
 		memset(&again, 0, sizeof(again));
 		x->res = &again;
 		ret = cxla_migrate_pass(x, mm, start, end);
@@ -885,6 +890,8 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 	h->mem_size = mig->mem_end ? mig->mem_end - mig->mem_start : 0;
 	h->chunk_size = CXLA_CHUNK_SIZE;
 	spin_lock_irq(&mig->lock);
+	/* removal frees the private pool under this lock (an open file asks) */
+	h->private_pages = cxla_priv_used(cd);
 	h->pool_chunks = mig->nchunks;
 	h->pool_pages_used = mig->pages_used;
 	h->pool_pages_free = mig->pages_free;
@@ -901,7 +908,6 @@ static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
 	h->svm_invalidations = atomic64_read(&mig->stat[CXLA_MS_SVM_INVAL]);
 	h->svm_invalidate_waits = atomic64_read(&mig->stat[CXLA_MS_SVM_INVAL_WAITS]);
 	h->svm_mirrors = atomic64_read(&mig->stat[CXLA_MS_SVM_MIRRORS]);
-	h->private_pages = cxla_priv_used(cd);
 	h->cpu_faults = atomic64_read(&mig->stat[CXLA_MS_CPU_FAULTS]);
 	cxla_pool_poison_info(mig, h);
 }

@@ -214,6 +214,7 @@ long cxla_ioc_evict(struct cxla_file *cf, void __user *arg);
 int cxla_evict_device(struct cxla_dev *cd);
 void cxla_mig_evict_all(struct cxla_dev *cd);
 void cxla_mig_teardown(struct cxla_dev *cd);
+void cxla_mig_final_shrink(struct cxla_dev *cd);
 
 /* numa.c */
 int cxla_numa_init(struct cxla_dev *cd);

@@ -88,7 +88,7 @@ unsigned long cxla_priv_used(struct cxla_dev *cd)
  */
 static bool cxla_priv_backing_poisoned(struct page *page)
 {
-	struct page *backing = READ_ONCE(page->zone_device_data);
+	struct page *backing = cxla_priv_backing(page);
 
 	return backing && cxla_mem_poisoned(page_to_phys(backing));
 }
@@ -408,7 +408,10 @@ void cxla_priv_teardown(struct cxla_dev *cd)
 	memunmap_pages(&pv->pgmap);
 	release_mem_region(pv->res->start, resource_size(pv->res));
 	bitmap_free(pv->free);
+	/* HMM_INFO of a file still open reads the count under this lock */
+	spin_lock_irq(&cd->mig->lock);
 	cd->priv = NULL;
+	spin_unlock_irq(&cd->mig->lock);
 	kfree(pv);
 }
 

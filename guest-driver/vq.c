@@ -25,6 +25,7 @@
  * a shared INTx (QEMU gives it one MSI-X vector, which Linux cannot use),
  * so one not taken is the biggest single saving.
  */
+#include <linux/delay.h>
 #include <linux/jiffies.h>
 #include <linux/sched/signal.h>
 #include <linux/scatterlist.h>
@@ -41,7 +42,7 @@
 unsigned int cxla_poll_us = 50;
 module_param_named(poll_us, cxla_poll_us, uint, 0644);
 MODULE_PARM_DESC(poll_us,
-		 "How long a waiter polls for the answer to a fast command before it sleeps (us, 0 = never)");
+		 "How long a waiter polls for the answer to a fast command before it sleeps (us, 0 = never, at most 1000)");
 
 unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
 {
@@ -230,6 +231,15 @@ static bool cxla_notify_only(void)
 	return signal_pending(current) && !task_sigpending(current);
 }
 
+/*
+ * After an interruptible wait ended early: was it for a real signal? Task
+ * work may also have been cancelled, and its flag cleared, since it woke us.
+ */
+static bool cxla_real_signal(void)
+{
+	return task_sigpending(current);
+}
+
 /* wait_for_completion_interruptible_timeout(), task work aside */
 static long cxla_wait_done(struct completion *done, unsigned long timeout)
 {
@@ -237,21 +247,36 @@ static long cxla_wait_done(struct completion *done, unsigned long timeout)
 	long left;
 
 	left = wait_for_completion_interruptible_timeout(done, timeout);
-	while (left == -ERESTARTSYS && cxla_notify_only()) {
+	while (left == -ERESTARTSYS && !cxla_real_signal()) {
+		unsigned long rest;
+
 		if (time_after_eq(jiffies, end))
 			return 0;
+		rest = end - jiffies;
+		if (!signal_pending(current)) {	/* the task work's flag went */
+			left = wait_for_completion_interruptible_timeout(done,
+									 rest);
+			continue;
+		}
 		left = wait_for_completion_killable_timeout(done,
-				min(end - jiffies, CXLA_NOTIFY_SLICE));
+				min(rest, CXLA_NOTIFY_SLICE));
 		if (!left)
 			left = -ERESTARTSYS;	/* slice over: signals? */
 	}
 	return left;
 }
 
+/* Under the queue's lock: after removal's stop the vq may be freed. */
 static bool cxla_cmd_room(struct cxla_dev *cd, struct cxla_cmdq *q,
 			  unsigned int needed)
 {
-	return READ_ONCE(cd->stopped) || READ_ONCE(q->vq->num_free) >= needed;
+	unsigned long flags;
+	bool room;
+
+	spin_lock_irqsave(&q->lock, flags);
+	room = cd->stopped || q->vq->num_free >= needed;
+	spin_unlock_irqrestore(&q->lock, flags);
+	return room;
 }
 
 /* Describe a vmalloc'ed buffer page by page. */
@@ -282,7 +307,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 	struct scatterlist out_one, in_sg, *out_sg = &out_one, *sgs[2];
 	struct cxla_cmd_hdr *hdr = req->out;
 	struct cxla_cmdq *q = req->q;
-	unsigned int nents = 1, needed;
+	unsigned int nents = 1, needed, room_but_full = 0;
 	unsigned long flags;
 	long left;
 	int ret;
@@ -305,7 +330,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 	sgs[1] = &in_sg;
 	/* an indirect table takes one ring slot, else one per segment */
 	needed = cd->indirect ? 1 : nents + 1;
-	if (needed > virtqueue_get_vring_size(q->vq)) {
+	if (needed > q->size) {
 		ret = -E2BIG;
 		goto out;
 	}
@@ -335,6 +360,17 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 			ret = -ETIMEDOUT;
 			break;
 		}
+		/*
+		 * Room again: completions came since the add, try at once. Room
+		 * twice in a row and still no space: the indirect table could
+		 * not be allocated (GFP_ATOMIC); back off rather than spin.
+		 */
+		if (cxla_cmd_room(cd, q, needed)) {
+			if (room_but_full++)
+				msleep(1);
+			continue;
+		}
+		room_but_full = 0;
 		if (intr && !cxla_notify_only())
 			left = wait_event_interruptible_timeout(q->space,
 								cxla_cmd_room(cd, q, needed),
@@ -345,7 +381,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 						  intr ? min(deadline - jiffies,
 							     CXLA_NOTIFY_SLICE) :
 							 deadline - jiffies);
-		if (left < 0 && cxla_notify_only())
+		if (left < 0 && !cxla_real_signal())
 			continue;	/* task work came during the wait */
 		if (left < 0) {
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
@@ -435,16 +471,20 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 	if (left <= 0) {
 		spin_lock_irqsave(&q->lock, flags);
 		if (req->state == CXLA_REQ_INFLIGHT) {
+			/* the queue owns it once unlocked: the reaper may free it */
+			u16 opcode = req->opcode;
+			u64 tag = req->tag;
+
 			req->state = CXLA_REQ_ABANDONED;
+			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
 			spin_unlock_irqrestore(&q->lock, flags);
 			*reqp = NULL;
-			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_QUARANTINED);
 			if (left == 0) {
 				cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_TIMEOUTS);
 				WRITE_ONCE(cd->wedged, true);
 				dev_warn_ratelimited(&cd->dev,
 						     "opcode %#x tag %llu: no completion after %u ms, request quarantined\n",
-						     req->opcode, req->tag,
+						     opcode, tag,
 						     jiffies_to_msecs(timeout));
 				return -ETIMEDOUT;
 			}
@@ -613,19 +653,30 @@ void cxla_cmd_done(struct virtqueue *vq)
 static bool cxla_poll_answer(struct cxla_cmdq *q, struct cxla_req *req)
 {
 	struct cxla_dev *cd = q->cd;
-	u64 end = ktime_get_ns() + (u64)READ_ONCE(cxla_poll_us) * NSEC_PER_USEC;
+	unsigned int us = min(READ_ONCE(cxla_poll_us), CXLA_POLL_MAX_US);
+	u64 end = ktime_get_ns() + (u64)us * NSEC_PER_USEC;
 	unsigned long flags;
 	unsigned int n;
 	bool reap = false;
 
+	/*
+	 * Not preempted while the queue's interrupts are off: the other
+	 * waiters of this queue would sleep unwoken meanwhile. need_resched()
+	 * ends the poll instead. (On PREEMPT_RT the queue's lock may sleep.)
+	 */
+	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
+		preempt_disable();
 	spin_lock_irqsave(&q->lock, flags);
-	if (!q->pollers++)
+	/* removal stops the queues before it frees them: look under the lock */
+	if (!q->pollers++ && !cd->stopped)
 		virtqueue_disable_cb(q->vq);
 	spin_unlock_irqrestore(&q->lock, flags);
 
 	while (!completion_done(&req->done)) {
+		n = 0;
 		spin_lock_irqsave(&q->lock, flags);
-		n = cxla_cmdq_reap(cd, q, &reap);
+		if (!cd->stopped)
+			n = cxla_cmdq_reap(cd, q, &reap);
 		spin_unlock_irqrestore(&q->lock, flags);
 		cxla_cmdq_reaped(cd, q, n, reap);
 		if (completion_done(&req->done) || need_resched() ||
@@ -636,10 +687,12 @@ static bool cxla_poll_answer(struct cxla_cmdq *q, struct cxla_req *req)
 
 	spin_lock_irqsave(&q->lock, flags);
 	n = 0;
-	if (!--q->pollers)
+	if (!--q->pollers && !cd->stopped)
 		while (!virtqueue_enable_cb(q->vq))
 			n += cxla_cmdq_reap(cd, q, &reap);
 	spin_unlock_irqrestore(&q->lock, flags);
+	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
+		preempt_enable();
 	cxla_cmdq_reaped(cd, q, n, reap);
 	return completion_done(&req->done);
 }
@@ -721,6 +774,7 @@ int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n)
 
 		q->cd = cd;
 		q->vq = vqs[i];
+		q->size = virtqueue_get_vring_size(vqs[i]);
 		q->index = i;
 		spin_lock_init(&q->lock);
 		init_waitqueue_head(&q->space);

@@ -1152,6 +1152,53 @@ CXLA_TEST_F(mig, migrate_holes)
 	return PASS;
 }
 
+/*
+ * A page a pipe holds (vmsplice) cannot move: it is counted busy, not
+ * "already there" among the pages moved in the same window; once the pipe
+ * let it go, it moves and the others are already there.
+ */
+CXLA_TEST_F(mig, migrate_busy_page)
+{
+	size_t len = 64 * PG, n = len / PG, held = 17;
+	uint8_t *p = map_anon(len), buf[PG];
+	struct cxl_accel_migrate m;
+	struct iovec iov;
+	int pipefd[2];
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 97);
+	CHECK(!pipe(pipefd), "pipe");
+	iov.iov_base = p + held * PG;
+	iov.iov_len = PG;
+	CHECK(vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)PG, "vmsplice");
+	OK(MIGRATE(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n - 1 && m.busy == 1 && m.already == 0,
+	      "a page held by a pipe: %llu moved, %llu busy, %llu already",
+	      (unsigned long long)m.migrated, (unsigned long long)m.busy,
+	      (unsigned long long)m.already);
+	CHECK(local_pages(c->fd, p, len) == (long)n - 1, "%ld pages on the device",
+	      local_pages(c->fd, p, len));
+	CHECK(read(pipefd[0], buf, PG) == (ssize_t)PG, "read pipe");
+	CHECK(check_pages_at(buf, held, PG, 97) < 0, "the pipe delivered other data");
+	OK(MIGRATE(c->fd, p, len, true, &m));
+	CHECK(m.migrated == 1 && m.busy == 0 && m.already == n - 1,
+	      "pipe emptied: %llu moved, %llu busy, %llu already",
+	      (unsigned long long)m.migrated, (unsigned long long)m.busy,
+	      (unsigned long long)m.already);
+	OK(MIGRATE(c->fd, p, len, false, &m));
+	CHECK(m.migrated == n, "back to RAM: %llu of %zu",
+	      (unsigned long long)m.migrated, n);
+	CHECK(check_pages(p, len, 97) < 0, "data after the round trip");
+	close(pipefd[0]);
+	close(pipefd[1]);
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%s: a page held by a pipe counted busy beside %zu moved, then moved itself once the pipe let go",
+	       PRIVATE ? "private" : "coherent", n - 1);
+	return PASS;
+}
+
 /* hmm-tests migrate of a private file mapping: COW pages move, page cache not */
 CXLA_TEST_F(dev, migrate_private_file)
 {

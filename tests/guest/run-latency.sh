@@ -17,7 +17,8 @@
 #              small ones inline (the default), and also busy-poll
 #              (--poll-us 50); each measured with the driver's completion
 #              polling off and on, with one command queue and one per CPU
-# vhost-device-rng comes from $CACHE/bin (ci/setup.sh installs it), else PATH;
+#              (and the inline device with a queue per CPU and no polling)
+# vhost-device-rng comes from $CACHE/bin (ci/setup.sh --peer-rng installs it), else PATH;
 # without it the peer's column stays empty and the run says so.
 set -euo pipefail
 
@@ -61,7 +62,7 @@ if [ -n "$RNG_BIN" ]; then
         --qemu-arg "vhost-user-test-device-pci,chardev=rng0,virtio-id=4,num_vqs=1,bus=pcie.0,addr=0x18.0"
         --module virtio-rng)
 else
-    log "run-latency: vhost-device-rng not found (ci/setup.sh installs it): no peer device"
+    log "run-latency: vhost-device-rng not found (ci/setup.sh --peer-rng installs it): no peer device"
 fi
 
 DEVICES=1
@@ -100,6 +101,10 @@ if [ "$MODE" = stages ]; then
     rmmod cxl_accel || exit 1
     insmod /cxl/cxl_accel.ko || exit 1
     for d in 0 1 2; do bench "\$(name \$d)-poll-percpu" /dev/cxl-accel\$d --threads 1,2,4; done
+    # The per-CPU queues without the vCPUs' polling: whether threads scale when the host
+    # has CPU to spare for them.
+    echo 0 >\$P/poll_us
+    bench inline-nopoll-percpu /dev/cxl-accel1 --threads 1,2,4
     grep -E 'virtio|cxl' /proc/interrupts
 else
     insmod /cxl/cxl_accel.ko || exit 1
