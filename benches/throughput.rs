@@ -3,7 +3,8 @@
 //! bandwidth (guest memory -> device memory) with one and two DMA engines next to memcpy
 //! of the same memory with one and two threads (warmed buffers, medians of several runs,
 //! measured in the same run); and CHECKSUM (CRC-32C) bandwidth through the device next to
-//! the bare CRC-32C function. Run with `cargo bench`.
+//! the bare CRC-32C function. Run with `cargo bench`; `CXL_ACCEL_BENCH_PIN=1` gives the
+//! engines CPUs of their own while they copy (where there are more CPUs than engines).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -66,6 +67,14 @@ fn main() {
     // thread and the engines.
     let depth = in_flight_per_engine();
     println!("COPY with {depth} commands in flight per engine (CXL_ACCEL_BENCH_DEPTH)");
+    let pin = std::env::var("CXL_ACCEL_BENCH_PIN").is_ok_and(|v| v == "1");
+    let cpus = allowed_cpus();
+    if pin {
+        println!(
+            "engines pinned to CPUs of their own while they copy, where there are more CPUs \
+             than engines (CXL_ACCEL_BENCH_PIN)"
+        );
+    }
     println!(
         "{:>6} {:>8} {:>11} {:>16} {:>12} {:>15}",
         "size", "engines", "COPY GB/s", "in engine GB/s", "memcpy GB/s", "COPY/memcpy"
@@ -82,8 +91,13 @@ fn main() {
             warm(&mut h);
             let iters = if quick { iters.min(4) } else { iters };
             let (mut dev, mut mc) = (Vec::new(), Vec::new());
+            let mut pinned = false;
             for _ in 0..runs {
+                pinned = pin && pin_engines(&cpus, engines);
                 dev.push(copy_by_device(&mut h, size, engines, depth, iters));
+                if pinned {
+                    set_affinities(|_| cpus.clone());
+                }
                 mc.push(copy_by_threads(&h, size, engines, iters));
             }
             let (a, m) = (median(dev), median(mc));
@@ -97,9 +111,10 @@ fn main() {
             // Each of the `engines` commands that run at once moves size / engines bytes.
             let in_engine = size as f64 / execute_ns.max(1) as f64;
             println!(
-                "{:>6} {engines:>8} {a:>11.2} {in_engine:>16.2} {m:>12.2} {:>14.0}%",
+                "{:>6} {engines:>8} {a:>11.2} {in_engine:>16.2} {m:>12.2} {:>14.0}%{}",
                 label(size),
-                100.0 * a / m
+                100.0 * a / m,
+                if pinned { "  engines pinned" } else { "" }
             );
             println!("         daemon stages: {}", h.device().stages().line());
             assert_eq!(h.device().stat(STAT_ERRORS), 0);
@@ -117,6 +132,66 @@ fn in_flight_per_engine() -> usize {
         .and_then(|d| d.parse().ok())
         .filter(|&d| d > 0)
         .unwrap_or(4)
+}
+
+/// The CPUs this thread may use.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this thread.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set);
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads a bit of the set, within CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Sets the affinity of every thread of this process: `cpus_for(thread name)`.
+fn set_affinities(cpus_for: impl Fn(&str) -> Vec<usize>) {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        // SAFETY: cpu_set_t is plain data; CPU_SET writes bits below CPU_SETSIZE;
+        // sched_setaffinity on a thread of our own process.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for c in cpus_for(name.trim()) {
+                libc::CPU_SET(c, &mut set);
+            }
+            libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set);
+        }
+    }
+}
+
+/// Gives each DMA engine thread (`dma<i>`) a CPU of its own, the last ones, and every
+/// other thread the CPUs left: how hardware engines copy, beside the host's cores rather
+/// than on them. False (nothing changed) when there are no more CPUs than engines.
+fn pin_engines(cpus: &[usize], engines: usize) -> bool {
+    if cpus.len() <= engines {
+        return false;
+    }
+    let (host, own) = cpus.split_at(cpus.len() - engines);
+    set_affinities(|name| {
+        match name
+            .strip_prefix("dma")
+            .and_then(|i| i.parse::<usize>().ok())
+        {
+            Some(i) => vec![own[i % engines]],
+            None => host.to_vec(),
+        }
+    });
+    true
 }
 
 /// Writes every page of the source and destination areas, so neither side of the

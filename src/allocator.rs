@@ -94,7 +94,8 @@ impl Allocator {
         if a.size > cursor {
             a.free.insert(cursor, a.size - cursor);
         }
-        a.next_id = next_id;
+        // Every buffer's id is below next_id (checked above); 0 is no id.
+        a.next_id = next_id.max(1);
         Ok(a)
     }
 
@@ -116,6 +117,18 @@ impl Allocator {
     }
 
     pub fn alloc(&mut self, size: u64, align: u64) -> Result<Buffer, AllocError> {
+        self.alloc_avoiding(size, align, |_, _| None)
+    }
+
+    /// First fit that leaves out what `avoid` refuses: `avoid(offset, size)` answers the
+    /// end of the refused part of that placement (poisoned memory), and the search goes
+    /// on from there, in the same free extent and the ones after it.
+    pub fn alloc_avoiding(
+        &mut self,
+        size: u64,
+        align: u64,
+        avoid: impl Fn(u64, u64) -> Option<u64>,
+    ) -> Result<Buffer, AllocError> {
         let align = if align == 0 { GRANULE } else { align };
         if size == 0 || !align.is_power_of_two() || align > self.size.max(GRANULE) {
             return Err(AllocError::Invalid);
@@ -123,15 +136,28 @@ impl Allocator {
         let align = align.max(GRANULE);
         let size = size.checked_add(GRANULE - 1).ok_or(AllocError::NoSpace)? / GRANULE * GRANULE;
         let mut found = None;
-        for (&start, &len) in &self.free {
-            let aligned = start.div_ceil(align) * align;
-            let pad = aligned - start;
-            if len >= pad && len - pad >= size {
-                found = Some((start, len, aligned));
-                break;
+        'extents: for (&start, &len) in &self.free {
+            let mut from = start;
+            while let Some(aligned) = from.div_ceil(align).checked_mul(align) {
+                if aligned
+                    .checked_add(size)
+                    .is_none_or(|end| end > start + len)
+                {
+                    break;
+                }
+                match avoid(aligned, size) {
+                    None => {
+                        found = Some((start, len, aligned));
+                        break 'extents;
+                    }
+                    Some(refused_end) if refused_end > aligned => from = refused_end,
+                    // No progress: leave this extent rather than loop.
+                    Some(_) => break,
+                }
             }
         }
         let (start, len, aligned) = found.ok_or(AllocError::NoSpace)?;
+        let next_id = self.next_id.checked_add(1).ok_or(AllocError::NoSpace)?;
         self.free.remove(&start);
         if aligned > start {
             self.free.insert(start, aligned - start);
@@ -146,7 +172,7 @@ impl Allocator {
             size,
             uuid: None,
         };
-        self.next_id += 1;
+        self.next_id = next_id;
         self.buffers.insert(buf.id, buf.clone());
         Ok(buf)
     }
@@ -200,6 +226,43 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restored_ids_start_at_one_and_never_wrap() {
+        let a = Allocator::restore(64 * GRANULE, 0, Vec::new()).unwrap();
+        assert_eq!(a.next_id(), 1);
+        // An identifier space used up is NO_SPACE, not a wrap to 0.
+        let mut a = Allocator::restore(64 * GRANULE, u64::MAX, Vec::new()).unwrap();
+        assert!(matches!(a.alloc(GRANULE, 0), Err(AllocError::NoSpace)));
+        assert_eq!(a.free_bytes(), 64 * GRANULE);
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn alloc_avoiding_goes_past_refused_ranges() {
+        const K: u64 = 1024;
+        let mut a = Allocator::new(1 << 20);
+        let bad = [(0, 600 * K), (640 * K, 644 * K)];
+        let avoid = |o: u64, n: u64| {
+            bad.iter()
+                .filter(|&&(s, e)| s < o + n && e > o)
+                .map(|&(_, e)| e)
+                .max()
+        };
+        // Past the first range, then past the second, in the same free extent.
+        let b = a.alloc_avoiding(64 * K, 0, avoid).unwrap();
+        assert_eq!(b.offset, 644 * K);
+        // Aligned: the gap left before the buffer is refused too; the next extent fits.
+        let c = a.alloc_avoiding(4 * K, 64 * K, avoid).unwrap();
+        assert_eq!(c.offset, 768 * K);
+        // Nothing fits outside them: NO_SPACE, and nothing changed.
+        let before = a.free_bytes();
+        assert!(matches!(
+            a.alloc_avoiding(512 * K, 0, avoid),
+            Err(AllocError::NoSpace)
+        ));
+        assert_eq!((a.free_bytes(), a.len()), (before, 2));
+    }
 
     /// A 1 MiB allocator holding three buffers of these sizes, the last 64 KiB-aligned.
     fn three(sizes: [u64; 3]) -> (Allocator, [Buffer; 3]) {

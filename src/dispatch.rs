@@ -20,6 +20,30 @@ struct Job {
 struct Tracker {
     next_seq: u64,
     in_flight: BTreeSet<u64>,
+    /// Threads waiting on `changed` (fences, drains): without any, a finish wakes nobody.
+    waiting: usize,
+}
+
+impl Tracker {
+    fn begin(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.insert(seq);
+        seq
+    }
+}
+
+/// Work done outside the engines but ordered with theirs (a request run inline on the
+/// ring thread): a fence submitted after it waits until it is dropped.
+pub struct Ticket {
+    shared: Arc<Shared>,
+    seq: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        finish(&self.shared, self.seq);
+    }
 }
 
 struct Shared {
@@ -66,10 +90,7 @@ impl Dispatcher {
             let Ok(mut t) = self.shared.tracker.lock() else {
                 return false;
             };
-            let seq = t.next_seq;
-            t.next_seq += 1;
-            t.in_flight.insert(seq);
-            seq
+            t.begin()
         };
         let job = Job {
             seq,
@@ -87,6 +108,19 @@ impl Dispatcher {
         finish(&self.shared, seq);
     }
 
+    /// Counts work that runs elsewhere as in flight until the ticket is dropped, so that
+    /// fences (and drains) wait for it as for the engines' jobs.
+    pub fn ticket(&self) -> Ticket {
+        let seq = match self.shared.tracker.lock() {
+            Ok(mut t) => t.begin(),
+            Err(p) => p.into_inner().begin(),
+        };
+        Ticket {
+            shared: self.shared.clone(),
+            seq,
+        }
+    }
+
     pub fn in_flight(&self) -> usize {
         self.shared
             .tracker
@@ -97,14 +131,19 @@ impl Dispatcher {
 
     /// Waits until every submitted job has completed, up to `timeout`; true when drained.
     pub fn drain(&self, timeout: Duration) -> bool {
-        let Ok(t) = self.shared.tracker.lock() else {
+        let Ok(mut t) = self.shared.tracker.lock() else {
             return false;
         };
-        let r = self
+        t.waiting += 1;
+        let Ok((mut t, _)) = self
             .shared
             .changed
-            .wait_timeout_while(t, timeout, |t| !t.in_flight.is_empty());
-        matches!(r, Ok((t, _)) if t.in_flight.is_empty())
+            .wait_timeout_while(t, timeout, |t| !t.in_flight.is_empty())
+        else {
+            return false;
+        };
+        t.waiting -= 1;
+        t.in_flight.is_empty()
     }
 }
 
@@ -122,10 +161,16 @@ impl Drop for Dispatcher {
 }
 
 fn finish(shared: &Shared, seq: u64) {
-    if let Ok(mut t) = shared.tracker.lock() {
-        t.in_flight.remove(&seq);
+    let wake = match shared.tracker.lock() {
+        Ok(mut t) => {
+            t.in_flight.remove(&seq);
+            t.waiting > 0
+        }
+        Err(_) => true,
+    };
+    if wake {
+        shared.changed.notify_all();
     }
-    shared.changed.notify_all();
 }
 
 fn worker(rx: Arc<Mutex<Receiver<Job>>>, shared: Arc<Shared>) {
@@ -139,14 +184,23 @@ fn worker(rx: Arc<Mutex<Receiver<Job>>>, shared: Arc<Shared>) {
         };
         if job.fence {
             // Jobs leave the channel in order, so every earlier job is running or fenced
-            // behind an even earlier one: this wait always ends.
-            if let Ok(t) = shared.tracker.lock() {
-                let _guard = shared
+            // behind an even earlier one (and inline work ends by itself): this wait
+            // always ends.
+            if let Ok(mut t) = shared.tracker.lock() {
+                t.waiting += 1;
+                if let Ok(mut t) = shared
                     .changed
-                    .wait_while(t, |t| t.in_flight.first() != Some(&job.seq));
+                    .wait_while(t, |t| t.in_flight.first() != Some(&job.seq))
+                {
+                    t.waiting -= 1;
+                }
             }
         }
-        (job.work)();
+        // A job that panics (a bug) must not take its engine, or every later fence, with
+        // it: it is logged and counted as finished.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.work)).is_err() {
+            log::error!("a DMA engine job panicked; its request is not answered");
+        }
         finish(&shared, job.seq);
     }
 }
@@ -174,6 +228,33 @@ mod tests {
         });
         assert!(d.drain(Duration::from_secs(5)));
         assert_eq!(seen.load(Ordering::SeqCst), 3);
+        assert_eq!(d.in_flight(), 0);
+    }
+
+    #[test]
+    fn fence_waits_for_tickets_taken_before_it() {
+        let d = Dispatcher::new(1).unwrap();
+        let ticket = d.ticket();
+        let (tx, rx) = std::sync::mpsc::channel();
+        d.submit(true, move || {
+            let _ = tx.send(());
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(ticket);
+        assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        assert!(d.drain(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_panicking_job_neither_kills_its_engine_nor_blocks_fences() {
+        let d = Dispatcher::new(1).unwrap();
+        d.submit(false, || panic!("a bug"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        d.submit(true, move || {
+            let _ = tx.send(());
+        });
+        assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        assert!(d.drain(Duration::from_secs(5)));
         assert_eq!(d.in_flight(), 0);
     }
 

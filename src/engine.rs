@@ -228,8 +228,11 @@ impl<'a> Ctx<'a> {
         let ps = page_size as u64;
         let mut pairs = Vec::with_capacity(src.len());
         for (i, (&s, &d)) in src.iter().zip(dst).enumerate() {
-            if s % ps != 0 || d % ps != 0 {
+            if s % ps != 0 {
                 return Err((Status::Unaligned, i as u32));
+            }
+            if d % ps != 0 {
+                return Err((Status::Unaligned, (src.len() + i) as u32));
             }
             let sc = self.resolve(src_space, s, ps).map_err(|e| (e, i as u32))?;
             let dc = self
@@ -248,40 +251,92 @@ impl<'a> Ctx<'a> {
 }
 
 /// Copies between two chunk lists of equal total length; None when cancelled part-way.
+/// The copy moves at most [`COPY_STEP`] bytes at a time (a look at the cancel flag
+/// between steps), and as by `memmove` when source and destination overlap: the steps
+/// run from the end when the destination lies above the source, so no step overwrites
+/// bytes a later step still reads. (With lists of several entries that overlap each
+/// other out of order no step order is right; the spec leaves that result unspecified.)
 fn copy_chunks(src: &[Chunk], dst: &[Chunk], cancel: &AtomicBool) -> Option<Moved> {
     let mut moved = Moved::default();
-    let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
-    while i < src.len() && j < dst.len() {
+    let mut run = |(i, si, j, dj, n): Step| {
         if cancel.load(Ordering::Relaxed) {
-            return None;
+            return false;
         }
-        let s = &src[i];
-        let d = &dst[j];
-        let n = (s.slice.len() - si).min(d.slice.len() - dj).min(COPY_STEP);
-        if n > 0 {
-            // Offsets and lengths stay within both slices by construction.
-            // vm-memory copies with ptr::copy (memmove), so overlapping pieces of the same
-            // mapping come out right.
-            if let (Ok(from), Ok(to)) = (s.slice.subslice(si, n), d.slice.subslice(dj, n)) {
-                from.copy_to_volatile_slice(to);
+        let (s, d) = (&src[i], &dst[j]);
+        // Offsets and lengths stay within both slices by construction. vm-memory copies
+        // with ptr::copy (memmove), so a step overlapping itself comes out right.
+        if let (Ok(from), Ok(to)) = (s.slice.subslice(si, n), d.slice.subslice(dj, n)) {
+            from.copy_to_volatile_slice(to);
+        }
+        moved.bytes += n as u64;
+        if s.peer || d.peer {
+            moved.peer_bytes += n as u64;
+        }
+        true
+    };
+    // Only a backward copy needs the steps listed; the usual forward one takes them as
+    // they come.
+    let done = if destination_above_overlapping_source(src, dst) {
+        let steps: Vec<Step> = pair_steps(src, dst).collect();
+        steps.into_iter().rev().all(&mut run)
+    } else {
+        pair_steps(src, dst).all(&mut run)
+    };
+    done.then_some(moved)
+}
+
+/// One step of a copy: (source chunk, offset in it, destination chunk, offset in it,
+/// length).
+type Step = (usize, usize, usize, usize, usize);
+
+/// The steps of a copy in stream order, each within one chunk on both sides and at most
+/// COPY_STEP long.
+fn pair_steps<'a>(src: &'a [Chunk], dst: &'a [Chunk]) -> impl Iterator<Item = Step> + 'a {
+    let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
+    std::iter::from_fn(move || {
+        while i < src.len() && j < dst.len() {
+            let n = (src[i].slice.len() - si)
+                .min(dst[j].slice.len() - dj)
+                .min(COPY_STEP);
+            let step = (i, si, j, dj, n);
+            si += n;
+            dj += n;
+            if si == src[i].slice.len() {
+                i += 1;
+                si = 0;
             }
-            moved.bytes += n as u64;
-            if s.peer || d.peer {
-                moved.peer_bytes += n as u64;
+            if dj == dst[j].slice.len() {
+                j += 1;
+                dj = 0;
+            }
+            if n > 0 {
+                return Some(step);
             }
         }
-        si += n;
-        dj += n;
-        if si == s.slice.len() {
-            i += 1;
-            si = 0;
-        }
-        if dj == d.slice.len() {
-            j += 1;
-            dj = 0;
-        }
+        None
+    })
+}
+
+/// Whether some destination chunk overlaps some source chunk and starts above it (in
+/// our address space, where the same bytes named twice have one address). Long lists
+/// are judged by their envelopes: pairwise would cost millions of comparisons.
+fn destination_above_overlapping_source(src: &[Chunk], dst: &[Chunk]) -> bool {
+    let span = |c: &Chunk| {
+        let start = c.slice.ptr_guard().as_ptr() as usize;
+        (start, start + c.slice.len())
+    };
+    let above = |(d0, d1): (usize, usize), (s0, s1): (usize, usize)| d0 < s1 && s0 < d1 && d0 > s0;
+    if src.len() * dst.len() <= 4096 {
+        return dst
+            .iter()
+            .any(|d| src.iter().any(|s| above(span(d), span(s))));
     }
-    Some(moved)
+    let envelope = |list: &[Chunk]| {
+        list.iter()
+            .map(span)
+            .fold((usize::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)))
+    };
+    above(envelope(dst), envelope(src))
 }
 
 trait AtomicWord {

@@ -345,6 +345,16 @@ impl Faults {
             .unwrap_or_default()
     }
 
+    /// Where the poison overlapping [offset, offset + len) ends, if there is any.
+    pub fn poisoned_end(&self, offset: u64, len: u64) -> Option<u64> {
+        let end = offset.saturating_add(len);
+        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        p.iter()
+            .filter(|&&(s, e)| s < end && e > offset)
+            .map(|&(_, e)| e)
+            .max()
+    }
+
     /// The first poisoned byte in [offset, offset + len) of device memory, if any.
     pub fn first_poisoned(&self, offset: u64, len: u64) -> Option<u64> {
         let end = offset.saturating_add(len);

@@ -61,6 +61,9 @@ pub const SHM_ID_DEVMEM: u8 = 0;
 pub const MAX_SEGMENTS: u32 = 4096;
 pub const MAX_PAGES: u32 = 4096;
 pub const MAX_REQUEST: u32 = 256 * 1024;
+/// Writable descriptors per request (more: BAD_CHAIN); a response is 32 bytes and a small
+/// payload.
+pub const MAX_RESPONSE_SEGMENTS: u32 = 64;
 /// Bytes one command may move, so that no command occupies an engine for long.
 pub const MAX_TRANSFER: u64 = 1 << 30;
 pub const MAX_ATOMIC_REPEAT: u64 = 1 << 27;
@@ -336,6 +339,10 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_MAX_SEGMENTS".into(), MAX_SEGMENTS as u64),
         ("CXLA_MAX_PAGES".into(), MAX_PAGES as u64),
         ("CXLA_MAX_REQUEST".into(), MAX_REQUEST as u64),
+        (
+            "CXLA_MAX_RESPONSE_SEGMENTS".into(),
+            MAX_RESPONSE_SEGMENTS as u64,
+        ),
         ("CXLA_MAX_TRANSFER".into(), MAX_TRANSFER),
         ("CXLA_MAX_ATOMIC_REPEAT".into(), MAX_ATOMIC_REPEAT),
         ("CXLA_SPACE_GPA".into(), SPACE_GPA as u64),

@@ -48,7 +48,15 @@ pub fn adopt(
         log::info!("event queue resumed at {}", used.0);
         return false;
     }
-    let next_avail = journal.ring_position(q, ring).unwrap_or(queue.next_avail());
+    let Some(next_avail) = journal.ring_position(q, ring) else {
+        // Not the ring the journal describes (set up anew: moved or resized): what it
+        // recorded belongs to a ring that is gone, and its response buffers may be reused.
+        journal.clear_ring(q);
+        journal.set_ring(q, ring, queue.next_avail());
+        queue.set_next_used(used.0);
+        log::info!("queue {q}: a new ring, nothing of the previous daemon's to answer");
+        return false;
+    };
     queue.set_next_avail(next_avail);
     queue.set_next_used(used.0);
     let pending = journal.pending(q, ring.size, next_avail);

@@ -101,6 +101,16 @@ impl Requests {
 }
 
 fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Worker, WorkerError> {
+    // A connection a dead worker never accepted would go to this one: drop it first. No
+    // worker runs now, so nobody else accepts meanwhile.
+    let set_nonblocking = |on| {
+        workers
+            .set_nonblocking(on)
+            .map_err(|e| WorkerError::Io("drain the worker socket", e))
+    };
+    set_nonblocking(true)?;
+    while workers.accept().is_ok() {}
+    set_nonblocking(false)?;
     // Queued in the listener's backlog; the worker accepts it as its front-end.
     let conn = UnixStream::connect(&spec.worker_socket)
         .map_err(|e| WorkerError::Io("connect to the worker socket", e))?;

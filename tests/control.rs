@@ -275,6 +275,19 @@ fn poison_fails_commands_posts_events_and_steers_allocation() {
 }
 
 #[test]
+fn allocation_goes_past_a_large_poisoned_range() {
+    let (mut h, sock, _) = with_control();
+    // 1024 pages poisoned at the start of device memory, where first fit looks first.
+    ctl(&sock, &["poison", "0", "0x400000"]);
+    for _ in 0..3 {
+        let (_, off) = h.alloc(4096);
+        assert!(off >= 0x400000, "handed out {off:#x}");
+    }
+    let (_, off) = h.alloc(2 << 20);
+    assert!(off >= 0x400000, "handed out {off:#x}");
+}
+
+#[test]
 fn poison_events_arrive_while_no_command_runs() {
     // A driver waits for the event with nothing in flight: the device must not hold it back
     // until the next command.

@@ -223,6 +223,20 @@ fn commands_survive_worker_kills() {
 }
 
 #[test]
+fn workers_killed_before_they_took_their_connection_are_replaced() {
+    let mut h = supervised();
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 1)).status(), Status::Ok);
+    let mut worker = wait_for_worker(&h, None);
+    // Each replacement killed as soon as it exists: mostly before it accepted the
+    // connection the supervisor made for it, which then never closes.
+    for _ in 0..5 {
+        kill(worker);
+        worker = wait_for_worker(&h, Some(worker));
+    }
+    assert_eq!(h.call(&hdr(OP_NOP, 0, 2)).status(), Status::Ok);
+}
+
+#[test]
 fn a_second_daemon_on_the_same_memory_file_is_refused() {
     let h = supervised();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))

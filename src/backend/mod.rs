@@ -105,6 +105,9 @@ struct Session {
     cancel: AtomicBool,
     /// The memory table was refused: guest memory is not touched again in this session.
     poisoned: AtomicBool,
+    /// The session is over: no ring is served or written any more (a successor may be
+    /// serving the same rings already).
+    ended: AtomicBool,
     /// This session continues a connection whose previous daemon died: the rings carry on
     /// from the journal instead of from the front-end's set-up.
     resume: AtomicBool,
@@ -146,9 +149,14 @@ impl CxlBackend {
         ))
     }
 
-    /// The session is over: commands still running or queued end early (INTERRUPTED).
+    /// The session is over: commands still running or queued end early (INTERRUPTED),
+    /// nothing more is taken from the rings and no answer is written to them.
     pub fn stop_commands(&self) {
+        self.s.ended.store(true, Ordering::Release);
         self.s.cancel.store(true, Ordering::Release);
+        for g in &self.s.generation {
+            g.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     pub fn new(
@@ -190,6 +198,7 @@ impl CxlBackend {
                 poll_window: AtomicU64::new(0),
                 cancel: AtomicBool::new(false),
                 poisoned: AtomicBool::new(false),
+                ended: AtomicBool::new(false),
                 resume: AtomicBool::new(resume),
                 announcer,
                 rings: Mutex::new(vec![None; queues]),
@@ -233,6 +242,22 @@ impl Session {
 }
 
 impl Session {
+    /// Waits until command queue `k` has no request taken and unanswered (the other
+    /// queues may stay busy), up to `timeout`; true when it is idle.
+    fn wait_queue_idle(&self, k: usize, timeout: Duration) -> bool {
+        let Some(n) = self.in_flight.get(k) else {
+            return true;
+        };
+        let end = Instant::now() + timeout;
+        while n.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    }
+
     fn memory(&self) -> Option<Arc<Table>> {
         if self.poisoned.load(Ordering::Acquire) {
             return None;
@@ -405,16 +430,18 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        let stopped_cmd = cmd_queue_of(queue_index as usize).and_then(|k| self.s.generation.get(k));
-        if let Some(generation) = stopped_cmd {
+        let stopped_cmd = cmd_queue_of(queue_index as usize)
+            .and_then(|k| self.s.generation.get(k).map(|g| (k, g)));
+        if let Some((k, generation)) = stopped_cmd {
             // What runs is cut short and returned INTERRUPTED before the stop is answered
             // (on every command queue: the engines are shared; the others' rings still run
             // and take their answers).
             self.s.cancel.store(true, Ordering::Release);
-            if !self.s.dispatcher.drain(STOP_DRAIN_TIMEOUT) {
+            if !self.s.wait_queue_idle(k, STOP_DRAIN_TIMEOUT) {
                 log::warn!(
-                    "{} commands still running when the front-end stopped the queue",
-                    self.s.dispatcher.in_flight()
+                    "{} commands of queue {queue_index} still running when the front-end \
+                     stopped it; their answers are dropped",
+                    self.s.in_flight[k].load(Ordering::Acquire)
                 );
             }
             // Whatever still finishes must not write to the stopped (maybe reused) ring.

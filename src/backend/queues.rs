@@ -64,6 +64,11 @@ pub(super) fn process_commands(
     loop {
         let taken = {
             let mut state = vring.get_mut();
+            // Nothing is written to a ring that is not set up (its addresses are not the
+            // driver's) or to any ring once the session has ended.
+            if s.ended.load(Ordering::Acquire) || !state.get_queue().ready() {
+                return;
+            }
             let _ = state.get_queue_mut().disable_notification(snapshot);
             s.adopt_ring(q, &mut state, snapshot);
             if state.get_queue().size() as usize > ring::journal::capacity(q) {
@@ -94,7 +99,8 @@ pub(super) fn process_commands(
                     req.fault = s.device.faults().decide(req.hdr.opcode);
                 }
                 if runs_inline(s, &req) {
-                    inline.push((req, origin));
+                    // Counted with the engines' work: a fence taken after it waits for it.
+                    inline.push((req, origin, s.dispatcher.ticket()));
                 } else {
                     submit(s, req, origin, vrings, table.clone(), q);
                 }
@@ -108,11 +114,12 @@ pub(super) fn process_commands(
             };
             if !inline.is_empty() {
                 let stages = s.device.stages();
-                for (req, origin) in &inline {
+                for (req, origin, ticket) in inline {
                     let start = Instant::now();
                     stages.record(Stage::Queue, start - req.taken);
                     let written =
-                        ring::answer(&s.device, snapshot, req, *origin, &s.cancel).written;
+                        ring::answer(&s.device, snapshot, &req, origin, &s.cancel).written;
+                    drop(ticket);
                     let done = Instant::now();
                     stages.record(Stage::Execute, done - start);
                     ring::publish(queue, snapshot, s.journal(), q, req.head, written);
@@ -154,7 +161,7 @@ pub(super) fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
         .collect();
     loop {
         let window = s.poll_window.load(Ordering::Relaxed);
-        if window == 0 {
+        if window == 0 || s.ended.load(Ordering::Acquire) {
             return;
         }
         for &q in &queues {
@@ -163,7 +170,7 @@ pub(super) fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
         let end = Instant::now() + Duration::from_micros(window);
         let mut found = false;
         while !found && Instant::now() < end {
-            found = queues.iter().any(|&q| has_requests(&vrings[q], mem));
+            found = queues.iter().any(|&q| has_requests(s, vrings, q, mem));
             // Yields rather than spins: on a host with fewer cores than busy threads (the
             // guest's vCPUs among them) a poll that kept its core would delay the very
             // requests it waits for.
@@ -171,14 +178,18 @@ pub(super) fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
         }
         // Kicks are wanted again (process_commands re-arms the queue it serves).
         for &q in &queues {
-            let _ = vrings[q].get_mut().get_queue_mut().enable_notification(mem);
+            let mut state = vrings[q].get_mut();
+            let queue = state.get_queue_mut();
+            if queue.ready() {
+                let _ = queue.enable_notification(mem);
+            }
         }
         if !found {
             s.poll_window.store(window / 2, Ordering::Relaxed);
         }
         // What was found, or came as the window closed, is served now.
         for &q in &queues {
-            if has_requests(&vrings[q], mem) {
+            if has_requests(s, vrings, q, mem) {
                 process_commands(s, vrings, q, None);
             }
         }
@@ -206,9 +217,17 @@ fn suppress_kicks(vring: &VringRwLock, mem: &GuestMemoryMmap, event_idx: bool) {
     );
 }
 
-/// Whether the driver made requests available that have not been taken.
-fn has_requests(vring: &VringRwLock, mem: &GuestMemoryMmap) -> bool {
-    let state = vring.get_ref();
+/// Whether the driver made requests available that can be taken now: not while the
+/// queue holds as many as it may (a completion takes the next ones), else a backlog would
+/// keep the poll spinning at full window.
+fn has_requests(s: &Session, vrings: &[VringRwLock], q: usize, mem: &GuestMemoryMmap) -> bool {
+    let full = cmd_queue_of(q)
+        .and_then(|k| s.in_flight.get(k))
+        .is_none_or(|n| n.load(Ordering::Acquire) >= s.queue_size as usize);
+    if full {
+        return false;
+    }
+    let state = vrings[q].get_ref();
     let queue = state.get_queue();
     queue.ready()
         && queue
@@ -264,17 +283,24 @@ fn complete(
         // A refused table ended guest-memory access; the ring is not touched either.
         return;
     }
-    let current = cmd_queue_of(q).and_then(|k| s.generation.get(k));
-    if current.map(|g| g.load(Ordering::Acquire)) != Some(generation) {
-        log::warn!(
-            "request (head {}) finished after the front-end stopped queue {q}; not returned",
-            req.head
-        );
-        return;
-    }
     let event_idx = s.event_idx.load(Ordering::Relaxed);
     let signal = {
         let mut state = vrings[q].get_mut();
+        // Under the ring's lock: a stop that gave up waiting for us bumps the generation
+        // before the ring is set up anew, so a late answer is never written to a new ring.
+        // (A ring being stopped is no longer ready but still takes the answers of what
+        // it had handed out: the stop waits for them.)
+        let current = cmd_queue_of(q).and_then(|k| s.generation.get(k));
+        if current.map(|g| g.load(Ordering::Acquire)) != Some(generation)
+            || s.ended.load(Ordering::Acquire)
+        {
+            log::warn!(
+                "request (head {}) finished after the front-end stopped queue {q} or the \
+                 session ended; not returned",
+                req.head
+            );
+            return;
+        }
         let queue = state.get_queue_mut();
         if !ring::publish(queue, mem, s.journal(), q, req.head, written) {
             return;
@@ -303,6 +329,10 @@ pub(super) fn deliver_events(
         return;
     };
     let mut state = vring.get_mut();
+    if s.ended.load(Ordering::Acquire) || !state.get_queue().ready() {
+        // Events wait in the device until the event queue runs.
+        return;
+    }
     s.adopt_ring(QUEUE_EVENT, &mut state, mem);
     let queue = state.get_queue_mut();
     if ring::deliver_events(queue, mem, &s.device) && ring::needs_signal(queue, mem, event_idx) {

@@ -264,31 +264,16 @@ impl Device {
         }
     }
 
-    /// An allocation that overlaps no poisoned memory: such candidates are held while the
-    /// allocator looks further, then given back.
+    /// An allocation that overlaps no poisoned memory: first fit past every poisoned range.
     fn alloc_unpoisoned(
         &self,
         a: &mut Allocator,
         size: u64,
         align: u64,
     ) -> Result<crate::allocator::Buffer, AllocError> {
-        let mut held = Vec::new();
-        let result = loop {
-            match a.alloc(size, align) {
-                Ok(b) if self.faults.first_poisoned(b.offset, b.size).is_some() => {
-                    if held.len() >= 64 {
-                        held.push(b.id);
-                        break Err(AllocError::NoSpace);
-                    }
-                    held.push(b.id);
-                }
-                other => break other,
-            }
-        };
-        for id in held {
-            let _ = a.free(id);
-        }
-        result
+        a.alloc_avoiding(size, align, |offset, len| {
+            self.faults.poisoned_end(offset, len)
+        })
     }
 
     pub fn faults(&self) -> &Arc<Faults> {

@@ -6,7 +6,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::command::Header;
 use crate::device::Reply;
-use crate::protocol::{Status, MAX_REQUEST};
+use crate::protocol::{Status, MAX_REQUEST, MAX_RESPONSE_SEGMENTS};
 
 /// A descriptor chain turned into owned data: request bytes (or why there are none) and
 /// where the response goes.
@@ -29,8 +29,9 @@ pub struct ChainRequest {
 }
 
 impl ChainRequest {
-    /// Reads a chain. Readable descriptors after a writable one, a request larger than
-    /// `MAX_REQUEST` or one that cannot be read make it malformed (`error`).
+    /// Reads a chain. Readable descriptors after a writable one, more than
+    /// [`MAX_RESPONSE_SEGMENTS`] writable ones, a request larger than `MAX_REQUEST` or one
+    /// that cannot be read make it malformed (`error`).
     pub fn parse<M>(chain: &virtio_queue::DescriptorChain<M>, mem: &GuestMemoryMmap) -> Self
     where
         M: std::ops::Deref + Clone,
@@ -41,7 +42,13 @@ impl ChainRequest {
         let mut error = None;
         for desc in chain.clone() {
             if desc.is_write_only() {
-                writable.push((desc.addr().0, desc.len()));
+                if writable.len() == MAX_RESPONSE_SEGMENTS as usize {
+                    // Answered BAD_CHAIN in the segments kept: a chain of thousands
+                    // would make the request hold their list.
+                    error.get_or_insert(Status::BadChain);
+                } else {
+                    writable.push((desc.addr().0, desc.len()));
+                }
                 continue;
             }
             if !writable.is_empty() {

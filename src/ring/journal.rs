@@ -249,8 +249,9 @@ impl Journal<'_> {
             let packed = self.load(e(head, E_PACKED));
             let pos = (packed >> 32) as u16;
             // Recorded but the position never moved past it: it is still in the ring
-            // and will be taken again.
-            if pos.wrapping_sub(next_avail) as i16 >= 0 {
+            // and will be taken again. Anything else was taken, however long ago (a
+            // request may outlive tens of thousands of others on its queue).
+            if pos.wrapping_sub(next_avail) < size.max(1) {
                 self.release(q, head);
                 continue;
             }
@@ -301,17 +302,19 @@ mod tests {
     use std::collections::BTreeMap;
 
     const SIZE: u64 = 64 << 20;
+    /// A ring of 8 entries.
+    const RING: RingId = RingId {
+        desc: 0x1000,
+        avail: 0x2000,
+        used: 0x3000,
+        size: 8,
+    };
 
     #[test]
     fn the_journal_tells_what_each_request_in_flight_needs() {
         let file = StateFile::anonymous(SIZE).unwrap();
         let s = file.journal();
-        let ring = RingId {
-            desc: 0x1000,
-            avail: 0x2000,
-            used: 0x3000,
-            size: 8,
-        };
+        let ring = RING;
         s.set_ring(0, ring, 10);
         let mut a = Allocator::new(SIZE);
         // Head 1: running, unknown outcome. Head 2: an allocation that took effect.
@@ -362,6 +365,25 @@ mod tests {
         s.clear_ring(0);
         assert!(s.pending(0, 8, 14).is_empty());
         assert_eq!(s.ring_position(0, ring), None);
+    }
+
+    #[test]
+    fn a_request_outliving_many_others_is_still_in_flight() {
+        let file = StateFile::anonymous(SIZE).unwrap();
+        let s = file.journal();
+        let ring = RING;
+        s.set_ring(0, ring, 0);
+        // Taken at position 3; 40,000 requests later (the index wrapped past half its
+        // range) it is still running.
+        s.begin(0, 2, 8, 3, 7, 42, (0x9000, 32));
+        let now = 3u16.wrapping_add(40_000);
+        s.store(Journal::queue_word(0, Q_NEXT_AVAIL), now as u64);
+        let p = s.pending(0, 8, now);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            (p[0].head, p[0].tag, p[0].outcome),
+            (2, 42, Outcome::Unknown)
+        );
     }
 
     #[test]

@@ -51,21 +51,31 @@ pub fn needs_signal(queue: &mut Queue, mem: &GuestMemoryMmap, event_idx: bool) -
 pub struct Rearm {
     /// Passes in a row that took nothing although the ring index showed more.
     idle: u32,
+    /// Where the queue stood after the previous pass. Another thread serving the same
+    /// queue (an engine's completion) moves it too: progress, not an index that lies.
+    last_avail: Option<u16>,
 }
 
 impl Rearm {
     /// After a pass that took `taken` requests: Ok(true) to look again, Ok(false) when the
     /// queue is empty and will be kicked, [`Error::Stuck`] after two passes in a row
-    /// that took nothing from an index that shows more.
+    /// in which nobody took anything from an index that shows more.
     pub fn after_pass(
         &mut self,
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
         taken: usize,
     ) -> Result<bool, Error> {
+        if !queue.ready() {
+            // Stopped meanwhile: its addresses are no longer the driver's.
+            return Ok(false);
+        }
         match queue.enable_notification(mem) {
             Ok(true) => {
-                self.idle = if taken == 0 { self.idle + 1 } else { 0 };
+                let at = queue.next_avail();
+                let progressed = taken > 0 || self.last_avail.is_some_and(|last| last != at);
+                self.last_avail = Some(at);
+                self.idle = if progressed { 0 } else { self.idle + 1 };
                 if self.idle < 2 {
                     Ok(true)
                 } else {

@@ -137,6 +137,26 @@ fn a_request_is_journaled_answered_and_returned() {
 }
 
 #[test]
+fn rearm_tells_a_lying_index_from_another_thread_taking() {
+    let mem = memory();
+    let (mq, mut q) = queue(&mem);
+    post_request(&mem, &mq, 0, &hdr(OP_NOP, 0, 1));
+    post_request(&mem, &mq, 1, &hdr(OP_NOP, 0, 2));
+    let mut rearm = Rearm::default();
+    // Nothing taken while the index shows two: look again.
+    assert!(rearm.after_pass(&mut q, &mem, 0).unwrap());
+    // Another thread took one meanwhile (the index still shows one more): progress.
+    q.set_next_avail(1);
+    assert!(rearm.after_pass(&mut q, &mem, 0).unwrap());
+    assert!(rearm.after_pass(&mut q, &mem, 0).unwrap());
+    // A second pass in a row in which nobody took anything: the index lies.
+    assert!(matches!(
+        rearm.after_pass(&mut q, &mem, 0),
+        Err(super::Error::Stuck)
+    ));
+}
+
+#[test]
 fn malformed_chains_are_answered_with_their_error_and_tag() {
     let (mem, dev) = (memory(), device());
     let (mq, mut q) = queue(&mem);
@@ -174,6 +194,39 @@ fn malformed_chains_are_answered_with_their_error_and_tag() {
         let r = resp_at(&mem, k);
         assert_eq!((r.status, r.tag), (status as u32, tag), "chain {k}");
     }
+}
+
+#[test]
+fn a_chain_with_too_many_response_segments_is_a_bad_chain() {
+    let (mem, dev) = (memory(), device());
+    let mq = MockSplitQueue::new(&mem, 128);
+    let mut q = mq.create_queue().unwrap();
+    let req = hdr(OP_NOP, 0, 5);
+    mem.write_slice(&req, GuestAddress(REQ)).unwrap();
+    let n = MAX_RESPONSE_SEGMENTS as usize + 1;
+    let mut descs = vec![desc(REQ, 16, 0)];
+    descs.extend((0..n as u64).map(|i| desc(RESP + i, 1, VRING_DESC_F_WRITE)));
+    post(&mq, 0, &descs);
+    let got = take_all(&mut q, &mem, dev.state().journal());
+    let [(req, origin)] = got.as_slice() else {
+        panic!("{got:?}")
+    };
+    assert_eq!(req.error, Some(Status::BadChain));
+    assert_eq!(req.writable.len(), MAX_RESPONSE_SEGMENTS as usize);
+    // The answer still goes to the segments kept (64 bytes of room).
+    let a = answer(&dev, &mem, req, *origin, &AtomicBool::new(false));
+    assert_eq!(a.written, 32);
+    let r: Resp = mem.read_obj(GuestAddress(RESP)).unwrap();
+    assert_eq!((r.status, r.tag), (Status::BadChain as u32, 5));
+
+    // Exactly the limit is a request like any other.
+    let mq = MockSplitQueue::new(&mem, 128);
+    let mut q = mq.create_queue().unwrap();
+    let mut descs = vec![desc(REQ, 16, 0)];
+    descs.extend((0..MAX_RESPONSE_SEGMENTS as u64).map(|i| desc(RESP + i, 1, VRING_DESC_F_WRITE)));
+    post(&mq, 0, &descs);
+    let got = take_all(&mut q, &mem, dev.state().journal());
+    assert_eq!(got[0].0.error, None);
 }
 
 #[test]

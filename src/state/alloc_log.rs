@@ -145,7 +145,7 @@ impl StateFile {
                             uuid: None,
                         },
                     );
-                    next_id = next_id.max(id + 1);
+                    next_id = next_id.max(id.saturating_add(1));
                 }
                 Some(Mutation::Free { id }) => {
                     bufs.remove(&id);
@@ -191,47 +191,51 @@ impl StateFile {
     pub fn record(&self, alloc: &Allocator, m: Mutation, origin: Option<Origin>, resp: &Resp) {
         let mut c = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
         c.seq += 1;
-        if c.next == LOG_RECORDS {
-            // Fold everything (this change included) into the spare snapshot slot.
-            let base = self.slot_base(c.spare);
-            let mut words = vec![0u64; SNAP_HEADER];
-            words[1] = c.seq;
-            let mut count = 0u64;
-            for b in alloc.buffers() {
-                let (u0, u1) = b.uuid.map_or((0, 0), |u| uuid_words(&u));
-                words.extend_from_slice(&[b.id, b.offset, b.size, b.uuid.is_some() as u64, u0, u1]);
-                count += 1;
-            }
-            words[2] = count;
-            words[3] = alloc.next_id();
-            words[0] = snapshot_crc(&words[1..]) as u64;
-            for (i, w) in words.iter().enumerate() {
-                self.store(base + i, *w);
-            }
-            self.store(H_ACTIVE, c.spare);
-            c.spare = 3 - c.spare;
-            c.next = 0;
-        } else {
-            let r = LOG + c.next * RECORD_WORDS;
-            let mut w = encode_mutation(m);
-            w[7] = origin.map_or(0, |o| o.nonce);
-            let (s, r0, r1, r2) = resp_words(resp);
-            w[8] = s;
-            w[9] = r0;
-            w[10] = r1;
-            w[11] = r2;
-            for (i, v) in w.iter().enumerate().skip(1) {
-                self.store(r + i, *v);
-            }
-            // Valid from this store on.
-            self.store(r, c.seq);
-            c.next += 1;
+        let r = LOG + c.next * RECORD_WORDS;
+        let mut w = encode_mutation(m);
+        w[7] = origin.map_or(0, |o| o.nonce);
+        let (s, r0, r1, r2) = resp_words(resp);
+        w[8] = s;
+        w[9] = r0;
+        w[10] = r1;
+        w[11] = r2;
+        for (i, v) in w.iter().enumerate().skip(1) {
+            self.store(r + i, *v);
         }
-        // Under the same lock as the log, so no snapshot can fold the record away
-        // before the journal entry knows its answer.
+        // Valid from this store on.
+        self.store(r, c.seq);
+        c.next += 1;
+        // Under the same lock as the log, and before a fold: the answer is always in the
+        // log or in the journal entry, whenever the daemon dies.
         if let Some(o) = origin {
             self.journal().answered(o, resp);
         }
+        if c.next == LOG_RECORDS {
+            self.fold(alloc, &mut c);
+        }
+    }
+
+    /// Writes everything (the full log included) into the spare snapshot slot, which
+    /// becomes the valid one; the log starts again.
+    fn fold(&self, alloc: &Allocator, c: &mut LogCursor) {
+        let base = self.slot_base(c.spare);
+        let mut words = vec![0u64; SNAP_HEADER];
+        words[1] = c.seq;
+        let mut count = 0u64;
+        for b in alloc.buffers() {
+            let (u0, u1) = b.uuid.map_or((0, 0), |u| uuid_words(&u));
+            words.extend_from_slice(&[b.id, b.offset, b.size, b.uuid.is_some() as u64, u0, u1]);
+            count += 1;
+        }
+        words[2] = count;
+        words[3] = alloc.next_id();
+        words[0] = snapshot_crc(&words[1..]) as u64;
+        for (i, w) in words.iter().enumerate() {
+            self.store(base + i, *w);
+        }
+        self.store(H_ACTIVE, c.spare);
+        c.spare = 3 - c.spare;
+        c.next = 0;
     }
 }
 

@@ -145,9 +145,16 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
                 events: libc::POLLIN,
                 revents: 0,
             },
+            // A worker that dies before it accepted its connection never closes it (the
+            // connection waits in the listener we keep): its pidfd says so.
+            libc::pollfd {
+                fd: worker.pidfd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
-        // SAFETY: polls two descriptors we own, described by a live array.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        // SAFETY: polls three descriptors we own, described by a live array.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -155,7 +162,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
             }
             return Err(SupervisorError::Io("poll", e));
         }
-        let mut worker_died = false;
+        let mut worker_died = fds[2].revents != 0 && fds[1].revents == 0;
         if fds[1].revents != 0 {
             match recv_message(worker.conn.as_fd()) {
                 Ok(Some(reply)) => {

@@ -311,6 +311,11 @@ pub struct Options {
     pub ring_size: u16,
     /// With `supervised`: the daemon's log (at info) goes to this file.
     pub log: Option<PathBuf>,
+    /// Command queues the in-process device offers (the driver side sets up only the
+    /// first, and the event queue).
+    pub cmd_queues: u32,
+    /// The in-process daemon's busy-poll (`--poll-us`).
+    pub poll_us: u32,
 }
 
 impl Default for Options {
@@ -326,6 +331,8 @@ impl Default for Options {
             run_as: None,
             ring_size: QUEUE_SIZE,
             log: None,
+            cmd_queues: 1,
+            poll_us: 0,
         }
     }
 }
@@ -520,6 +527,8 @@ impl Harness {
                 attach: opts.attach,
                 dma_engines: opts.dma_threads as u32,
                 peers: opts.peers.clone(),
+                cmd_queues: opts.cmd_queues,
+                poll_us: opts.poll_us,
                 ..Default::default()
             };
             let dev = Arc::new(Device::new(cfg, devmem));
@@ -728,16 +737,22 @@ impl Harness {
 
     /// Submits one request chain without waiting.
     pub fn post(&mut self, req: &[u8], slot: u64, resp_room: u32) -> u16 {
+        let head = self.post_quietly(req, slot, resp_room);
+        self.kick(0);
+        head
+    }
+
+    /// Publishes one request chain without a kick: several then reach the device in one
+    /// pass over the ring, at the next [`Harness::kick`].
+    pub fn post_quietly(&mut self, req: &[u8], slot: u64, resp_room: u32) -> u16 {
         let ra = REQ_AREA + slot * 0x1000;
         let wa = RESP_AREA + slot * 0x400;
         assert!(req.len() <= 0x1000 || slot == 0);
         self.guest.write_slice(req, GuestAddress(ra)).unwrap();
-        let head = self.queues[0].push(
+        self.queues[0].push(
             &self.guest,
             &[(ra, req.len() as u32, false), (wa, resp_room, true)],
-        );
-        self.kick(0);
-        head
+        )
     }
 
     pub fn read_reply(&self, slot: u64, used_len: u32) -> Reply {
