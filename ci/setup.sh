@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # shellcheck disable=SC2317 # steps are called through run_step
-# Bring a host to the point where cxl-accel guests boot (nothing compiled but
-# the one small Rust program of the latency benchmark's peer):
+# Bring a host to the point where cxl-accel guests boot (nothing compiled; with
+# --peer-rng, the latency benchmark's peer):
 #   - host packages (apt-get install from the host's own apt sources);
 #   - QEMU: QEMU= if given; else a qemu-system-x86_64 >= 10.2 on PATH that has
 #     vhost-user-test-device-pci; else Debian's qemu-system-x86 from
@@ -16,15 +16,17 @@
 #     documented minimum (about 10 minutes, once);
 #   - with --linux-source: Debian's Linux 6.12 source tarball (the kernel's own
 #     HMM selftests are built from it);
-#   - rust-vmm's vhost-device-rng from crates.io (cargo install, into
-#     $CACHE/bin): the virtio peer of the latency benchmark.
+#   - with --peer-rng: rust-vmm's vhost-device-rng from crates.io (cargo
+#     install, into $CACHE/bin): the virtio peer of the latency benchmark
+#     (ci/test.sh asks for it; the demo does not).
 # The host's apt configuration is never changed: every extra Debian suite is
 # read through a private apt configuration in the cache. Every step is
 # skipped when already done and prints a line at least every 15 s while it
 # works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh" and
 # "$CACHE/qemu-10.2.env" (see ci/README.md).
 #
-# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source] | --check-host
+# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source] [--peer-rng]
+#        ci/setup.sh --check-host
 #   --check-host  only say whether the automated set-up knows this host
 #                 (CXL_ACCEL_OS_RELEASE: another os-release file, for tests)
 # Overrides (each skips its step):
@@ -47,6 +49,7 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 WANT_73=0
 WANT_FLOOR=0
 WANT_SRC=0
+WANT_RNG=0
 CHECK_HOST=0
 OS_RELEASE=${CXL_ACCEL_OS_RELEASE:-/etc/os-release}
 while [ $# -gt 0 ]; do
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
         ;;
     --qemu-floor) WANT_FLOOR=1; shift ;;
     --linux-source) WANT_SRC=1; shift ;;
+    --peer-rng) WANT_RNG=1; shift ;;
     --check-host) CHECK_HOST=1; shift ;;
     *) die "ci/setup.sh: unknown argument '$1' (see --help)" ;;
     esac
@@ -639,7 +643,7 @@ main() {
     [ "$WANT_73" = 0 ] || run_step kernel-7.3 step_kernel_73
     [ "$WANT_FLOOR" = 0 ] || run_step qemu-10.2 step_qemu_floor
     [ "$WANT_SRC" = 0 ] || run_step linux-source step_linux_source
-    run_step peer-rng step_peer_rng
+    [ "$WANT_RNG" = 0 ] || run_step peer-rng step_peer_rng
     run_step env step_env
     echo "cxl-accel setup: timings" >&2
     printf '  %s\n' "${TIMINGS[@]}" "$(printf '%-12s %7ss' total "$(elapsed "$t0")")" >&2

@@ -59,7 +59,7 @@ check() { # name command...
     if detail=$("$@" 2>&1); then
         echo "RESULT $name PASS" >>$out
     else
-        echo "RESULT $name FAIL $(echo "$detail" | tr '\n' ' ' | cut -c1-200)" >>$out
+        echo "RESULT $name FAIL $(echo "$detail" | tr '\n' ' ' | cut -c1-600)" >>$out
     fi
 }
 dir=/run/cxl-accel/0
@@ -86,7 +86,7 @@ check runtime-dir-removed sh -c "[ ! -e $dir ]"
 # it is killed.
 check supervised-started systemctl start cxl-accel@1
 setpriv --reuid=nobody --regid=kvm --clear-groups python3 -c \
-    "import socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/run/cxl-accel/1/cxl-accel.sock'); time.sleep(15)" &
+    "import socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/run/cxl-accel/1/cxl-accel.sock'); time.sleep(25)" &
 sup=$(systemctl show -p MainPID --value cxl-accel@1)
 worker() { pgrep -P "$sup" -x cxl-accel | head -n 1; }
 i=0; while [ -z "$(worker)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
@@ -96,8 +96,10 @@ check supervised-has-worker test -n "$w"
 # fork and exec, where it already has the supervisor's name.
 i=0; while ! journalctl -u cxl-accel@1 --no-pager 2>/dev/null | grep -q "worker pid $w started" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 kill -9 "$w" 2>/dev/null
-i=0; while { [ -z "$(worker)" ] || [ "$(worker)" = "$w" ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-check supervised-worker-replaced sh -c "[ -n \"$(worker)\" ] && [ \"$(worker)\" != $w ] && systemctl is-active cxl-accel@1"
+i=0; while { [ -z "$(worker)" ] || [ "$(worker)" = "$w" ]; } && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
+# On failure, the detail says where the old worker and the supervisor are.
+check supervised-worker-replaced sh -c "[ -n \"$(worker)\" ] && [ \"$(worker)\" != $w ] && systemctl is-active cxl-accel@1 ||
+    { echo killed $w; ps -o pid,ppid,stat,wchan:24,etime,comm -p $w,$sup; ps -o pid,ppid,stat,comm --ppid $sup; false; }"
 check supervised-stops systemctl stop cxl-accel@1
 journalctl -u cxl-accel@1 --no-pager >/out/journal-1 2>&1
 check shm-started systemctl start cxl-accel@2

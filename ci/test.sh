@@ -91,7 +91,7 @@ etc_apt_unchanged() {
 
 RESULTS=${CXL_ACCEL_RESULTS:-$ROOT/results}
 T0=$(now)
-"$HERE/setup.sh" --kernel 7.3 --qemu-floor --linux-source
+"$HERE/setup.sh" --kernel 7.3 --qemu-floor --linux-source --peer-rng
 T_SETUP=$(elapsed "$T0")
 
 log "== cargo build --release"
