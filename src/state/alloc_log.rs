@@ -190,6 +190,20 @@ impl StateFile {
     /// allocator's lock), with the response of the command that made it.
     pub fn record(&self, alloc: &Allocator, m: Mutation, origin: Option<Origin>, resp: &Resp) {
         let mut c = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        self.append(&mut c, m, origin, resp);
+        // Under the same lock as the log, and before a fold: the answer is always in the
+        // log or in the journal entry, whenever the daemon dies.
+        if let Some(o) = origin {
+            self.journal().answered(o, resp);
+        }
+        if c.next == LOG_RECORDS {
+            self.fold(alloc, &mut c);
+        }
+    }
+
+    /// Writes the change and its answer as the next log record (there is always room:
+    /// a full log is folded at once).
+    fn append(&self, c: &mut LogCursor, m: Mutation, origin: Option<Origin>, resp: &Resp) {
         c.seq += 1;
         let r = LOG + c.next * RECORD_WORDS;
         let mut w = encode_mutation(m);
@@ -205,14 +219,6 @@ impl StateFile {
         // Valid from this store on.
         self.store(r, c.seq);
         c.next += 1;
-        // Under the same lock as the log, and before a fold: the answer is always in the
-        // log or in the journal entry, whenever the daemon dies.
-        if let Some(o) = origin {
-            self.journal().answered(o, resp);
-        }
-        if c.next == LOG_RECORDS {
-            self.fold(alloc, &mut c);
-        }
     }
 
     /// Writes everything (the full log included) into the spare snapshot slot, which
@@ -372,6 +378,33 @@ mod tests {
         let (s, r) = StateFile::open(&path, other, SIZE, false).unwrap();
         assert!(r.buffers.is_empty());
         assert_eq!(s.counter(2).load(Ordering::Relaxed), 0);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_change_that_fills_the_log_keeps_its_answer_until_the_fold() {
+        let path = temp("fill");
+        let (s, _) = StateFile::open(&path, id(), SIZE, false).unwrap();
+        let mut a = Allocator::new(SIZE);
+        for _ in 0..LOG_RECORDS - 1 {
+            let b = a.alloc(4096, 0).unwrap();
+            s.record(&a, Mutation::alloc(&b), None, &ok(b.id));
+        }
+        // The last free record, and the daemon dies before the journal and the fold.
+        let last = a.alloc(4096, 0).unwrap();
+        let origin = Origin {
+            queue: 0,
+            head: 3,
+            nonce: 77,
+        };
+        let mut c = s.cursor.lock().unwrap();
+        s.append(&mut c, Mutation::alloc(&last), Some(origin), &ok(last.id));
+        drop(c);
+        drop(s);
+        let (s, r) = StateFile::open(&path, id(), SIZE, false).unwrap();
+        assert_eq!(r.buffers.len(), LOG_RECORDS);
+        assert!(r.buffers.contains(&last));
+        assert_eq!(s.logged_answers().get(&77), Some(&ok(last.id)));
         let _ = std::fs::remove_file(&path);
     }
 
