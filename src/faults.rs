@@ -347,21 +347,25 @@ impl Faults {
 
     /// Where the poison overlapping [offset, offset + len) ends, if there is any.
     pub fn poisoned_end(&self, offset: u64, len: u64) -> Option<u64> {
-        let end = offset.saturating_add(len);
-        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
-        p.iter()
-            .filter(|&&(s, e)| s < end && e > offset)
-            .map(|&(_, e)| e)
-            .max()
+        self.poison_within(offset, len).last().map(|&(_, e)| e)
     }
 
     /// The first poisoned byte in [offset, offset + len) of device memory, if any.
     pub fn first_poisoned(&self, offset: u64, len: u64) -> Option<u64> {
+        self.poison_within(offset, len)
+            .first()
+            .map(|&(s, _)| s.max(offset))
+    }
+
+    /// The poisoned ranges overlapping [offset, offset + len), in order (the list is kept
+    /// sorted and merged).
+    fn poison_within(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
         let end = offset.saturating_add(len);
         let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
         p.iter()
-            .find(|&&(s, e)| s < end && e > offset)
-            .map(|&(s, _)| s.max(offset))
+            .copied()
+            .filter(|&(s, e)| s < end && e > offset)
+            .collect()
     }
 }
 
@@ -490,6 +494,9 @@ mod tests {
         assert_eq!(f.first_poisoned(0, 0x1000), None);
         assert_eq!(f.first_poisoned(0, 0x1001), Some(0x1000));
         assert_eq!(f.first_poisoned(0x2000, 0x100), Some(0x2000));
+        assert_eq!(f.poisoned_end(0, 0x1000), None);
+        assert_eq!(f.poisoned_end(0x2000, 0x7000), Some(0x8010));
+        assert_eq!(f.poisoned_end(0x2000, 0x100), Some(0x2800));
         assert!(f.unpoison(0x1400, 0x100));
         assert_eq!(
             f.poisoned(),
