@@ -367,7 +367,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 		 */
 		if (cxla_cmd_room(cd, q, needed)) {
 			if (room_but_full++)
-				msleep(1);
+				usleep_range(1000, 2000);
 			continue;
 		}
 		room_but_full = 0;
