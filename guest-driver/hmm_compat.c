@@ -187,11 +187,12 @@ static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
 /*
  * The device copies between the mirrored pages of [start, start + n pages)
  * and the bounce pages (to_bounce: from the mirror). The mirror mutex is
- * held only to look the pages up (each referenced, so none goes away): the
- * copy allocates, and reclaim may invalidate, which takes the mutex. An
- * invalidation meanwhile (the notifier's sequence moved) makes the batch
- * look again. -ENOENT: a page is not in the table (or not writable for a
- * write), *done pages were copied.
+ * held from the look-up to the end of the copy, so an invalidation (fork
+ * write-protecting a page for copy-on-write, a migration) waits until the
+ * device is done with the pages, as test_hmm's memcpy does. The copy
+ * allocates without reclaim: reclaim may invalidate, which takes the mutex.
+ * -ENOENT: a page is not in the table (or not writable for a write), *done
+ * pages were copied.
  */
 static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 			     unsigned long n, struct page **bounce,
@@ -199,21 +200,17 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 {
 	struct cxla_dev *cd = dm->cd;
 	struct cxla_xpage *xp;
-	struct page **held;
-	unsigned long i, k, j, seq;
-	int ret = 0, again = 0;
+	unsigned int noreclaim;
+	unsigned long i, k;
+	int ret = 0;
 
 	*done = 0;
 	xp = kvcalloc(CXLA_DMIRROR_BATCH, sizeof(*xp), GFP_KERNEL);
-	held = kvcalloc(CXLA_DMIRROR_BATCH, sizeof(*held), GFP_KERNEL);
-	if (!xp || !held) {
-		ret = -ENOMEM;
-		goto out;
-	}
+	if (!xp)
+		return -ENOMEM;
 	for (i = 0; i < n && !ret; i += k) {
 		unsigned long cnt = min(n - i, CXLA_DMIRROR_BATCH);
 
-		seq = mmu_interval_read_begin(&dm->notifier);
 		mutex_lock(&dm->mutex);
 		for (k = 0; k < cnt; k++) {
 			void *e = xa_load(&dm->pt, (start >> PAGE_SHIFT) + i + k);
@@ -227,8 +224,6 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 			ret = cxla_page_dev_addr(cd, page, &addr, &space);
 			if (ret)
 				break;
-			get_page(page);
-			held[k] = page;
 			memset(x, 0, sizeof(*x));
 			if (to_bounce) {
 				x->src = addr;
@@ -244,28 +239,18 @@ static int cxla_dmirror_copy(struct cxla_dmirror *dm, unsigned long start,
 				x->dpage = page;
 			}
 		}
-		mutex_unlock(&dm->mutex);
-		if (k && !ret)
+		if (k && !ret) {
+			noreclaim = memalloc_noreclaim_save();
 			ret = cxla_xcopy(cd->mig, xp, k, 0, true);
-		for (j = 0; j < k; j++)
-			put_page(held[j]);
+			memalloc_noreclaim_restore(noreclaim);
+		}
+		mutex_unlock(&dm->mutex);
 		if (ret)
 			break;
-		if (k && mmu_interval_read_retry(&dm->notifier, seq)) {
-			/* the table changed meanwhile: this batch again */
-			if (++again > 100) {
-				ret = -EBUSY;
-				break;
-			}
-			k = 0;
-			continue;
-		}
 		*done += k;
 		if (k < cnt)
 			ret = -ENOENT;
 	}
-out:
-	kvfree(held);
 	kvfree(xp);
 	return ret;
 }

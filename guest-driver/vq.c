@@ -248,18 +248,17 @@ static long cxla_wait_done(struct completion *done, unsigned long timeout)
 
 	left = wait_for_completion_interruptible_timeout(done, timeout);
 	while (left == -ERESTARTSYS && !cxla_real_signal()) {
-		unsigned long rest;
+		long rest = (long)(end - jiffies);	/* one read: no wrap */
 
-		if (time_after_eq(jiffies, end))
+		if (rest <= 0)
 			return 0;
-		rest = end - jiffies;
 		if (!signal_pending(current)) {	/* the task work's flag went */
 			left = wait_for_completion_interruptible_timeout(done,
 									 rest);
 			continue;
 		}
 		left = wait_for_completion_killable_timeout(done,
-				min(rest, CXLA_NOTIFY_SLICE));
+				min_t(long, rest, CXLA_NOTIFY_SLICE));
 		if (!left)
 			left = -ERESTARTSYS;	/* slice over: signals? */
 	}
@@ -309,7 +308,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 	struct cxla_cmdq *q = req->q;
 	unsigned int nents = 1, needed, room_but_full = 0;
 	unsigned long flags;
-	long left;
+	long left, rest;
 	int ret;
 
 	/* after removal the queues are gone: nothing below may touch them */
@@ -355,7 +354,8 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 		if (ret != -ENOSPC)
 			break;
 
-		if (time_after_eq(jiffies, deadline)) {
+		rest = (long)(deadline - jiffies);	/* one read: no wrap */
+		if (rest <= 0) {
 			cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_TIMEOUTS);
 			ret = -ETIMEDOUT;
 			break;
@@ -363,9 +363,15 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 		/*
 		 * Room again: completions came since the add, try at once. Room
 		 * twice in a row and still no space: the indirect table could
-		 * not be allocated (GFP_ATOMIC); back off rather than spin.
+		 * not be allocated (GFP_ATOMIC); back off rather than spin,
+		 * still answering signals.
 		 */
 		if (cxla_cmd_room(cd, q, needed)) {
+			if (intr && cxla_real_signal()) {
+				cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_INTERRUPTED);
+				ret = -EINTR;
+				break;
+			}
 			if (room_but_full++)
 				usleep_range(1000, 2000);
 			continue;
@@ -374,13 +380,13 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 		if (intr && !cxla_notify_only())
 			left = wait_event_interruptible_timeout(q->space,
 								cxla_cmd_room(cd, q, needed),
-								deadline - jiffies);
+								rest);
 		else	/* task work only: a slice, then look again */
 			left = wait_event_timeout(q->space,
 						  cxla_cmd_room(cd, q, needed),
-						  intr ? min(deadline - jiffies,
-							     CXLA_NOTIFY_SLICE) :
-							 deadline - jiffies);
+						  intr ? min_t(long, rest,
+							       CXLA_NOTIFY_SLICE) :
+							 rest);
 		if (left < 0 && !cxla_real_signal())
 			continue;	/* task work came during the wait */
 		if (left < 0) {
