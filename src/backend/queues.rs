@@ -3,7 +3,7 @@
 //! commands from the command queues and runs small ones inline or hands them to the DMA
 //! engines, busy-polls when asked to, returns answers, and fills the event queue.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -135,7 +135,14 @@ pub(super) fn process_commands(
         if s.device.has_events() {
             deliver_events(s, vrings, snapshot, event_idx);
         }
-        let again = rearm.after_pass(vring.get_mut().get_queue_mut(), snapshot, taken);
+        let again = {
+            let mut state = vring.get_mut();
+            if s.ended.load(Ordering::Acquire) {
+                // A successor may serve this ring already: not even its event index.
+                break;
+            }
+            rearm.after_pass(state.get_queue_mut(), snapshot, taken)
+        };
         match again {
             Ok(true) => continue,
             Ok(false) => break,
@@ -250,8 +257,9 @@ fn submit(
     let session = s.clone();
     let vrings: Vec<VringRwLock> = vrings.to_vec();
     let queued = s.dispatcher.submit(fence, move || {
+        let taken = Taken(&session.in_flight[k]);
         complete(&session, &vrings, &table.mem, req, origin, q, generation);
-        let before = session.in_flight[k].fetch_sub(1, Ordering::AcqRel);
+        let before = taken.done();
         if before >= session.queue_size as usize {
             // We were at the limit: requests may be waiting in the ring.
             process_commands(&session, &vrings, q, None);
@@ -260,6 +268,25 @@ fn submit(
     if !queued {
         s.in_flight[k].fetch_sub(1, Ordering::AcqRel);
         log::error!("DMA engines stopped; request dropped");
+    }
+}
+
+/// A request counted in its queue's `in_flight` until it is done, or dropped when its
+/// execution panicked (a bug the engine survives): a stop must not wait for it in vain.
+struct Taken<'a>(&'a AtomicUsize);
+
+impl Taken<'_> {
+    /// Counts the request out; returns the count before.
+    fn done(self) -> usize {
+        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        std::mem::forget(self);
+        before
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -341,4 +368,22 @@ pub(super) fn deliver_events(
     // Ask to be kicked when the driver posts more buffers (with EVENT_IDX this publishes
     // avail_event; without it, it clears the no-notify flag).
     let _ = state.get_queue_mut().enable_notification(mem);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_counted_out_once_whether_done_or_panicking() {
+        let n = AtomicUsize::new(2);
+        assert_eq!(Taken(&n).done(), 2);
+        assert_eq!(n.load(Ordering::Acquire), 1);
+        let panicked = std::panic::catch_unwind(|| {
+            let _taken = Taken(&n);
+            panic!("a bug in a command");
+        });
+        assert!(panicked.is_err());
+        assert_eq!(n.load(Ordering::Acquire), 0);
+    }
 }
