@@ -742,7 +742,8 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 		ret = cxla_migrate_pass(x, mm, start, end);
 		x->res = res;
 		res->migrated += again.migrated;
-		res->no_space += again.no_space;
+		/* the pass looked at every page not in place: the no-space ones too */
+		res->no_space = again.no_space;
 		/*
 		 * A busy page is not identified (the kernel clears its entry):
 		 * one that was in place all along shows up now as "already".

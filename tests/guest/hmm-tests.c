@@ -2050,6 +2050,57 @@ CXLA_TEST_F(dev, migrate_no_space)
 	return PASS;
 }
 
+/*
+ * Space runs out and a page is busy (a pipe holds it): the passes that look
+ * at busy pages again see the no-space pages again too; each page is still
+ * counted once.
+ */
+CXLA_TEST_F(dev, migrate_no_space_busy)
+{
+	struct cxl_accel_identify id;
+	struct cxl_accel_migrate m, first;
+	struct cxl_accel_alloc a;
+	size_t len = 8 * MiB, n = len / PG, held = n / 2 + 5;
+	uint8_t *p = map_anon(len), buf[PG];
+	struct iovec iov;
+	int pipefd[2];
+
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);	/* the pipe holds one page, not a THP */
+	OK(cxla_identify(c->fd, &id));
+	CHECK(id.devmem_free >= 8 * MiB, "only %llu bytes free",
+	      (unsigned long long)id.devmem_free);
+	OK(cxla_alloc(c->fd, id.devmem_free - 4 * MiB, 0, &a));
+	fill_pages(p, len, 163);
+	CHECK(!pipe(pipefd), "pipe");
+	iov.iov_base = p + held * PG;
+	iov.iov_len = PG;
+	CHECK(vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)PG, "vmsplice");
+	OK(cxla_migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n / 2 && m.busy <= 1 &&
+	      m.busy + m.no_space == n / 2 && m.already == 0,
+	      "%llu migrated, %llu no space, %llu busy, %llu already",
+	      (unsigned long long)m.migrated, (unsigned long long)m.no_space,
+	      (unsigned long long)m.busy, (unsigned long long)m.already);
+	first = m;
+	CHECK(read(pipefd[0], buf, PG) == (ssize_t)PG, "read pipe");
+	CHECK(check_pages_at(buf, held, PG, 163) < 0, "the pipe delivered other data");
+	close(pipefd[0]);
+	close(pipefd[1]);
+	CHECK(check_pages(p, len, 163) < 0, "data");
+	OK(cxla_free(c->fd, a.handle));
+	OK(cxla_migrate(c->fd, p, len, true, &m));
+	CHECK(m.migrated == n / 2 && m.already == n / 2, "after FREE: %llu moved, %llu already",
+	      (unsigned long long)m.migrated, (unsigned long long)m.already);
+	munmap(p, len);
+	POOL_IDLE(c->fd);
+	DETAIL("4 MiB left, a page held by a pipe: %llu moved, %llu no space, %llu busy, each page counted once",
+	       (unsigned long long)first.migrated,
+	       (unsigned long long)first.no_space,
+	       (unsigned long long)first.busy);
+	return PASS;
+}
+
 /* no 2 MiB-aligned free extent: the pool takes an unaligned 2 MiB one */
 CXLA_TEST_F(dev, migrate_fragmented)
 {
