@@ -234,9 +234,16 @@ static bool cxla_notify_only(void)
 /*
  * After an interruptible wait ended early: was it for a real signal? Task
  * work may also have been cancelled, and its flag cleared, since it woke us.
+ * TIF_SIGPENDING may be stale too (a process-wide signal another thread
+ * took first): it is recomputed before a command is given up for it.
  */
 static bool cxla_real_signal(void)
 {
+	if (!task_sigpending(current))
+		return false;
+	spin_lock_irq(&current->sighand->siglock);
+	recalc_sigpending();
+	spin_unlock_irq(&current->sighand->siglock);
 	return task_sigpending(current);
 }
 
