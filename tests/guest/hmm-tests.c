@@ -182,6 +182,14 @@ static long check_pages_at(const void *p, size_t first, size_t len,
 	return -1;
 }
 
+/* A pipe holds the page at p (vmsplice): it cannot move until the pipe is read. */
+static bool pipe_hold_page(void *p, int pipefd[2])
+{
+	struct iovec iov = { .iov_base = p, .iov_len = PG };
+
+	return !pipe(pipefd) && vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)PG;
+}
+
 static long check_pages(const void *p, size_t len, uint64_t seed)
 {
 	return check_pages_at(p, 0, len, seed);
@@ -1162,16 +1170,12 @@ CXLA_TEST_F(mig, migrate_busy_page)
 	size_t len = 64 * PG, n = len / PG, held = 17;
 	uint8_t *p = map_anon(len), buf[PG];
 	struct cxl_accel_migrate m;
-	struct iovec iov;
 	int pipefd[2];
 
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 97);
-	CHECK(!pipe(pipefd), "pipe");
-	iov.iov_base = p + held * PG;
-	iov.iov_len = PG;
-	CHECK(vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)PG, "vmsplice");
+	CHECK(pipe_hold_page(p + held * PG, pipefd), "pipe, vmsplice");
 	OK(MIGRATE(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n - 1 && m.busy == 1 && m.already == 0,
 	      "a page held by a pipe: %llu moved, %llu busy, %llu already",
@@ -2062,7 +2066,6 @@ CXLA_TEST_F(dev, migrate_no_space_busy)
 	struct cxl_accel_alloc a;
 	size_t len = 8 * MiB, n = len / PG, held = n / 2 + 5;
 	uint8_t *p = map_anon(len), buf[PG];
-	struct iovec iov;
 	int pipefd[2];
 
 	CHECK(p, "mmap");
@@ -2072,10 +2075,7 @@ CXLA_TEST_F(dev, migrate_no_space_busy)
 	      (unsigned long long)id.devmem_free);
 	OK(cxla_alloc(c->fd, id.devmem_free - 4 * MiB, 0, &a));
 	fill_pages(p, len, 163);
-	CHECK(!pipe(pipefd), "pipe");
-	iov.iov_base = p + held * PG;
-	iov.iov_len = PG;
-	CHECK(vmsplice(pipefd[1], &iov, 1, 0) == (ssize_t)PG, "vmsplice");
+	CHECK(pipe_hold_page(p + held * PG, pipefd), "pipe, vmsplice");
 	OK(cxla_migrate(c->fd, p, len, true, &m));
 	CHECK(m.migrated == n / 2 && m.busy <= 1 &&
 	      m.busy + m.no_space == n / 2 && m.already == 0,
