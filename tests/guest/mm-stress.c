@@ -30,6 +30,7 @@
  * replay with the same seed do the same operations, not the same races.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
@@ -37,12 +38,14 @@
 #include "cxla_test.h"
 
 #define PG		4096UL
-#define REGION_PAGES	256
+#define MAX_REGION_PAGES	512	/* 2 MiB: a huge page */
 #define MAX_DEPTH	2
 #define MAX_CHILDREN	4
 #define MAX_PIPES	4
 #define MAX_SLOTS	4096	/* processes over the whole run */
 #define HISTORY		16
+#define MAX_BUFS	4
+#define BUF_PAGES	16
 
 enum { ST_DATA, ST_ZERO, ST_FILL };
 
@@ -58,18 +61,20 @@ enum {
 	OP_CPU_WRITE, OP_TO_DEV, OP_TO_PEER, OP_TO_RAM, OP_SVM_FILL,
 	OP_SVM_FILL_SHORT, OP_SVM_CRC, OP_PIN_CRC, OP_EVICT, OP_REMAP,
 	OP_DONTNEED, OP_MPROTECT, OP_SPLICE, OP_UNSPLICE, OP_FORK, OP_KILL,
+	OP_KILL_PARENT, OP_BUF_NEW, OP_BUF_WORK, OP_BUF_FREE, OP_BUF_DMABUF,
 	OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
 	"cpu_write", "to_dev", "to_peer", "to_ram", "svm_fill",
 	"svm_fill_1ms", "svm_crc", "pin_crc", "evict", "remap", "dontneed",
-	"mprotect", "splice", "unsplice", "fork", "kill",
+	"mprotect", "splice", "unsplice", "fork", "kill", "kill_parent",
+	"buf_new", "buf_work", "buf_free", "buf_dmabuf",
 };
 
 /* relative weights (-x sets some to 0) */
 static unsigned int op_weight[OP_COUNT] = {
-	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2,
+	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1,
 };
 
 /* shared by every process of the run */
@@ -82,6 +87,19 @@ struct shared {
 	uint64_t pages_checked;
 	uint64_t killed;
 	uint64_t forks;
+	uint64_t helper_ops;		/* -T: by the helper threads */
+	pid_t top;			/* the subreaper: never killed */
+};
+
+/* A device buffer of the process, mapped, with what each page must hold */
+struct dbuf {
+	int fd;				/* the device it is on */
+	uint32_t handle;
+	uint64_t mmap_offset;
+	size_t pages;
+	uint8_t *map;
+	struct pstate st[BUF_PAGES];
+	uint8_t shadow[BUF_PAGES * PG];	/* what map must hold */
 };
 
 struct proc {
@@ -90,7 +108,9 @@ struct proc {
 	int depth;
 	char path[64];			/* place in the process tree, e.g. 2.1.0 */
 	uint8_t *region;
-	struct pstate st[REGION_PAGES];
+	struct pstate st[MAX_REGION_PAGES];
+	size_t npages;			/* of the region */
+	uint8_t *shadow;		/* what region must hold, byte for byte */
 	int fd, pfd;			/* devices (pfd may be -1) */
 	pid_t children[MAX_CHILDREN];
 	int nchildren;
@@ -98,12 +118,18 @@ struct proc {
 	int npipes;
 	unsigned long opno;
 	int history[HISTORY];
+	bool cpu_only;			/* the device never writes the region */
+	bool helper;			/* the helper thread's view of a process */
+	struct dbuf bufs[MAX_BUFS];
+	int nbufs;
+	uint32_t buf_gen;		/* writer ids of buffer contents */
 };
 
 static struct shared *sh;
 static uint64_t run_seed;
 static double deadline;
 static bool verbose;
+static bool with_helper;	/* -T: a second thread per process */
 
 static uint64_t splitmix(uint64_t x)
 {
@@ -180,10 +206,17 @@ static void report(struct proc *p, int op, const char *fmt, ...)
 	_exit(3);
 }
 
-/* Does page i hold what it must? If not, which known state does it match? */
+/* Page i must hold state s from now on (its copy in the shadow too). */
+static void set_page(struct proc *p, size_t i, const struct pstate *s)
+{
+	p->st[i] = *s;
+	page_expect(s, i, p->shadow + i * PG);
+}
+
+/* Does page i hold what it must? scratch gets what it must hold. */
 static bool page_ok(struct proc *p, size_t i, uint8_t *scratch)
 {
-	page_expect(&p->st[i], i, scratch);
+	memcpy(scratch, p->shadow + i * PG, PG);
 	return !memcmp(p->region + i * PG, scratch, PG);
 }
 
@@ -192,7 +225,11 @@ static void verify(struct proc *p, int op)
 	uint8_t want[PG];
 	size_t i;
 
-	for (i = 0; i < REGION_PAGES; i++) {
+	if (!memcmp(p->region, p->shadow, p->npages * PG)) {
+		__sync_fetch_and_add(&sh->pages_checked, p->npages);
+		return;
+	}
+	for (i = 0; i < p->npages; i++) {
 		if (page_ok(p, i, want))
 			continue;
 		{
@@ -203,44 +240,38 @@ static void verify(struct proc *p, int op)
 			while (k < PG && got[k] == want[k])
 				k++;
 			describe(&p->st[i], d, sizeof(d));
-			report(p, op, "page %zu of %d differs from byte %zu on (must hold %s; holds %02x%02x%02x%02x%02x%02x%02x%02x...)",
-			       i, REGION_PAGES, k, d, got[0], got[1], got[2],
+			report(p, op, "page %zu of %zu differs from byte %zu on (must hold %s; holds %02x%02x%02x%02x%02x%02x%02x%02x...)",
+			       i, p->npages, k, d, got[0], got[1], got[2],
 			       got[3], got[4], got[5], got[6], got[7]);
 		}
 	}
-	__sync_fetch_and_add(&sh->pages_checked, REGION_PAGES);
+	__sync_fetch_and_add(&sh->pages_checked, p->npages);
 }
 
 static void write_page(struct proc *p, size_t i)
 {
-	p->st[i].kind = ST_DATA;
-	p->st[i].writer = p->slot;
-	p->st[i].gen++;
-	page_expect(&p->st[i], i, p->region + i * PG);
+	struct pstate s = {
+		.kind = ST_DATA, .writer = p->slot, .gen = p->st[i].gen + 1,
+	};
+
+	set_page(p, i, &s);
+	memcpy(p->region + i * PG, p->shadow + i * PG, PG);
 }
 
 /* a random page range [*first, *first + *n) */
 static void pick_range(struct proc *p, size_t *first, size_t *n)
 {
-	*first = rnd_below(p, REGION_PAGES);
-	*n = 1 + rnd_below(p, REGION_PAGES - *first);
+	*first = rnd_below(p, p->npages);
+	*n = 1 + rnd_below(p, p->npages - *first);
 	if (rnd_below(p, 4) == 0) {	/* often the whole region */
 		*first = 0;
-		*n = REGION_PAGES;
+		*n = p->npages;
 	}
 }
 
 static uint32_t expected_crc(struct proc *p, size_t first, size_t n)
 {
-	uint8_t page[PG];
-	uint32_t crc = 0;
-	size_t i;
-
-	for (i = first; i < first + n; i++) {
-		page_expect(&p->st[i], i, page);
-		crc = crc32c(crc, page, PG);
-	}
-	return crc;
+	return crc32c(0, p->shadow + first * PG, n * PG);
 }
 
 /* Errors a random operation may meet without anything being wrong */
@@ -278,7 +309,7 @@ static void settle(struct proc *p, int op, size_t first, size_t n,
 			continue;
 		page_expect(new, i, want);
 		if (!memcmp(p->region + i * PG, want, PG)) {
-			p->st[i] = *new;
+			set_page(p, i, new);
 			continue;
 		}
 		report(p, op, "page %zu after a given-up device write holds neither the old nor the new contents",
@@ -303,7 +334,7 @@ static void do_svm_fill(struct proc *p, int op, bool short_timeout)
 		       CXL_ACCEL_IOC_SVM, &s);
 	if (!r) {
 		for (i = first; i < first + n; i++)
-			p->st[i] = fill;
+			set_page(p, i, &fill);
 		return;
 	}
 	if (!benign(r))
@@ -377,7 +408,7 @@ static void do_remap(struct proc *p, int op, bool dontneed)
 			fail_op(p, op, -errno);
 	}
 	for (i = first; i < first + n; i++)
-		p->st[i] = (struct pstate){ .kind = ST_ZERO };
+		set_page(p, i, &(struct pstate){ .kind = ST_ZERO });
 }
 
 static void do_splice(struct proc *p, int op)
@@ -390,7 +421,7 @@ static void do_splice(struct proc *p, int op)
 		return;
 	if (pipe2(fds, O_NONBLOCK))
 		fail_op(p, op, -errno);
-	first = rnd_below(p, REGION_PAGES - 8);
+	first = rnd_below(p, p->npages - 8);
 	n = 1 + rnd_below(p, 8);
 	iov.iov_base = p->region + first * PG;
 	iov.iov_len = n * PG;
@@ -401,7 +432,340 @@ static void do_splice(struct proc *p, int op)
 	p->pipes[p->npipes++] = fds[1];
 }
 
+/* ---------------------------------------------------- device buffers */
+
+/* does buffer b hold what it must, seen by the CPU and by its device? */
+static void verify_buf(struct proc *p, int op, struct dbuf *b, bool device)
+{
+	uint32_t crc, got;
+	size_t i;
+	int r;
+
+	if (memcmp(b->map, b->shadow, b->pages * PG))
+		for (i = 0; i < b->pages; i++)
+			if (memcmp(b->map + i * PG, b->shadow + i * PG, PG))
+				report(p, op, "device buffer %#x page %zu of %zu is not what was written (CPU view)",
+				       b->handle, i, b->pages);
+	if (!device)
+		return;
+	crc = crc32c(0, b->shadow, b->pages * PG);
+	r = cxla_checksum(b->fd, cxla_dev(b->handle, 0), b->pages * PG, 0, &got);
+	if (r) {
+		if (!benign(r))
+			fail_op(p, op, r);
+		return;
+	}
+	if (got != crc)
+		report(p, op, "device crc32c of buffer %#x is %#x, its contents give %#x",
+		       b->handle, got, crc);
+}
+
+static void verify_bufs(struct proc *p, int op)
+{
+	int i;
+
+	for (i = 0; i < p->nbufs; i++)
+		verify_buf(p, op, &p->bufs[i], false);
+}
+
+static void buf_set_page(struct dbuf *b, size_t i, const struct pstate *s)
+{
+	b->st[i] = *s;
+	page_expect(s, i, b->shadow + i * PG);
+}
+
+static int pick_fd(struct proc *p)
+{
+	return rnd_below(p, 2) && p->pfd >= 0 ? p->pfd : p->fd;
+}
+
+/* the CPU writes pages [first, first + n) of b with new data */
+static void buf_cpu_write(struct proc *p, struct dbuf *b, size_t first,
+			  size_t n)
+{
+	uint32_t id = 0x80000000u | (p->slot << 16) | (p->buf_gen++ & 0xffff);
+	size_t i;
+
+	for (i = first; i < first + n; i++) {
+		buf_set_page(b, i, &(struct pstate){ .kind = ST_DATA,
+						     .writer = id, .gen = 1 });
+		memcpy(b->map + i * PG, b->shadow + i * PG, PG);
+	}
+}
+
+static void do_buf_new(struct proc *p, int op)
+{
+	struct dbuf *b = &p->bufs[p->nbufs];
+	struct cxl_accel_alloc a;
+	int r;
+
+	if (p->nbufs == MAX_BUFS)
+		return;
+	memset(b, 0, sizeof(*b));
+	b->fd = pick_fd(p);
+	b->pages = 1 + rnd_below(p, BUF_PAGES);
+	r = cxla_alloc(b->fd, b->pages * PG, 0, &a);
+	if (r) {
+		if (!benign(r))
+			fail_op(p, op, r);
+		return;
+	}
+	b->handle = a.handle;
+	b->mmap_offset = a.mmap_offset;
+	b->map = cxla_map(b->fd, &a);
+	if (!b->map)
+		fail_op(p, op, -errno);
+	p->nbufs++;
+	buf_cpu_write(p, b, 0, b->pages);
+	verify_buf(p, op, b, true);
+}
+
+static void buf_forget(struct proc *p, int op, struct dbuf *b)
+{
+	int r;
+
+	munmap(b->map, b->pages * PG);
+	r = cxla_free(b->fd, b->handle);
+	if (r && !benign(r))
+		fail_op(p, op, r);
+	*b = p->bufs[--p->nbufs];
+}
+
+static void do_buf_free(struct proc *p, int op)
+{
+	if (p->nbufs)
+		buf_forget(p, op, &p->bufs[rnd_below(p, p->nbufs)]);
+}
+
+/*
+ * A buffer exported as a DMA-BUF and imported by the other device (or its
+ * own): read through the DMA-BUF's own mapping, and by the importer.
+ */
+static void do_buf_dmabuf(struct proc *p, int op)
+{
+	struct cxl_accel_dmabuf_export e = { .flags = CXL_ACCEL_DMABUF_CLOEXEC };
+	struct cxl_accel_dmabuf_import im = { 0 };
+	uint8_t *m;
+	uint32_t crc = 0, got;
+	struct dbuf *b;
+	int ifd, r;
+	size_t i;
+
+	if (!p->nbufs)
+		return;
+	b = &p->bufs[rnd_below(p, p->nbufs)];
+	e.handle = b->handle;
+	e.fd = -1;
+	r = cxla_ioctl(b->fd, CXL_ACCEL_IOC_EXPORT_DMABUF, &e);
+	if (r) {
+		if (!benign(r))
+			fail_op(p, op, r);
+		return;
+	}
+	m = mmap(NULL, b->pages * PG, PROT_READ, MAP_SHARED, e.fd, 0);
+	if (m == MAP_FAILED)
+		fail_op(p, op, -errno);
+	for (i = 0; i < b->pages; i++)
+		if (memcmp(m + i * PG, b->shadow + i * PG, PG))
+			report(p, op, "page %zu of buffer %#x read through its DMA-BUF is not what was written",
+			       i, b->handle);
+	crc = crc32c(0, b->shadow, b->pages * PG);
+	munmap(m, b->pages * PG);
+	ifd = b->fd == p->fd && p->pfd >= 0 ? p->pfd : p->fd;
+	im.fd = e.fd;
+	r = cxla_ioctl(ifd, CXL_ACCEL_IOC_IMPORT_DMABUF, &im);
+	if (!r) {
+		r = cxla_checksum(ifd, cxla_dev(im.handle, 0), b->pages * PG, 0,
+				  &got);
+		if (!r && got != crc)
+			report(p, op, "the importer's crc32c of buffer %#x is %#x, its contents give %#x",
+			       b->handle, got, crc);
+		if (r && !benign(r) && r != -EOPNOTSUPP)
+			fail_op(p, op, r);
+		r = cxla_free(ifd, im.handle);
+	}
+	if (r && !benign(r) && r != -EOPNOTSUPP)
+		fail_op(p, op, r);
+	close(e.fd);
+}
+
+/*
+ * Device work on a buffer: a FILL of some pages, a COPY from the process's
+ * region (the device reads pinned process pages), a COPY between two
+ * buffers of one device, CPU writes, or a new mapping of it.
+ */
+static void do_buf_work(struct proc *p, int op)
+{
+	struct dbuf *b, *o;
+	size_t first, n, i, rfirst;
+	uint64_t pat;
+	int r, kind = rnd_below(p, 5);
+
+	if (kind == 1 && p->helper)	/* the main thread writes the region */
+		kind = 0;
+
+	if (!p->nbufs)
+		return;
+	b = &p->bufs[rnd_below(p, p->nbufs)];
+	first = rnd_below(p, b->pages);
+	n = 1 + rnd_below(p, b->pages - first);
+	switch (kind) {
+	case 0:
+		pat = rnd(p) | 1;
+		r = cxla_fill(b->fd, cxla_dev(b->handle, first * PG), n * PG,
+			      pat, 0);
+		if (r) {
+			if (!benign(r))
+				fail_op(p, op, r);
+			/* given up: it may still land, the buffer is unknown */
+			buf_forget(p, op, b);
+			return;
+		}
+		for (i = first; i < first + n; i++)
+			buf_set_page(b, i, &(struct pstate){ .kind = ST_FILL,
+							     .fill = pat });
+		break;
+	case 1:
+		rfirst = rnd_below(p, p->npages - n + 1);
+		r = cxla_copy(b->fd, cxla_user(p->region + rfirst * PG),
+			      cxla_dev(b->handle, first * PG), n * PG, 0);
+		if (r) {
+			if (!benign(r))
+				fail_op(p, op, r);
+			buf_forget(p, op, b);	/* it may still land */
+			return;
+		}
+		/* the region's pages, by their own page numbers' data */
+		for (i = 0; i < n; i++) {
+			uint8_t *got = b->map + (first + i) * PG;
+
+			if (memcmp(got, p->shadow + (rfirst + i) * PG, PG))
+				report(p, op, "a device copy of region page %zu into buffer %#x page %zu copied other contents",
+				       rfirst + i, b->handle, first + i);
+			/* from now on the buffer page is checked byte for byte */
+			buf_cpu_write(p, b, first + i, 1);
+		}
+		break;
+	case 2:
+		for (o = p->bufs; o < p->bufs + p->nbufs; o++)
+			if (o != b && o->fd == b->fd && o->pages >= n)
+				break;
+		if (o == p->bufs + p->nbufs)
+			return;
+		r = cxla_copy(b->fd, cxla_dev(o->handle, 0),
+			      cxla_dev(b->handle, first * PG), n * PG, 0);
+		if (r) {
+			if (!benign(r))
+				fail_op(p, op, r);
+			buf_forget(p, op, b);	/* it may still land */
+			return;
+		}
+		for (i = 0; i < n; i++) {
+			if (memcmp(b->map + (first + i) * PG, o->shadow + i * PG, PG))
+				report(p, op, "a device copy of buffer %#x page %zu into buffer %#x page %zu copied other contents",
+				       o->handle, i, b->handle, first + i);
+			buf_cpu_write(p, b, first + i, 1);
+		}
+		break;
+	case 3:
+		buf_cpu_write(p, b, first, n);
+		break;
+	default:
+		/* a new mapping: the old one's pages go, the new one faults */
+		munmap(b->map, b->pages * PG);
+		b->map = mmap(NULL, b->pages * PG, PROT_READ | PROT_WRITE,
+			      MAP_SHARED, b->fd, (off_t)b->mmap_offset);
+		if (b->map == MAP_FAILED)
+			fail_op(p, op, -errno);
+		break;
+	}
+	verify_buf(p, op, b, true);
+}
+
 static void worker(struct proc *p);
+
+/*
+ * -T: the helper thread of a process does the other operations at the
+ * same time as the main thread works on the region: device buffers
+ * (mmap, munmap, fills, copies, DMA-BUF export and import), vmsplice() of
+ * region pages into pipes, madvise(COLD, PAGEOUT) of region ranges, and
+ * mmap/munmap of scratch memory. It never writes the region.
+ */
+static void *helper_main(void *arg)
+{
+	struct proc *h = arg;
+	size_t first, n;
+	void *scratch;
+	int op;
+
+	while (now_sec() < deadline) {
+		switch (rnd_below(h, 9)) {
+		case 0:
+			op = OP_BUF_NEW;
+			do_buf_new(h, op);
+			break;
+		case 1:
+		case 2:
+			op = OP_BUF_WORK;
+			do_buf_work(h, op);
+			break;
+		case 3:
+			op = OP_BUF_FREE;
+			do_buf_free(h, op);
+			break;
+		case 4:
+			op = OP_BUF_DMABUF;
+			do_buf_dmabuf(h, op);
+			break;
+		case 5:
+			op = OP_SPLICE;
+			do_splice(h, op);
+			break;
+		case 6:
+			op = OP_UNSPLICE;
+			if (h->npipes)
+				close(h->pipes[--h->npipes]);
+			break;
+		case 7:
+			op = OP_DONTNEED;	/* counted with it: a madvise */
+			pick_range(h, &first, &n);
+			madvise(h->region + first * PG, n * PG,
+				rnd_below(h, 2) ? MADV_COLD : MADV_PAGEOUT);
+			break;
+		default:
+			op = OP_REMAP;
+			scratch = map_anon((1 + rnd_below(h, 16)) * PG);
+			if (scratch) {
+				memset(scratch, 0x5a, PG);
+				munmap(scratch, PG);
+			}
+			break;
+		}
+		__sync_fetch_and_add(&sh->helper_ops, 1);
+		verify_bufs(h, op);
+	}
+	return NULL;
+}
+
+static void helper_start(struct proc *p)
+{
+	struct proc *h = malloc(sizeof(*h));
+	pthread_t t;
+
+	if (!h)
+		return;
+	memcpy(h, p, sizeof(*h));
+	h->helper = true;
+	h->rng = splitmix(p->rng ^ 0x68656c70ULL) | 1;
+	h->nbufs = 0;
+	h->npipes = 0;
+	h->nchildren = 0;
+	if (pthread_create(&t, NULL, helper_main, h)) {
+		free(h);
+		return;
+	}
+	pthread_detach(t);
+}
 
 static void do_fork(struct proc *p)
 {
@@ -427,6 +791,10 @@ static void do_fork(struct proc *p)
 		p->depth++;
 		p->rng = splitmix(run_seed ^ ((uint64_t)slot << 32)) | 1;
 		p->nchildren = 0;	/* the parent's children are not ours */
+		/* the parent's buffers are shared mappings: not ours either */
+		for (; p->nbufs; p->nbufs--)
+			munmap(p->bufs[p->nbufs - 1].map,
+			       p->bufs[p->nbufs - 1].pages * PG);
 		worker(p);		/* does not return */
 	}
 	__sync_fetch_and_add(&sh->forks, 1);
@@ -444,6 +812,20 @@ static void do_kill(struct proc *p)
 		__sync_fetch_and_add(&sh->killed, 1);
 	/* reaped by the top process (subreaper) or by us at the end */
 	p->children[i] = p->children[--p->nchildren];
+}
+
+/*
+ * Kill the parent (not the top process): its children, this one among
+ * them, go on with pages that it shared with them copy-on-write.
+ */
+static void do_kill_parent(struct proc *p)
+{
+	pid_t parent = getppid();
+
+	if (p->depth < 1 || parent == sh->top || parent <= 1)
+		return;
+	if (kill(parent, SIGKILL) == 0)
+		__sync_fetch_and_add(&sh->killed, 1);
 }
 
 static int pick_op(struct proc *p)
@@ -464,11 +846,25 @@ static void worker(struct proc *p)
 	size_t first, n, i;
 	int op, r;
 
+	if (with_helper)
+		helper_start(p);
 	while (now_sec() < deadline) {
 		op = pick_op(p);
+		/* with -T, the helper thread does these */
+		if (with_helper && (op == OP_SPLICE || op == OP_UNSPLICE ||
+				    op >= OP_BUF_NEW))
+			continue;
 		p->history[p->opno % HISTORY] = op;
 		switch (op) {
 		case OP_CPU_WRITE:
+			if (p->cpu_only) {
+				/*
+				 * A page at a time: most of the region stays
+				 * shared copy-on-write with the relatives
+				 */
+				write_page(p, rnd_below(p, p->npages));
+				break;
+			}
 			pick_range(p, &first, &n);
 			for (i = first; i < first + n; i++)
 				if (rnd_below(p, 2))
@@ -487,7 +883,10 @@ static void worker(struct proc *p)
 			break;
 		case OP_SVM_FILL:
 		case OP_SVM_FILL_SHORT:
-			do_svm_fill(p, op, op == OP_SVM_FILL_SHORT);
+			if (p->cpu_only)	/* the device only reads */
+				do_crc(p, op, false);
+			else
+				do_svm_fill(p, op, op == OP_SVM_FILL_SHORT);
 			break;
 		case OP_SVM_CRC:
 		case OP_PIN_CRC:
@@ -502,7 +901,8 @@ static void worker(struct proc *p)
 			break;
 		case OP_REMAP:
 		case OP_DONTNEED:
-			do_remap(p, op, op == OP_DONTNEED);
+			if (!p->cpu_only)	/* keep the sharing */
+				do_remap(p, op, op == OP_DONTNEED);
 			break;
 		case OP_MPROTECT:
 			pick_range(p, &first, &n);
@@ -524,9 +924,25 @@ static void worker(struct proc *p)
 		case OP_KILL:
 			do_kill(p);
 			break;
+		case OP_KILL_PARENT:
+			do_kill_parent(p);
+			break;
+		case OP_BUF_NEW:
+			do_buf_new(p, op);
+			break;
+		case OP_BUF_WORK:
+			do_buf_work(p, op);
+			break;
+		case OP_BUF_FREE:
+			do_buf_free(p, op);
+			break;
+		case OP_BUF_DMABUF:
+			do_buf_dmabuf(p, op);
+			break;
 		}
 		__sync_fetch_and_add(&sh->ops[op], 1);
 		verify(p, op);
+		verify_bufs(p, op);
 		if (verbose && !(p->opno % 500))
 			printf("mm-stress: %s at op %lu\n", p->path, p->opno);
 		p->opno++;
@@ -554,6 +970,33 @@ static void hog(const char *path, uint64_t seed)
 	_exit(0);
 }
 
+/*
+ * The region: every third tree gets a 2 MiB-aligned one backed by a huge
+ * page (split by the first sub-range migration, shared whole by fork before
+ * that); the others 128 (the CPU-only trees) or 256 small pages.
+ */
+static uint8_t *map_region(struct proc *p)
+{
+	size_t len;
+	uint8_t *a;
+
+	if (p->slot % 3 == 2) {
+		p->npages = MAX_REGION_PAGES;
+		len = p->npages * PG;
+		a = map_anon(2 * len);
+		if (!a)
+			return NULL;
+		a = (uint8_t *)(((uintptr_t)a + len - 1) & ~(uintptr_t)(len - 1));
+		madvise(a, len, MADV_HUGEPAGE);
+		return a;
+	}
+	p->npages = p->cpu_only ? 128 : 256;
+	a = map_anon(p->npages * PG);
+	if (a)
+		madvise(a, p->npages * PG, MADV_NOHUGEPAGE);
+	return a;
+}
+
 static int open_dev(const char *path)
 {
 	int fd = path ? open(path, O_RDWR) : -1;
@@ -574,8 +1017,11 @@ int main(int argc, char **argv)
 	pid_t pid;
 
 	run_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-	while ((opt = getopt(argc, argv, "s:t:n:d:P:x:v")) != -1) {
+	while ((opt = getopt(argc, argv, "s:t:n:d:P:x:vT")) != -1) {
 		switch (opt) {
+		case 'T':
+			with_helper = true;
+			break;
 		case 'x':
 			for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ",")) {
 				for (i = 0; i < OP_COUNT && strcmp(t, op_names[i]); i++)
@@ -621,6 +1067,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	/* orphaned grandchildren come to us: their verdicts count */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
+	sh->top = getpid();
 	t0 = now_sec();
 	deadline = t0 + secs;
 	for (i = 0; i < nprocs; i++) {
@@ -631,6 +1078,7 @@ int main(int argc, char **argv)
 		p->slot = __sync_fetch_and_add(&sh->next_slot, 1);
 		p->rng = splitmix(run_seed ^ ((uint64_t)p->slot << 32)) | 1;
 		snprintf(p->path, sizeof(p->path), "%d", i);
+		p->cpu_only = i % 2;	/* half the trees: as a read-only device user */
 		memset(p->history, -1, sizeof(p->history));
 		pid = fork();
 		if (pid < 0)
@@ -639,11 +1087,11 @@ int main(int argc, char **argv)
 			alarm(secs + 300);	/* a hang ends as a failure */
 			p->fd = open_dev(dev);
 			p->pfd = open_dev(peer);
-			p->region = map_anon(REGION_PAGES * PG);
-			if (!p->region)
+			p->region = map_region(p);
+			p->shadow = malloc(p->npages * PG);
+			if (!p->region || !p->shadow)
 				_exit(2);
-			madvise(p->region, REGION_PAGES * PG, MADV_NOHUGEPAGE);
-			for (size_t k = 0; k < REGION_PAGES; k++)
+			for (size_t k = 0; k < p->npages; k++)
 				write_page(p, k);
 			worker(p);
 		}
@@ -682,6 +1130,9 @@ int main(int argc, char **argv)
 	       (unsigned long long)sh->pages_migrated,
 	       (unsigned long long)sh->timeouts,
 	       (unsigned long long)sh->pages_checked);
+	if (with_helper)
+		printf("mm-stress: %llu operations by helper threads\n",
+		       (unsigned long long)sh->helper_ops);
 	printf("mm-stress: per operation:");
 	for (i = 0; i < OP_COUNT; i++)
 		printf(" %s %llu", op_names[i], (unsigned long long)sh->ops[i]);

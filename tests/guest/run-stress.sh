@@ -25,6 +25,7 @@ cat >"$TMP/guest.sh" <<EOS
 #!/bin/sh
 export CXLA_STRESS_SECONDS=$SECS CXLA_STRESS_PROCS=${STRESS_PROCS:-4}
 export CXLA_STRESS_SEED=${STRESS_SEED:-} CXLA_STRESS_EXCLUDE=${STRESS_EXCLUDE:-}
+export CXLA_STRESS_ARGS="${STRESS_ARGS:-}"
 exec sh /bin/stress-guest.sh
 EOS
 exec "$REPO/ci/run-guest.sh" --devices 2 --quiet --timeout $((SECS + 600)) \

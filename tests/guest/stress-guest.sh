@@ -26,7 +26,7 @@ fi
 # shellcheck disable=SC2086
 "$STRESS" -t "${CXLA_STRESS_SECONDS:-60}" -n "${CXLA_STRESS_PROCS:-4}" \
     ${CXLA_STRESS_SEED:+-s "$CXLA_STRESS_SEED"} ${CXLA_STRESS_EXCLUDE:+-x "$CXLA_STRESS_EXCLUDE"} \
-    -d "/dev/$1" ${2:+-P "/dev/$2"} || RC=1
+    -d "/dev/$1" ${2:+-P "/dev/$2"} ${CXLA_STRESS_ARGS:-} || RC=1
 
 # pages of exited processes come back asynchronously
 leaks=
