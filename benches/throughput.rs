@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use common::*;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::protocol::*;
 
 fn gbps(bytes: u64, d: Duration) -> f64 {

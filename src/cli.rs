@@ -63,8 +63,8 @@ fn parse_mode(s: &str) -> Result<SocketMode, ValueError> {
     }
 }
 
-fn parse_seccomp(s: &str) -> Result<crate::sandbox::Mode, ValueError> {
-    use crate::sandbox::Mode;
+fn parse_seccomp(s: &str) -> Result<crate::host::sandbox::Mode, ValueError> {
+    use crate::host::sandbox::Mode;
     match s {
         "off" => Ok(Mode::Off),
         "log" => Ok(Mode::Log),
@@ -178,7 +178,7 @@ pub struct Args {
     /// executable memory are never allowed; under --supervise the thread that relays the
     /// front-end's messages has a shorter list of its own.
     #[arg(long, value_name = "off|log|enforce", default_value = "enforce", value_parser = parse_seccomp)]
-    pub seccomp: crate::sandbox::Mode,
+    pub seccomp: crate::host::sandbox::Mode,
 
     /// Run the device in a worker process and restart it if it dies (crash, SIGKILL, OOM):
     /// this process keeps QEMU's connection, replays the set-up to the new worker, which

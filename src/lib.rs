@@ -20,27 +20,11 @@
 //!
 //! Each module has its own error enum; `main.rs` prints any of them as one line.
 
-pub mod allocator;
-pub mod announcer;
-pub mod backend;
 pub mod cli;
-pub mod command;
 pub mod control;
-pub mod ctl;
 pub mod device;
-pub mod devmem;
-pub mod dispatch;
-pub mod engine;
-pub mod faults;
-pub mod files;
-pub mod metrics;
+pub mod host;
 pub mod protocol;
-pub mod resume;
 pub mod ring;
-pub mod sandbox;
-pub mod server;
-pub mod sigbus;
-pub mod stages;
-pub mod state;
 pub mod supervisor;
-pub mod workers;
+pub mod vhost;

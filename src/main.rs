@@ -6,11 +6,11 @@ use clap::Parser;
 
 use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::{Access, DeviceMemory};
-use cxl_accel::dispatch::Dispatcher;
+use cxl_accel::device::devmem::{Access, DeviceMemory};
+use cxl_accel::device::dispatch::Dispatcher;
 use cxl_accel::protocol::VIRTIO_ID;
-use cxl_accel::server;
-use cxl_accel::state::StateFile;
+use cxl_accel::vhost::server;
+use cxl_accel::device::state::StateFile;
 use cxl_accel::supervisor;
 use std::os::fd::FromRawFd;
 use vhost::vhost_user::Listener;
@@ -18,7 +18,7 @@ use vhost::vhost_user::Listener;
 fn main() -> ExitCode {
     // `cxl-accel ctl ...`: the control channel's client, nothing else.
     if std::env::args().nth(1).as_deref() == Some("ctl") {
-        let code = cxl_accel::ctl::main(std::env::args().skip(1));
+        let code = cxl_accel::control::ctl::main(std::env::args().skip(1));
         return ExitCode::from(code as u8);
     }
     if cxl_accel::cli::wants_capabilities(std::env::args()) {
@@ -77,13 +77,13 @@ enum Error {
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(args: Args) -> Result<()> {
-    cxl_accel::sandbox::prepare(args.seccomp);
+    cxl_accel::host::sandbox::prepare(args.seccomp);
     // First, so that every thread started later inherits the blocked signal mask. In client
     // mode the socket is QEMU's and stays.
     let worker = args.worker_fd.is_some();
     // A socket handed over with --fd is the caller's to remove.
     let own_socket = (args.socket_mode == SocketMode::Server && !worker && args.fd.is_none())
-        .then(|| cxl_accel::sandbox::removable(args.socket_path()))
+        .then(|| cxl_accel::host::sandbox::removable(args.socket_path()))
         .flatten();
     signals::exit_on_termination(own_socket.into_iter().collect())?;
     if args.virtio_id != VIRTIO_ID {
@@ -142,12 +142,12 @@ fn run(args: Args) -> Result<()> {
         args.dma_threads
     );
     // Everything that opens files or creates the socket is done: drop into the sandbox.
-    let profile = cxl_accel::sandbox::Profile {
+    let profile = cxl_accel::host::sandbox::Profile {
         connects: args.socket_mode == SocketMode::Client && !worker,
         relay: false,
     };
-    cxl_accel::sandbox::apply(args.seccomp, profile, cxl_accel::sandbox::Scope::Process)?;
-    if args.seccomp != cxl_accel::sandbox::Mode::Off {
+    cxl_accel::host::sandbox::apply(args.seccomp, profile, cxl_accel::host::sandbox::Scope::Process)?;
+    if args.seccomp != cxl_accel::host::sandbox::Mode::Off {
         log::info!("seccomp filter installed ({:?})", args.seccomp);
     }
     let endpoint = match listener.as_mut() {
@@ -174,7 +174,7 @@ fn run(args: Args) -> Result<()> {
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
 fn supervise(args: Args) -> Result<()> {
-    cxl_accel::sandbox::prepare(args.seccomp);
+    cxl_accel::host::sandbox::prepare(args.seccomp);
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
     if args.socket_mode == SocketMode::Server && args.fd.is_none() {
@@ -182,7 +182,7 @@ fn supervise(args: Args) -> Result<()> {
     }
     let cleanup = cleanup
         .iter()
-        .filter_map(|p| cxl_accel::sandbox::removable(p))
+        .filter_map(|p| cxl_accel::host::sandbox::removable(p))
         .collect();
     signals::exit_on_termination(cleanup)?;
     // Same checks as a worker makes, so a bad argument fails here once, not in a loop; the
@@ -192,7 +192,7 @@ fn supervise(args: Args) -> Result<()> {
         group: args.socket_group,
     };
     let _devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
-    let _lock = cxl_accel::state::lock(&args.state_path())?;
+    let _lock = cxl_accel::device::state::lock(&args.state_path())?;
     let front = match args.socket_mode {
         SocketMode::Server => supervisor::FrontEnd::Listen(match args.fd {
             Some(fd) => cxl_accel::cli::listening_socket(fd)?,
@@ -287,9 +287,9 @@ mod signals {
                     }
                 }
                 // Shared-memory attach: the guest stops seeing memory of a device that is gone.
-                cxl_accel::announcer::unmap_before_exit();
+                cxl_accel::vhost::announcer::unmap_before_exit();
                 for s in remove {
-                    cxl_accel::sandbox::remove(s);
+                    cxl_accel::host::sandbox::remove(s);
                 }
                 std::process::exit(0);
             })

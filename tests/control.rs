@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::protocol::*;
 use serde_json::Value;
 
@@ -222,7 +222,7 @@ fn poison_fails_commands_posts_events_and_steers_allocation() {
     assert_eq!(r.resp.detail as u64, 0x10000 / page);
     assert_eq!(h.call(&copy(0x20000)).status(), Status::Ok);
     // By guest-physical address inside the BAR too.
-    let r = h.call(&cxl_accel::command::encode::copy(
+    let r = h.call(&cxl_accel::device::command::encode::copy(
         1,
         &[sge(SPACE_GPA, DEVMEM_GPA + 0x10000, 64)],
         &[sge(SPACE_GPA, DATA, 64)],

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::protocol::*;
 use vhost::vhost_user::message::VhostUserSharedMsg;
 use vhost::vhost_user::VhostUserFrontend;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
-use cxl_accel::dispatch::Dispatcher;
-use cxl_accel::server;
+use cxl_accel::device::devmem::DeviceMemory;
+use cxl_accel::device::dispatch::Dispatcher;
+use cxl_accel::vhost::server;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;
 
@@ -193,7 +193,7 @@ fn memory_table_replaced_under_running_queues() {
     // A full session whose memory table is swapped (and shrunk) while requests run: the
     // device keeps serving from the table it has and never faults.
     let mut h = common::Harness::new();
-    let req = cxl_accel::command::encode::hdr(cxl_accel::protocol::OP_NOP, 0, 1);
+    let req = cxl_accel::device::command::encode::hdr(cxl_accel::protocol::OP_NOP, 0, 1);
     assert_eq!(h.call(&req).resp.status, 0);
     // Same RAM, device memory region dropped: BAR addresses become unknown.
     let region = vhost::VhostUserMemoryRegionInfo {
@@ -213,10 +213,10 @@ fn memory_table_replaced_under_running_queues() {
     fe.set_mem_table(&[region]).unwrap();
     fe.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::empty());
     assert_eq!(h.call(&req).resp.status, 0);
-    let fill = cxl_accel::command::encode::fill(
+    let fill = cxl_accel::device::command::encode::fill(
         1,
         0,
-        &[cxl_accel::command::encode::sge(
+        &[cxl_accel::device::command::encode::sge(
             cxl_accel::protocol::SPACE_GPA,
             common::DEVMEM_GPA,
             64,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use crc32c::crc32c_append as crc32c;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::protocol::*;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::device::Attach;
 use cxl_accel::protocol::*;
 use vhost::vhost_user::VhostUserFrontend;

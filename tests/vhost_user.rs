@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use crc32c::crc32c_append as crc32c;
-use cxl_accel::command::encode::*;
+use cxl_accel::device::command::encode::*;
 use cxl_accel::protocol::*;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
@@ -177,7 +177,7 @@ fn large_overlapping_copies_behave_like_memmove() {
 fn copy_to_a_peer_bar_is_peer_to_peer() {
     let dir = temp_dir();
     let peer_path = dir.join("peer-devmem");
-    let peer = cxl_accel::devmem::DeviceMemory::open(&peer_path, 4 << 20).unwrap();
+    let peer = cxl_accel::device::devmem::DeviceMemory::open(&peer_path, 4 << 20).unwrap();
     let peer_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

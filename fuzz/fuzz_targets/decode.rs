@@ -3,7 +3,7 @@
 //! request that decodes the same way.
 #![no_main]
 
-use cxl_accel::command::decode;
+use cxl_accel::device::command::decode;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

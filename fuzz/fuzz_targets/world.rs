@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::fd::FromRawFd;
 
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
+use cxl_accel::device::devmem::DeviceMemory;
 use vm_memory::GuestMemoryMmap;
 
 pub fn memfd(size: u64) -> File {

@@ -8,13 +8,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{sleep_unless, traffic, Attach, Device, Reply};
-use crate::allocator::{AllocError, Allocator};
-use crate::command::{decode_with, Command, Header, Request};
-use crate::engine::{Ctx, Moved};
-use crate::faults::Action;
+use crate::device::allocator::{AllocError, Allocator};
+use crate::device::command::{decode_with, Command, Header, Request};
+use crate::device::engine::{Ctx, Moved};
+use crate::device::faults::Action;
 use crate::protocol::*;
 use crate::ring::Origin;
-use crate::state::Mutation;
+use crate::device::state::Mutation;
 
 impl Device {
     /// In NUMA mode the guest kernel allocates the memory: buffers and device offsets
@@ -54,7 +54,7 @@ impl Device {
     ) -> Reply {
         let hdr = Header::read(bytes);
         let fault = self.faults.decide(hdr.opcode);
-        self.execute_cancellable(guest, hdr, bytes, origin, &crate::engine::NEVER, fault)
+        self.execute_cancellable(guest, hdr, bytes, origin, &crate::device::engine::NEVER, fault)
     }
 
     /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
@@ -104,7 +104,7 @@ impl Device {
                         sleep_unless(wait + cost.saturating_sub(start.elapsed()), &cancelled);
                         match fault {
                             Some(Action::CorruptStatus) => {
-                                reply.resp.status = crate::faults::UNDEFINED_STATUS
+                                reply.resp.status = crate::device::faults::UNDEFINED_STATUS
                             }
                             Some(Action::CorruptLength) => reply.corrupt_length = true,
                             _ => {}

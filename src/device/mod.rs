@@ -3,7 +3,16 @@
 //! execution. It knows nothing of vhost-user: a transport hands it request bytes and a
 //! snapshot of guest memory, and gets back the response to deliver.
 
+pub mod allocator;
+pub mod command;
+pub mod devmem;
+pub mod dispatch;
+pub mod engine;
 mod execute;
+pub mod faults;
+pub mod metrics;
+pub mod stages;
+pub mod state;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{ByteValued, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::allocator::{AllocError, Allocator};
-use crate::devmem::{DeviceMemory, FileId};
-use crate::faults::Faults;
-use crate::metrics::Metrics;
+use crate::device::allocator::{AllocError, Allocator};
+use crate::device::devmem::{DeviceMemory, FileId};
+use crate::device::faults::Faults;
+use crate::device::metrics::Metrics;
 use crate::protocol::*;
-use crate::state::{Restored, StateFile};
+use crate::device::state::{Restored, StateFile};
 
 /// How the guest sees device memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,7 +226,7 @@ pub struct Device {
     faults: Arc<Faults>,
     metrics: Metrics,
     /// Where requests spend their time in the daemon (latency work).
-    stages: crate::stages::Stages,
+    stages: crate::device::stages::Stages,
     /// One log line per command (the control channel's "trace").
     tracing: std::sync::atomic::AtomicBool,
 }
@@ -270,7 +279,7 @@ impl Device {
         a: &mut Allocator,
         size: u64,
         align: u64,
-    ) -> Result<crate::allocator::Buffer, AllocError> {
+    ) -> Result<crate::device::allocator::Buffer, AllocError> {
         a.alloc_avoiding(size, align, |offset, len| {
             self.faults.poisoned_end(offset, len)
         })
@@ -284,7 +293,7 @@ impl Device {
         &self.metrics
     }
 
-    pub fn stages(&self) -> &crate::stages::Stages {
+    pub fn stages(&self) -> &crate::device::stages::Stages {
         &self.stages
     }
 
@@ -298,7 +307,7 @@ impl Device {
     }
 
     /// Every buffer with its UUID when exported.
-    pub fn buffers(&self) -> Vec<(crate::allocator::Buffer, Option<[u8; 16]>)> {
+    pub fn buffers(&self) -> Vec<(crate::device::allocator::Buffer, Option<[u8; 16]>)> {
         self.alloc
             .lock()
             .map(|a| a.buffers().map(|b| (b.clone(), b.uuid)).collect())
@@ -306,7 +315,7 @@ impl Device {
     }
 
     /// Poisons [offset, offset + len) of device memory and tells the driver.
-    pub fn poison(&self, offset: u64, len: u64) -> Result<(), crate::faults::FaultError> {
+    pub fn poison(&self, offset: u64, len: u64) -> Result<(), crate::device::faults::FaultError> {
         self.faults.poison(offset, len, self.devmem.size())?;
         log::warn!("device memory {offset:#x} + {len:#x} poisoned");
         self.post_event(EVENT_POISON, offset, len);
@@ -352,7 +361,7 @@ impl Device {
     }
 
     /// Exported buffers: (buffer, uuid).
-    pub fn exports(&self) -> Vec<(crate::allocator::Buffer, [u8; 16])> {
+    pub fn exports(&self) -> Vec<(crate::device::allocator::Buffer, [u8; 16])> {
         self.alloc
             .lock()
             .map(|a| {

@@ -4,7 +4,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::command::Header;
+use crate::device::command::Header;
 use crate::device::Reply;
 use crate::protocol::{Status, MAX_REQUEST, MAX_RESPONSE_SEGMENTS};
 
@@ -23,7 +23,7 @@ pub struct ChainRequest {
     /// Writable descriptors (address, length) for the response.
     pub writable: Vec<(u64, u32)>,
     /// An injected fault, decided when the request was taken (in ring order).
-    pub fault: Option<crate::faults::Action>,
+    pub fault: Option<crate::device::faults::Action>,
     /// When it was taken off the ring (stage timing).
     pub taken: std::time::Instant,
 }

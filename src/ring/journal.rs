@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The ring journal, in the state file: where each ring stood and which requests were
 //! taken from the command queue but not yet returned, with what is known of their
-//! outcome. A daemon that replaces a dead one reads it to carry on (see `crate::resume`).
+//! outcome. A daemon that replaces a dead one reads it to carry on (see `crate::ring::resume`).
 
 use std::sync::atomic::Ordering;
 
 use crate::protocol::{cmd_queue_of, Resp, Status, MAX_CMD_QUEUES};
-use crate::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
+use crate::device::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
 
 /// Largest queue the journal can describe (the virtio maximum).
 pub const MAX_QUEUE: usize = 32768;
@@ -296,9 +296,9 @@ pub fn interrupted(tag: u64) -> Resp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::Allocator;
-    use crate::state::tests::ok;
-    use crate::state::Mutation;
+    use crate::device::allocator::Allocator;
+    use crate::device::state::tests::ok;
+    use crate::device::state::Mutation;
     use std::collections::BTreeMap;
 
     const SIZE: u64 = 64 << 20;

@@ -2,7 +2,7 @@
 //! The ring layer: descriptor chains turned into requests for the device model, answers
 //! turned into used entries, and the journal that lets a successor carry on after a
 //! crash. It works on `virtio_queue::Queue` and guest memory only, with no vhost-user
-//! type: the vhost-user backend (`crate::backend`) and the `chain` fuzz target both
+//! type: the vhost-user backend (`crate::vhost`) and the `chain` fuzz target both
 //! drive it, the one with threads and locks, the other in a loop.
 //!
 //! One request's way: [`take`] reads a chain ([`ChainRequest::parse`], which reads the
@@ -14,6 +14,7 @@ mod chain;
 mod events;
 pub mod journal;
 mod requests;
+pub mod resume;
 #[cfg(test)]
 mod tests;
 

@@ -12,7 +12,7 @@ use super::journal::{Journal, Origin};
 use super::Error;
 use crate::device::{Device, Reply};
 use crate::protocol::{Resp, Status, EVENT_ERROR};
-use crate::sigbus;
+use crate::host::sigbus;
 
 /// Takes up to `room` requests from command queue `q` (its virtqueue index) and hands
 /// each to `each`. Every request is journaled before `each` sees it, that is before it

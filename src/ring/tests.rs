@@ -12,11 +12,11 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
-use crate::command::encode::{hdr, with};
+use crate::device::command::encode::{hdr, with};
 use crate::device::{Device, DeviceConfig};
-use crate::devmem::DeviceMemory;
+use crate::device::devmem::DeviceMemory;
 use crate::protocol::*;
-use crate::resume;
+use crate::ring::resume;
 
 const REQ: u64 = 0x4000;
 const RESP: u64 = 0x5000;

@@ -14,6 +14,7 @@
 
 mod message;
 mod recording;
+pub mod workers;
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -23,9 +24,9 @@ use std::time::Duration;
 
 use vhost::vhost_user::message::FrontendReq;
 
-use crate::sandbox;
-use crate::workers::{End, Launcher};
-pub use crate::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
+use crate::host::sandbox;
+use crate::supervisor::workers::{End, Launcher};
+pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
 pub use message::{recv_message, send_message, Message};
 pub use recording::Recording;
 
@@ -41,7 +42,7 @@ const CRASH_LOOP: u32 = 5;
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
     #[error("worker socket: {0}")]
-    WorkerSocket(crate::server::ServerError),
+    WorkerSocket(crate::vhost::server::ServerError),
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
     #[error("the relay thread panicked")]
@@ -50,7 +51,7 @@ pub enum SupervisorError {
     #[error("{0}: {1}")]
     Io(&'static str, io::Error),
     #[error(transparent)]
-    Worker(#[from] crate::workers::WorkerError),
+    Worker(#[from] crate::supervisor::workers::WorkerError),
 }
 
 fn keep_error(e: io::Error) -> SupervisorError {
@@ -72,9 +73,9 @@ pub fn run(
     seccomp: sandbox::Mode,
 ) -> Result<(), SupervisorError> {
     // Private (0600) from the start: only our own workers connect to it.
-    let workers = crate::server::bind_std(&spec.worker_socket, None)
+    let workers = crate::vhost::server::bind_std(&spec.worker_socket, None)
         .map_err(SupervisorError::WorkerSocket)?;
-    let (launcher, requests) = crate::workers::launcher();
+    let (launcher, requests) = crate::supervisor::workers::launcher();
     let relay = std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {

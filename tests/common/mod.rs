@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cxl_accel::device::{Device, DeviceConfig};
-use cxl_accel::devmem::DeviceMemory;
-use cxl_accel::dispatch::Dispatcher;
+use cxl_accel::device::devmem::DeviceMemory;
+use cxl_accel::device::dispatch::Dispatcher;
 use cxl_accel::protocol::*;
-use cxl_accel::server;
+use cxl_accel::vhost::server;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -772,8 +772,8 @@ impl Harness {
 
     /// Allocates `size` bytes of device memory: (buffer id, device-memory offset).
     pub fn alloc(&mut self, size: u64) -> (u64, u64) {
-        let req = cxl_accel::command::encode::with(
-            cxl_accel::command::encode::hdr(OP_ALLOC, 0, 1),
+        let req = cxl_accel::device::command::encode::with(
+            cxl_accel::device::command::encode::hdr(OP_ALLOC, 0, 1),
             &Alloc { size, align: 0 },
         );
         let r = self.call(&req);

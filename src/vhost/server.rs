@@ -14,10 +14,10 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::backend::CxlBackend;
+use crate::vhost::CxlBackend;
 use crate::device::Device;
-use crate::dispatch::Dispatcher;
-use crate::files::Group;
+use crate::device::dispatch::Dispatcher;
+use crate::host::files::Group;
 
 /// Why the socket cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +214,7 @@ pub fn serve_endpoint(
 ) -> Result<SessionEnd, ServerError> {
     let mut sessions = 0;
     let mut end = SessionEnd::Disconnected;
-    let announcer = crate::announcer::Announcer::start()
+    let announcer = crate::vhost::announcer::Announcer::start()
         .map_err(|e| ServerError::Io("start the backend-channel thread", e))?;
     while max_sessions.is_none_or(|m| sessions < m) {
         // Only the first session can continue a connection a previous daemon served.
@@ -238,7 +238,7 @@ pub fn serve_endpoint(
             match h.register_listener(
                 fd,
                 vmm_sys_util::epoll::EventSet::IN,
-                crate::backend::EVENT_WAKE as u64,
+                crate::vhost::EVENT_WAKE as u64,
             ) {
                 Ok(()) => device.set_event_waker(Some(waker)),
                 Err(e) => log::warn!("events will wait for the next command: {e}"),

@@ -17,7 +17,7 @@ use crate::protocol::SHM_ID_DEVMEM;
 
 /// Publishes exported buffers' UUIDs to the front-end as vhost-user shared objects.
 ///
-/// One thread per device (for the daemon's life: [`crate::server::serve_endpoint`] makes
+/// One thread per device (for the daemon's life: [`crate::vhost::server::serve_endpoint`] makes
 /// it) talks to whichever backend channel is current, so a front-end that sends
 /// SET_BACKEND_REQ_FD again and again costs no thread. Announcements
 /// ask for no reply: a front-end that never answers cannot hold the thread (only one that

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::{resp_from, resp_words, StateFile, H_ACTIVE, LOG};
-use crate::allocator::{Allocator, Buffer, RestoreError, GRANULE};
+use crate::device::allocator::{Allocator, Buffer, RestoreError, GRANULE};
 use crate::protocol::Resp;
 use crate::ring::journal::Origin;
 
@@ -321,8 +321,8 @@ fn decode_mutation(w: &[u64]) -> Option<Mutation> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devmem::FileId;
-    use crate::state::tests::ok;
+    use crate::device::devmem::FileId;
+    use crate::device::state::tests::ok;
     use std::path::PathBuf;
     use std::sync::atomic::Ordering;
 

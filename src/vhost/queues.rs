@@ -11,12 +11,12 @@ use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
-use crate::command;
+use crate::device::command;
 use crate::protocol::{
     cmd_queue_index, cmd_queue_of, OP_ALLOC, OP_EXPORT, OP_FREE, OP_RESET, OP_UNEXPORT, QUEUE_EVENT,
 };
 use crate::ring::{self, ChainRequest, Origin};
-use crate::stages::Stage;
+use crate::device::stages::Stage;
 
 use super::{Session, Table};
 

@@ -152,7 +152,7 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 
 fn install() {
     // The handler only makes async-signal-safe calls (atomics, mmap, sigaction).
-    if !crate::sandbox::install_handler(libc::SIGBUS, on_sigbus) {
+    if !crate::host::sandbox::install_handler(libc::SIGBUS, on_sigbus) {
         log::error!("cannot install the SIGBUS handler: shrunk memory will kill the daemon");
     }
 }

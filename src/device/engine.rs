@@ -8,8 +8,8 @@ use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory, VolatileSlice,
 };
 
-use crate::devmem::DeviceMemory;
-use crate::faults::Faults;
+use crate::device::devmem::DeviceMemory;
+use crate::device::faults::Faults;
 use crate::protocol::{
     Atomic, Sge, Status, ATOMIC_CMPXCHG, ATOMIC_FETCH_ADD, ATOMIC_SWAP, SPACE_DEVMEM, SPACE_GPA,
 };

@@ -27,16 +27,18 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::announcer::Announcer;
+use crate::vhost::announcer::Announcer;
 use crate::device::{Attach, Device};
-use crate::dispatch::Dispatcher;
+use crate::device::dispatch::Dispatcher;
 use crate::protocol::{cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
-use crate::resume;
+use crate::ring::resume;
 use crate::ring::journal::RingId;
 use crate::ring::{self, Journal};
-use crate::sigbus;
+use crate::host::sigbus;
 
+pub mod announcer;
 mod queues;
+pub mod server;
 use queues::{busy_poll, deliver_events, process_commands};
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;

@@ -7,6 +7,8 @@
 //! injects faults (see `faults.rs`). The socket is the daemon user's alone (0600), like the
 //! vhost-user socket: whoever reaches it controls the device.
 
+pub mod ctl;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::device::Device;
-use crate::faults::{Action, Model, RuleSpec, Trigger};
+use crate::device::faults::{Action, Model, RuleSpec, Trigger};
 use crate::protocol::{self, Status};
 
 /// Longest request line; a longer one ends its connection.

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
-use crate::files::{self, FileError};
-use crate::sigbus;
+use crate::host::files::{self, FileError};
+use crate::host::sigbus;
 use std::os::fd::AsRawFd;
 
 /// How a daemon holds its memory file.

@@ -20,9 +20,9 @@ use std::sync::Mutex;
 
 use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
 
-use crate::allocator::{Buffer, GRANULE};
-use crate::devmem::FileId;
-use crate::files::{self, FileError};
+use crate::device::allocator::{Buffer, GRANULE};
+use crate::device::devmem::FileId;
+use crate::host::files::{self, FileError};
 use crate::protocol::{Resp, STAT_COUNT};
 use crate::ring::journal;
 use alloc_log::LogCursor;
