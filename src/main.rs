@@ -5,13 +5,13 @@ use std::sync::Arc;
 use clap::Parser;
 
 use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
-use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::device::devmem::{Access, DeviceMemory};
 use cxl_accel::device::dispatch::Dispatcher;
-use cxl_accel::protocol::VIRTIO_ID;
-use cxl_accel::vhost::server;
 use cxl_accel::device::state::StateFile;
+use cxl_accel::device::{Device, DeviceConfig};
+use cxl_accel::protocol::VIRTIO_ID;
 use cxl_accel::supervisor;
+use cxl_accel::vhost::server;
 use std::os::fd::FromRawFd;
 use vhost::vhost_user::Listener;
 
@@ -146,7 +146,11 @@ fn run(args: Args) -> Result<()> {
         connects: args.socket_mode == SocketMode::Client && !worker,
         relay: false,
     };
-    cxl_accel::host::sandbox::apply(args.seccomp, profile, cxl_accel::host::sandbox::Scope::Process)?;
+    cxl_accel::host::sandbox::apply(
+        args.seccomp,
+        profile,
+        cxl_accel::host::sandbox::Scope::Process,
+    )?;
     if args.seccomp != cxl_accel::host::sandbox::Mode::Off {
         log::info!("seccomp filter installed ({:?})", args.seccomp);
     }

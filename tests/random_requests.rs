@@ -7,8 +7,8 @@
 mod common;
 
 use common::Rng;
-use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::device::devmem::DeviceMemory;
+use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::protocol::*;
 use vm_memory::{
     ByteValued, Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion,

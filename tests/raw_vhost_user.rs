@@ -11,9 +11,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::device::devmem::DeviceMemory;
 use cxl_accel::device::dispatch::Dispatcher;
+use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::vhost::server;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::device::Device;
 use crate::device::faults::{Action, Model, RuleSpec, Trigger};
+use crate::device::Device;
 use crate::protocol::{self, Status};
 
 /// Longest request line; a longer one ends its connection.

@@ -7,14 +7,14 @@ use vm_memory::{ByteValued, GuestMemoryMmap};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::state::Origin;
 use super::{sleep_unless, traffic, Attach, Device, Reply};
 use crate::device::allocator::{AllocError, Allocator};
 use crate::device::command::{decode_with, Command, Header, Request};
 use crate::device::engine::{Ctx, Moved};
 use crate::device::faults::Action;
-use crate::protocol::*;
-use crate::ring::Origin;
 use crate::device::state::Mutation;
+use crate::protocol::*;
 
 impl Device {
     /// In NUMA mode the guest kernel allocates the memory: buffers and device offsets
@@ -54,7 +54,14 @@ impl Device {
     ) -> Reply {
         let hdr = Header::read(bytes);
         let fault = self.faults.decide(hdr.opcode);
-        self.execute_cancellable(guest, hdr, bytes, origin, &crate::device::engine::NEVER, fault)
+        self.execute_cancellable(
+            guest,
+            hdr,
+            bytes,
+            origin,
+            &crate::device::engine::NEVER,
+            fault,
+        )
     }
 
     /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the

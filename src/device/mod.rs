@@ -25,8 +25,8 @@ use crate::device::allocator::{AllocError, Allocator};
 use crate::device::devmem::{DeviceMemory, FileId};
 use crate::device::faults::Faults;
 use crate::device::metrics::Metrics;
-use crate::protocol::*;
 use crate::device::state::{Restored, StateFile};
+use crate::protocol::*;
 
 /// How the guest sees device memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

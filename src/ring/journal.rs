@@ -5,18 +5,15 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::protocol::{cmd_queue_of, Resp, Status, MAX_CMD_QUEUES};
+use crate::device::state::journal_region::{ENTRY_WORDS, INFLIGHT};
+pub use crate::device::state::journal_region::{MAX_EXTRA_QUEUE, MAX_QUEUE};
+pub use crate::device::state::Origin;
 use crate::device::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
+use crate::protocol::{cmd_queue_of, Resp, Status, MAX_CMD_QUEUES};
 
-/// Largest queue the journal can describe (the virtio maximum).
-pub const MAX_QUEUE: usize = 32768;
-/// Largest ring of the command queues after the first (QEMU's own limit for a ring a
-/// guest chooses): the journal has this many entries for each of them.
-pub const MAX_EXTRA_QUEUE: usize = 1024;
-
-// Layout, in 8-byte words from the journal's start: a block of words per ring, then an
-// entry per descriptor head of command queue 0, then MAX_EXTRA_QUEUE entries for each
-// further command queue.
+// Layout, in 8-byte words from the journal's start (its size is the state file's,
+// `journal_region`): a block of words per ring, then an entry per descriptor head of
+// command queue 0, then MAX_EXTRA_QUEUE entries for each further command queue.
 const QUEUE_WORDS: usize = 16;
 const QUEUES: usize = 0;
 const Q_VALID: usize = 0;
@@ -25,8 +22,6 @@ const Q_DESC: usize = 2;
 const Q_AVAIL: usize = 3;
 const Q_USED: usize = 4;
 const Q_SIZE: usize = 5;
-const INFLIGHT: usize = 384;
-const ENTRY_WORDS: usize = 8;
 const E_STATE: usize = 0;
 const E_NONCE: usize = 1;
 const E_TAG: usize = 2;
@@ -35,9 +30,6 @@ const E_RESP_GPA: usize = 3;
 const E_PACKED: usize = 4;
 /// ANSWERED: status | detail << 32, result0, result1. COMPLETING: bytes written.
 const E_RESP: usize = 5;
-/// The journal's length in words.
-pub(crate) const WORDS: usize =
-    INFLIGHT + (MAX_QUEUE + (MAX_CMD_QUEUES - 1) * MAX_EXTRA_QUEUE) * ENTRY_WORDS;
 
 /// How many heads of virtqueue `q` the journal has entries for (0: not a command queue).
 pub fn capacity(q: usize) -> usize {
@@ -56,15 +48,6 @@ const RUNNING: u64 = 1;
 const ANSWERED: u64 = 2;
 /// The response is in guest memory; the used-ring entry is being published.
 const COMPLETING: u64 = 3;
-
-/// The request a command came from, so a state change and its answer are logged together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Origin {
-    /// The virtqueue the request came from.
-    pub queue: u16,
-    pub head: u16,
-    pub nonce: u64,
-}
 
 /// Ring addresses a journal belongs to: a restored journal is used only for the same ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

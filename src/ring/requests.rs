@@ -11,8 +11,8 @@ use super::chain::{write_out, ChainRequest};
 use super::journal::{Journal, Origin};
 use super::Error;
 use crate::device::{Device, Reply};
-use crate::protocol::{Resp, Status, EVENT_ERROR};
 use crate::host::sigbus;
+use crate::protocol::{Resp, Status, EVENT_ERROR};
 
 /// Takes up to `room` requests from command queue `q` (its virtqueue index) and hands
 /// each to `each`. Every request is journaled before `each` sees it, that is before it

@@ -13,8 +13,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::device::command::encode::{hdr, with};
-use crate::device::{Device, DeviceConfig};
 use crate::device::devmem::DeviceMemory;
+use crate::device::{Device, DeviceConfig};
 use crate::protocol::*;
 use crate::ring::resume;
 

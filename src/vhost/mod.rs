@@ -27,14 +27,14 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::vhost::announcer::Announcer;
-use crate::device::{Attach, Device};
 use crate::device::dispatch::Dispatcher;
-use crate::protocol::{cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
-use crate::ring::resume;
-use crate::ring::journal::RingId;
-use crate::ring::{self, Journal};
+use crate::device::{Attach, Device};
 use crate::host::sigbus;
+use crate::protocol::{cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
+use crate::ring::journal::RingId;
+use crate::ring::resume;
+use crate::ring::{self, Journal};
+use crate::vhost::announcer::Announcer;
 
 pub mod announcer;
 mod queues;

@@ -12,11 +12,11 @@ use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
 use crate::device::command;
+use crate::device::stages::Stage;
 use crate::protocol::{
     cmd_queue_index, cmd_queue_of, OP_ALLOC, OP_EXPORT, OP_FREE, OP_RESET, OP_UNEXPORT, QUEUE_EVENT,
 };
 use crate::ring::{self, ChainRequest, Origin};
-use crate::device::stages::Stage;
 
 use super::{Session, Table};
 

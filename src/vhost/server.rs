@@ -14,10 +14,10 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::vhost::CxlBackend;
-use crate::device::Device;
 use crate::device::dispatch::Dispatcher;
+use crate::device::Device;
 use crate::host::files::Group;
+use crate::vhost::CxlBackend;
 
 /// Why the socket cannot be served.
 #[derive(Debug, thiserror::Error)]

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::device::devmem::DeviceMemory;
 use cxl_accel::device::dispatch::Dispatcher;
+use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::protocol::*;
 use cxl_accel::vhost::server;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;

@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use super::Origin;
 use super::{resp_from, resp_words, StateFile, H_ACTIVE, LOG};
 use crate::device::allocator::{Allocator, Buffer, RestoreError, GRANULE};
 use crate::protocol::Resp;
-use crate::ring::journal::Origin;
 
 /// Write-ahead log length; a full log is folded into a snapshot.
 const LOG_RECORDS: usize = 4096;

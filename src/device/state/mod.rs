@@ -24,7 +24,6 @@ use crate::device::allocator::{Buffer, GRANULE};
 use crate::device::devmem::FileId;
 use crate::host::files::{self, FileError};
 use crate::protocol::{Resp, STAT_COUNT};
-use crate::ring::journal;
 use alloc_log::LogCursor;
 pub use alloc_log::Mutation;
 
@@ -47,8 +46,36 @@ const COUNTERS: usize = 64;
 /// Where the ring journal starts.
 pub(crate) const JOURNAL: usize = 128;
 /// Where the allocator's log starts.
-const LOG: usize = JOURNAL + journal::WORDS;
+const LOG: usize = JOURNAL + journal_region::WORDS;
 
+/// The size of the ring journal's region (its contents are the ring layer's,
+/// `crate::ring::journal`): a block per ring, then an entry per request a ring can hold.
+pub mod journal_region {
+    use crate::protocol::MAX_CMD_QUEUES;
+
+    /// Largest queue the journal can describe (the virtio maximum).
+    pub const MAX_QUEUE: usize = 32768;
+    /// Largest ring of the command queues after the first (QEMU's own limit for a ring a
+    /// guest chooses): the journal has this many entries for each of them.
+    pub const MAX_EXTRA_QUEUE: usize = 1024;
+    /// Where the entries start, in 8-byte words (the rings' blocks come first).
+    pub const INFLIGHT: usize = 384;
+    /// Words per entry.
+    pub const ENTRY_WORDS: usize = 8;
+    /// The region's length in words.
+    pub const WORDS: usize =
+        INFLIGHT + (MAX_QUEUE + (MAX_CMD_QUEUES - 1) * MAX_EXTRA_QUEUE) * ENTRY_WORDS;
+}
+
+/// The request a command came from (its queue, descriptor head and the journal's nonce),
+/// so that a state change and its answer are logged together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The virtqueue the request came from.
+    pub queue: u16,
+    pub head: u16,
+    pub nonce: u64,
+}
 /// What was found in the file at start-up.
 #[derive(Debug)]
 pub struct Restored {
