@@ -8,7 +8,7 @@
 # kvm_guest.config and ci/debug-kernel.config, into the cache (about 40 min
 # on 2 cores, once). Writes "$CACHE/env-debug.sh"; then, for example:
 #   CXL_ACCEL_ENV=~/.cache/cxl-accel/env-debug.sh ci/guest-suite.sh
-#   CXL_ACCEL_ENV=~/.cache/cxl-accel/env-debug.sh tests/guest/run-stress.sh
+#   CXL_ACCEL_ENV=~/.cache/cxl-accel/env-debug.sh tests/guest/host/run-stress.sh
 # Usage: ci/debug-kernel.sh [--jobs N]
 set -euo pipefail
 

@@ -37,7 +37,7 @@ rm -f "$BUILDLOG"
 load_env
 log "building the driver and the demo program"
 build_driver "$ROOT"
-make -s -C tests/guest >/dev/null
+make -s -C tests/guest/progs >/dev/null
 
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
@@ -45,8 +45,8 @@ log "booting a guest (QEMU $("$QEMU" --version | head -n1 | awk '{print $4}'), 1
 rc=0
 "$HERE/run-guest.sh" --devices 1 --quiet --timeout 300 --log "$LOG" \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
-    --add tests/guest/out/cxl-accel-demo:/bin/ --add tests/guest/guest-lib.sh:/cxl/guest-lib.sh \
-    --script tests/guest/demo-guest.sh "$@" >/dev/null || rc=$?
+    --add tests/guest/progs/out/cxl-accel-demo:/bin/ --add tests/guest/scripts/guest-lib.sh:/cxl/guest-lib.sh \
+    --script tests/guest/scripts/demo-guest.sh "$@" >/dev/null || rc=$?
 echo
 grep -E '^DEMO\| ' "$LOG" | tr -d '\r' | sed 's/^DEMO| /  /'
 echo

@@ -150,13 +150,13 @@ for k in "${KERNELS[@]}"; do check_kernel "$k"; done
 
 if [ "$BOOT" = 1 ]; then
     [ -x target/release/cxl-accel ] || die "dkms-check: build the daemon first (cargo build --release) or use --no-boot"
-    make -s -C tests/guest >/dev/null
+    make -s -C tests/guest/progs >/dev/null
     for k in "${KERNELS[@]}"; do
         log "== booting a $k guest with the module dkms built"
         CXL_ACCEL_ENV=$(envfile "$k") "$HERE/run-guest.sh" --devices 1 --quiet --timeout 300 \
             --insmod "$W/$MODULE-$k.ko:/lib/modules/extra/cxl_accel.ko" \
-            --add tests/guest/out/cxl-accel-demo:/bin/ \
-            --script tests/guest/demo-guest.sh | tail -n 3
+            --add tests/guest/progs/out/cxl-accel-demo:/bin/ \
+            --script tests/guest/scripts/demo-guest.sh | tail -n 3
     done
 fi
 echo "dkms-check: passed (${KERNELS[*]})"

@@ -18,13 +18,13 @@ load_env
 log "== guest driver (KDIR=$KDIR)"
 build_driver "$ROOT"
 log "== guest test programs"
-make -s -C tests/guest >/dev/null
+make -s -C tests/guest/progs >/dev/null
 
 ADD=()
-for f in tests/guest/out/* tests/guest/stress-guest.sh; do
+for f in tests/guest/progs/out/* tests/guest/scripts/stress-guest.sh; do
     ADD+=(--add "$f:/bin/")
 done
-ADD+=(--add tests/guest/guest-lib.sh:/cxl/guest-lib.sh)	# the scripts' helpers
+ADD+=(--add tests/guest/scripts/guest-lib.sh:/cxl/guest-lib.sh)	# the scripts' helpers
 exec "$HERE/run-guest.sh" --devices 2 --quiet --timeout 1200 \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
-    "${ADD[@]}" --script tests/guest/run-all.sh "$@"
+    "${ADD[@]}" --script tests/guest/scripts/run-all.sh "$@"

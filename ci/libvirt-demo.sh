@@ -68,7 +68,7 @@ load_env
 [ -x "$QEMU" ] || die "libvirt-demo: QEMU=$QEMU not executable; rerun ci/setup.sh"
 log "building the driver and the demo program"
 build_driver "$ROOT"
-make -s -C tests/guest >/dev/null
+make -s -C tests/guest/progs >/dev/null
 
 VIRSH=(virsh -q -c qemu:///system)
 BASE=$(mktemp -d "${TMPDIR:-/tmp}/cxl-accel-libvirt.XXXXXX")
@@ -220,8 +220,8 @@ run_example() { # one|two
 
     "$HERE/mkinitramfs.sh" "$work/initramfs.cpio.gz" \
         --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
-        --add tests/guest/out/cxl-accel-demo:/bin/ \
-        --add tests/guest/demo-all-guest.sh:/cxl/run 2>/dev/null
+        --add tests/guest/progs/out/cxl-accel-demo:/bin/ \
+        --add tests/guest/scripts/demo-all-guest.sh:/cxl/run 2>/dev/null
     cp "$GUEST_KERNEL" "$work/vmlinuz"
     chmod 644 "$work/vmlinuz" "$work/initramfs.cpio.gz"
 

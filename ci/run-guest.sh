@@ -233,7 +233,7 @@ trap 'exit 143' TERM
 GUEST_RUN=/cxl/run
 if [ -n "$SCRIPT" ]; then
     # Every guest script sources the shared helpers (result lines, KTAP).
-    MK_ARGS+=(--add "$SCRIPT:$GUEST_RUN" --add "$REPO/tests/guest/guest-lib.sh:/cxl/guest-lib.sh")
+    MK_ARGS+=(--add "$SCRIPT:$GUEST_RUN" --add "$REPO/tests/guest/scripts/guest-lib.sh:/cxl/guest-lib.sh")
 fi
 "$HERE/mkinitramfs.sh" "$WORK/initramfs.cpio.gz" "${MK_ARGS[@]}"
 

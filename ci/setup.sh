@@ -577,7 +577,7 @@ step_linux_source() {
 # ------------------------------------------------------- the virtio peer
 
 # rust-vmm's vhost-device-rng (crates.io), the peer device the latency
-# benchmark compares against (tests/guest/run-latency.sh): built once with
+# benchmark compares against (tests/guest/host/run-latency.sh): built once with
 # cargo into $CACHE/bin (about 4 minutes on 2 cores).
 RNG_VERSION=0.1.0
 step_peer_rng() {

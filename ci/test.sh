@@ -23,11 +23,11 @@ cd "$ROOT"
 # name | what it does | command (run from the repository, extra arguments
 # for ci/run-guest.sh follow it)
 RUNS=(
-    "stall|a daemon frozen (SIGSTOP) for 6 s: timeouts, recovery, clean unload|tests/guest/run-stall.sh"
-    "hmm-stall|migration and unload while the DMA engines stall (ctl stall)|tests/guest/run-hmm-stall.sh"
-    "restart|daemon killed 15 times under load (--supervise)|tests/guest/run-restart.sh"
-    "soak|60 s of commands, migration and DMA-BUF on two devices whose workers are killed|tests/guest/run-soak.sh"
-    "unplug|hot-unplug under load|tests/guest/run-unplug.sh"
+    "stall|a daemon frozen (SIGSTOP) for 6 s: timeouts, recovery, clean unload|tests/guest/host/run-stall.sh"
+    "hmm-stall|migration and unload while the DMA engines stall (ctl stall)|tests/guest/host/run-hmm-stall.sh"
+    "restart|daemon killed 15 times under load (--supervise)|tests/guest/host/run-restart.sh"
+    "soak|60 s of commands, migration and DMA-BUF on two devices whose workers are killed|tests/guest/host/run-soak.sh"
+    "unplug|hot-unplug under load|tests/guest/host/run-unplug.sh"
     "numa|NUMA attach mode, QEMU as the socket server|ci/guest-numa.sh"
     "suite-6.12|main suite on Debian's 6.12 kernel (coherent memory)|ci/guest-suite.sh"
     "suite-7.3|main suite on Debian's 7.3 kernel (coherent and private memory; devices behind a PCIe switch, where the kernel's P2PDMA joins them)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh ci/guest-suite.sh --switch"
@@ -35,10 +35,10 @@ RUNS=(
     "hmm-7.3|the kernel's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
     "libvirt|Debian's libvirt starts the libvirt/ examples (1 and 2 devices), the demo runs in them|ci/libvirt-demo.sh"
-    "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/run-faults.sh"
-    "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/run-faults.sh"
-    "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/run-faults.sh --supervise"
-    "latency|command round trips next to vhost-device-rng in the same boot, ATOMIC ops/s with 1, 2, 4 threads (quick form, 4 vCPUs)|tests/guest/run-latency.sh --quick --smp 4"
+    "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/host/run-faults.sh"
+    "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh"
+    "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/host/run-faults.sh --supervise"
+    "latency|command round trips next to vhost-device-rng in the same boot, ATOMIC ops/s with 1, 2, 4 threads (quick form, 4 vCPUs)|tests/guest/host/run-latency.sh --quick --smp 4"
 )
 
 run_field() { # index field

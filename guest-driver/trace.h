@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * cxl-accel tracepoints: the stages of one command, for latency work
- * (tests/guest/lat-stages.sh turns them into per-stage medians):
+ * (tests/guest/scripts/lat-stages.sh turns them into per-stage medians):
  *
  *   cxla_req_start   request allocated (ioctl entry, payload not built yet)
  *   cxla_submit      payload built, pages pinned: going on the ring

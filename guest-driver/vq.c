@@ -16,7 +16,7 @@
  *   handler moves it to reap_list) or the device is reset on removal
  *   (cxla_cancel_all). Only then is the memory released.
  *
- * Latency (tests/guest/lat-bench.c, trace.h): each CPU submits on a command
+ * Latency (tests/guest/progs/lat-bench.c, trace.h): each CPU submits on a command
  * queue of its own when the device has enough of them; small requests live
  * in a per-queue cache with their buffers inside them (no allocation per
  * command); a waiter whose command the device answers fast (req->poll)

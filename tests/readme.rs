@@ -25,7 +25,7 @@ fn read(rel: &str) -> String {
 
 /// Build output and examples that name files which need not exist in a checkout.
 fn made_later(p: &str) -> bool {
-    p.starts_with("tests/guest/out/")
+    p.starts_with("tests/guest/progs/out/")
         || p.ends_with(".ko")
         || p.contains("NAME")
         || p.contains('*')

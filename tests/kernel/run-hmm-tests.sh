@@ -12,8 +12,8 @@
 # Usage: tests/kernel/run-hmm-tests.sh [ci/run-guest.sh options]
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/../guest/host-lib.sh"
+# shellcheck source=tests/guest/host/host-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../guest/host/host-lib.sh"
 run_setup --linux-source
 TARBALL=$(printf '%s\n' "$CACHE"/linux-src/linux_6.12.*.orig.tar.xz | sort -V | tail -n 1)
 [ -f "$TARBALL" ] || die "run-hmm-tests: no Linux source tarball in $CACHE/linux-src"

@@ -25,7 +25,7 @@
 # result, find_file, device_list, ensure_nodes, wait_for_line...
 GL=$(dirname "$0")/guest-lib.sh
 [ -f "$GL" ] || GL=/cxl/guest-lib.sh
-# shellcheck source=tests/guest/guest-lib.sh
+# shellcheck source=tests/guest/scripts/guest-lib.sh
 . "$GL"
 KO=$(find_file cxl_accel.ko /lib/modules/extra)
 TESTS=$(find_file cxl-accel-tests)
@@ -163,7 +163,7 @@ fi
 
 if want multi; then "$TESTS" --multi || RC=1; fi
 
-# DMA-BUF export/import, peer-to-peer, revocation (tests/guest/dmabuf-tests.c),
+# DMA-BUF export/import, peer-to-peer, revocation (tests/guest/progs/dmabuf-tests.c),
 # then the quick form of its benchmark (P2P copy next to a bounce through RAM).
 DMABUF=$(find_file dmabuf-tests)
 if ! want dmabuf; then
@@ -176,7 +176,7 @@ else
     result dmabuf FAIL "dmabuf-tests not found"
 fi
 
-# Page migration and shared virtual memory (tests/guest/hmm-tests.c): the
+# Page migration and shared virtual memory (tests/guest/progs/hmm-tests.c): the
 # table on every device in parallel, the two-device tests, the quick form of
 # the migration benchmark, then unbind and module unload while a process has
 # pages on device memory (they must come back to system RAM intact).
@@ -338,7 +338,7 @@ else
     result hmm FAIL "hmm-tests or hmm-bench not found"
 fi
 
-# Seeded random stress with oracles on two devices (tests/guest/mm-stress.c,
+# Seeded random stress with oracles on two devices (tests/guest/progs/mm-stress.c,
 # through stress-guest.sh): migrations, SVM writes given up and landing
 # late, pins, EVICT, fork, kills, vmsplice; every process checks its memory
 # after every operation.
@@ -351,7 +351,7 @@ else
     result mm_stress FAIL "stress-guest.sh not found"
 fi
 
-# Garbage arguments and races (tests/guest/race-tests.c) on every device in
+# Garbage arguments and races (tests/guest/progs/race-tests.c) on every device in
 # turn, another device importing its DMA-BUFs; not in parallel: each run
 # checks the exact leak counters of both. Then the module must unload:
 # nothing the races left behind may hold it.

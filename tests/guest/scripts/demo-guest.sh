@@ -3,7 +3,7 @@
 # Guest side of ci/demo.sh: a short tour of device 0, each line tagged for the host.
 GL=$(dirname "$0")/guest-lib.sh
 [ -f "$GL" ] || GL=/cxl/guest-lib.sh
-# shellcheck source=tests/guest/guest-lib.sh
+# shellcheck source=tests/guest/scripts/guest-lib.sh
 . "$GL"
 DEMO=$(find_file cxl-accel-demo)
 "${DEMO:-cxl-accel-demo}" /dev/cxl-accel0 32 >/tmp/demo.out 2>&1

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Guest side of the hot-unplug test (tests/guest/run-unplug.sh).
+ * Guest side of the hot-unplug test (tests/guest/host/run-unplug.sh).
  *
  *   unplug-tests GONE KEEP [--wait SECS]
  *

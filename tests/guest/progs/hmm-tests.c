@@ -2840,7 +2840,7 @@ CXLA_TEST_F(numa_peer, numa_peer)
 /*
  * --stall SECS DEV: migrations and device accesses (500 ms timeouts) in a
  * loop for SECS seconds while the host stops and resumes the daemon
- * (tests/guest/run-hmm-stall.sh). The data must be right after every
+ * (tests/guest/host/run-hmm-stall.sh). The data must be right after every
  * call, whether it failed or not; afterwards everything must work again,
  * the quarantine drain and the pool give back every page.
  */

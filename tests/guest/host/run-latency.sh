@@ -9,7 +9,7 @@
 # a 64-byte /dev/hwrng read, then ATOMIC ops/s with 1, 2 and 4 threads) and
 # lat-stages.sh (the driver's tracepoints: where a round trip goes).
 #
-# Usage: tests/guest/run-latency.sh [--quick | --stages] [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-latency.sh [--quick | --stages] [ci/run-guest.sh options]
 #   (default)  one device as configured by default; the full benchmark
 #   --quick    CI's form: fewer calls, 1 s per thread count
 #   --stages   every stage on and off in one boot: three devices, whose
@@ -22,7 +22,7 @@
 # without it the peer's column stays empty and the run says so.
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 
 MODE=full
@@ -118,5 +118,5 @@ EOS
 "$REPO/ci/run-guest.sh" --devices "$DEVICES" --timeout 1200 --module virtio_dma_buf \
     "${PEER[@]}" "${DEVARGS[@]}" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/lat-bench:/cxl/lat-bench" --add "$HERE/lat-stages.sh:/cxl/lat-stages.sh" \
+    --add "$GUEST_PROGS/lat-bench:/cxl/lat-bench" --add "$GUEST_SCRIPTS/lat-stages.sh:/cxl/lat-stages.sh" \
     --script "$TMP/guest.sh" "${RUNNER[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-2.0
-"""Host side of tests/guest/run-unplug.sh, once the guest printed UNPLUG-READY.
+"""Host side of tests/guest/host/run-unplug.sh, once the guest printed UNPLUG-READY.
 
 Usage: unplug-host.py QMP_SOCKET CTL_SOCKET DELETE_WAIT [ID]
 

@@ -11,14 +11,14 @@
 # a control socket against device 0 with one, trace off and on), and the
 # driver must unload cleanly with nothing left.
 #
-# Usage: tests/guest/run-faults.sh [--supervise] [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-faults.sh [--supervise] [ci/run-guest.sh options]
 #   --supervise   the daemons run under --supervise (sandboxed workers); a
 #                 short run: the host channel, error status, engine stall,
 #                 poison and a worker restart (what fault state survives)
 # Environment: FAULT_TESTS="name ..." runs only these fault-tests tests.
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 
 SUPERVISE=0
@@ -121,7 +121,7 @@ CONSOLE=$TMP/console.log
     --qemu-arg -device --qemu-arg isa-serial,chardev=cxl-faults,index=1 \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/fault-tests:/cxl/fault-tests" \
+    --add "$GUEST_PROGS/fault-tests:/cxl/fault-tests" \
     --script "$TMP/guest.sh" --console "$CONSOLE" "$@" | tee "$TMP/guest.out"
     exit "${PIPESTATUS[0]}"
 ) &

@@ -4,7 +4,7 @@
 # Host side: page migration and SVM on a device whose DMA engines stall.
 # Boots a guest with one device whose engines are stalled twice through the
 # daemon's control channel ("cxl-accel ctl stall" and "unstall", by
-# stalling-daemon with CXL_ACCEL_STALL_HOW=ctl; tests/guest/run-stall.sh
+# stalling-daemon with CXL_ACCEL_STALL_HOW=ctl; tests/guest/host/run-stall.sh
 # freezes the whole daemon with SIGSTOP instead):
 #  1. while the guest migrates 1 MiB back and forth and lets the device
 #     checksum it (hmm-tests --stall): commands time out, the migrations are
@@ -14,10 +14,10 @@
 #  2. while the module is unloaded with a process's pages on device memory:
 #     eviction falls back to CPU copies, the process's data stays intact.
 #
-# Usage: tests/guest/run-hmm-stall.sh [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-hmm-stall.sh [ci/run-guest.sh options]
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 
 
@@ -66,6 +66,6 @@ EOS
     --control "$TMP" --console "$TMP/console" \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \
-    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
+    --add "$GUEST_PROGS/hmm-tests:/cxl/hmm-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@"

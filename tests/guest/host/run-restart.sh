@@ -7,13 +7,13 @@
 # (cxl-accel-tests --restart) and check every result. Then the driver is
 # unloaded and reloaded and the device checked again.
 #
-# Usage: tests/guest/run-restart.sh [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-restart.sh [ci/run-guest.sh options]
 # Environment: KILLS (default 15), INTERVAL (1.5), START (2: seconds after
 # the guest program says it is streaming), STREAM (40: guest seconds),
 # KEEP_LOG (a file to keep the console and daemon logs in).
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 KILLS=${KILLS:-15}
 INTERVAL=${INTERVAL:-1.5}
@@ -44,8 +44,8 @@ set +e
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 400 --daemon "$HERE/killing-daemon" \
     --module virtio_dma_buf --log "$TMP/run.log" --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
-    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
+    --add "$GUEST_PROGS/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e

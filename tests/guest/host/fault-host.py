@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-2.0
-"""Host side of tests/guest/run-faults.sh: runs the guest's control requests.
+"""Host side of tests/guest/host/run-faults.sh: runs the guest's control requests.
 
 Usage: fault-host.py CONSOLE SERIAL_SOCKET DAEMON CONTROL_DIR [PID]
 
-The guest program (tests/guest/fault-tests.c) prints requests on its console
+The guest program (tests/guest/progs/fault-tests.c) prints requests on its console
 
     CXLA-CTL <seq> <device index> <ctl arguments>[; <ctl arguments>...] CXLA-END
 

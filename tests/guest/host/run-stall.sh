@@ -7,10 +7,10 @@
 # (cxl-accel-tests --stall) and checks -ETIMEDOUT, recovery, the quarantine
 # and clean unload.
 #
-# Usage: tests/guest/run-stall.sh [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-stall.sh [ci/run-guest.sh options]
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 STOP_AT=${STOP_AT:-4}
 STOP_FOR=${STOP_FOR:-6}
@@ -39,6 +39,6 @@ EOS
 "$REPO/ci/run-guest.sh" --devices 1 --timeout 300 --daemon "$HERE/stalling-daemon" \
     --module virtio_dma_buf --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
-    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
+    --add "$GUEST_PROGS/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@"

@@ -14,15 +14,15 @@
 # checks the errors its processes got, the migrated data, the surviving
 # device, leak counters, the kernel log, unload and reload.
 #
-# Usage: tests/guest/run-unplug.sh [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-unplug.sh [ci/run-guest.sh options]
 # The host's checks print "RESULT host_<name> PASS|FAIL" lines of their own.
 # UNPLUG_ID=cxlacc0-bar deletes function 1 instead (QEMU ejects the slot
 # either way). Native PCIe hotplug (pciehp) instead of ACPI:
-#   tests/guest/run-unplug.sh --qemu-arg -global \
+#   tests/guest/host/run-unplug.sh --qemu-arg -global \
 #       --qemu-arg ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 READY_WAIT=${READY_WAIT:-300}	# s until the guest is set up
 DELETE_WAIT=${DELETE_WAIT:-60}	# s from device_del to QEMU's DEVICE_DELETED
@@ -127,8 +127,8 @@ CONSOLE=$TMP/console.log
     --qemu-arg -device --qemu-arg isa-serial,chardev=cxl-ctl,index=1 \
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/unplug-tests:/cxl/unplug-tests" \
-    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
+    --add "$GUEST_PROGS/unplug-tests:/cxl/unplug-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" --console "$CONSOLE" "$@" | tee "$TMP/guest.out"
     exit "${PIPESTATUS[0]}"
 ) &

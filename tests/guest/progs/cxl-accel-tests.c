@@ -1378,7 +1378,7 @@ static int multi(void)
  * contents, and all device memory is back after close.
  *
  * --soak SECS DEV: the same streams as one part of a soak
- * (tests/guest/run-soak.sh), next to other programs using the device: the
+ * (tests/guest/host/run-soak.sh), next to other programs using the device: the
  * result is named soak_commands.<device>, and device memory is left to the
  * soak's own check at the very end.
  */

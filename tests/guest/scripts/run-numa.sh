@@ -6,9 +6,9 @@
 #
 #   ci/run-guest.sh --attach numa --devices 2 \
 #       --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
-#       --add tests/guest/out/hmm-tests:/bin/ --add tests/guest/out/hmm-bench:/bin/ \
-#       --add tests/guest/guest-lib.sh:/cxl/guest-lib.sh \
-#       --script tests/guest/run-numa.sh
+#       --add tests/guest/progs/out/hmm-tests:/bin/ --add tests/guest/progs/out/hmm-bench:/bin/ \
+#       --add tests/guest/scripts/guest-lib.sh:/cxl/guest-lib.sh \
+#       --script tests/guest/scripts/run-numa.sh
 #
 # Checks that the driver bound every device without an ivshmem function,
 # runs the NUMA tests of hmm-tests (move_pages/mbind to the device node,
@@ -18,7 +18,7 @@
 
 GL=$(dirname "$0")/guest-lib.sh
 [ -f "$GL" ] || GL=/cxl/guest-lib.sh
-# shellcheck source=tests/guest/guest-lib.sh
+# shellcheck source=tests/guest/scripts/guest-lib.sh
 . "$GL"
 
 expected=$(expected_devices)

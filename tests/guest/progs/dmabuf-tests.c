@@ -1519,7 +1519,7 @@ static int bench(int argc, char **argv)
 /* ------------------------------------------------------------ soak */
 
 /*
- * --soak SECS: DMA-BUF under daemon restarts (tests/guest/run-soak.sh kills
+ * --soak SECS: DMA-BUF under daemon restarts (tests/guest/host/run-soak.sh kills
  * the device workers meanwhile). Two processes, one per direction: device X
  * exports a buffer E, device Y imports it (peer-to-peer) and owns a buffer
  * L; a system-RAM buffer R. For SECS seconds random steps: CPU writes (E

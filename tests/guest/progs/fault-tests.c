@@ -2,13 +2,13 @@
 /*
  * Fault injection tests: what user space sees when the device misbehaves,
  * each fault injected from the host through the daemon's control channel
- * while this program works (tests/guest/run-faults.sh).
+ * while this program works (tests/guest/host/run-faults.sh).
  *
  * Talking to the host: a request is one console line
  *
  *   CXLA-CTL <seq> <device index> <ctl arguments>[; <ctl arguments>...] CXLA-END
  *
- * which the host (tests/guest/fault-host.py) runs as "cxl-accel ctl --json
+ * which the host (tests/guest/host/fault-host.py) runs as "cxl-accel ctl --json
  * ..." against that device's daemon, answering on the second serial port
  * (/dev/ttyS1) with "CXLA-ACK <seq> <exit code> <JSON reply of the last
  * command>". A request whose answer does not come is sent again with the

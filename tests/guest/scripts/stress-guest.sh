@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# Guest side of the seeded random stress (tests/guest/mm-stress.c): runs it on
+# Guest side of the seeded random stress (tests/guest/progs/mm-stress.c): runs it on
 # the first two cxl-accel devices (or one) for CXLA_STRESS_SECONDS (default 60)
 # with CXLA_STRESS_SEED (default: a fresh one, printed), then requires that
 # nothing was left behind: every migration pool empty, no device mirror, no
@@ -10,7 +10,7 @@
 # "RESULT mm_stress_leaks ...".
 GL=$(dirname "$0")/guest-lib.sh
 [ -f "$GL" ] || GL=/cxl/guest-lib.sh
-# shellcheck source=tests/guest/guest-lib.sh
+# shellcheck source=tests/guest/scripts/guest-lib.sh
 . "$GL"
 STRESS=$(find_file mm-stress)
 if [ -z "$STRESS" ]; then

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # Host side: soak test under daemon restarts. Boots a guest with two devices
-# whose daemons run under --supervise (tests/guest/killing-daemon) and, for
+# whose daemons run under --supervise (tests/guest/host/killing-daemon) and, for
 # SOAK_SECONDS, runs a mixed workload in the guest while the host SIGKILLs
 # the device workers, one kill per device every INTERVAL seconds (the two
 # devices staggered by half of it: a kill every second by default):
@@ -21,7 +21,7 @@
 # warnings in the kernel log), and the module must unload, load again and
 # work.
 #
-# Usage: tests/guest/run-soak.sh [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-soak.sh [ci/run-guest.sh options]
 # Environment: SOAK_SECONDS (default 60, the CI form; e.g. 3600 for the long
 # form, by hand), INTERVAL (2: seconds between kills of one device), START
 # (3: seconds after the guest says the workload runs), KILLS (per device;
@@ -29,7 +29,7 @@
 # SOAK_LOG (a file to keep the guest console and daemon logs in).
 set -euo pipefail
 
-# shellcheck source=tests/guest/host-lib.sh
+# shellcheck source=tests/guest/host/host-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 SOAK=${SOAK_SECONDS:-60}
 INTERVAL=${INTERVAL:-2}
@@ -135,10 +135,10 @@ set +e
 "$REPO/ci/run-guest.sh" --devices 2 --timeout $((SOAK + 300)) --daemon "$HERE/killing-daemon" \
     --module virtio_dma_buf --log "$TMP/run.log" --console "$TMP/console" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
-    --add "$HERE/out/cxl-accel-tests:/cxl/cxl-accel-tests" \
-    --add "$HERE/out/hmm-tests:/cxl/hmm-tests" \
-    --add "$HERE/out/dmabuf-tests:/cxl/dmabuf-tests" \
-    --add "$HERE/guest-lib.sh:/cxl/guest-lib.sh" \
+    --add "$GUEST_PROGS/cxl-accel-tests:/cxl/cxl-accel-tests" \
+    --add "$GUEST_PROGS/hmm-tests:/cxl/hmm-tests" \
+    --add "$GUEST_PROGS/dmabuf-tests:/cxl/dmabuf-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" "$@" >"$TMP/out" 2>&1
 rc=$?
 set -e
