@@ -561,6 +561,8 @@ mod tests {
     fn shmem_is_one_function_and_the_default() {
         let default = with(&[]);
         assert_eq!(default.attach, Attach::Shmem);
+        // One default for the command line and the device model.
+        assert_eq!(default.attach, Attach::default());
         let text = render_qemu_args(&qemu_args(&default).unwrap());
         assert!(text.contains("bus=pcie.0,addr=0x10.0"));
         assert!(!text.contains("multifunction"));

@@ -148,14 +148,13 @@ fuzz_target!(|data: &[u8]| {
             }
             // One chain at a time: a reply written over the ring (legal for a hostile
             // driver's buffers) is seen by the next chain, as with the daemon's engines.
-            let mut got = None;
-            match ring::take(&mut queue, mem, journal, 0, 1, |req, origin| {
-                got = Some((req, origin))
-            }) {
-                Ok(_) => {}
-                Err(_) => break 'kicks,
-            }
-            let Some((req, origin)) = got else { break };
+            let cq = ring::CmdQueue::of(0, 1).expect("virtqueue 0 is a command queue");
+            let Ok(mut got) = ring::take(&mut queue, mem, &w.device, journal, cq, 1) else {
+                break 'kicks;
+            };
+            let Some(ring::Taken { req, origin }) = got.pop() else {
+                break;
+            };
             taken += 1;
             let answer = ring::answer(&w.device, mem, &req, origin, &never);
             check(&req, &answer);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
-use crate::control::{request, ControlError};
+use crate::control::{cmd, request, ControlError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -124,43 +124,55 @@ pub enum FaultCommand {
     Clear { id: Option<u64> },
 }
 
-fn parse_u64(s: &str) -> Result<u64, String> {
+/// Why a command line makes no request.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("'{0}' is not a number")]
+    NotANumber(String),
+    #[error("not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error(
+        "say what happens: --fail, --delay-ms, --hang, --late-ms, --corrupt-length or \
+         --corrupt-status"
+    )]
+    NoAction,
+}
+
+fn parse_u64(s: &str) -> Result<u64, CtlError> {
     let r = match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16),
         None => s.parse(),
     };
-    r.map_err(|_| format!("'{s}' is not a number"))
+    r.map_err(|_| CtlError::NotANumber(s.to_string()))
 }
 
 /// The JSON request a command line stands for.
-pub fn request_of(cmd: &CtlCommand) -> Result<Value, String> {
-    Ok(match cmd {
-        CtlCommand::Info => json!({"cmd": "info"}),
-        CtlCommand::Counters => json!({"cmd": "counters"}),
-        CtlCommand::Trace { state } => json!({"cmd": "trace", "on": state == "on"}),
-        CtlCommand::Buffers => json!({"cmd": "buffers"}),
-        CtlCommand::Stall => json!({"cmd": "stall"}),
-        CtlCommand::Unstall => json!({"cmd": "unstall"}),
+pub fn request_of(command: &CtlCommand) -> Result<Value, CtlError> {
+    Ok(match command {
+        CtlCommand::Info => json!({"cmd": cmd::INFO}),
+        CtlCommand::Counters => json!({"cmd": cmd::COUNTERS}),
+        CtlCommand::Trace { state } => json!({"cmd": cmd::TRACE, "on": state == "on"}),
+        CtlCommand::Buffers => json!({"cmd": cmd::BUFFERS}),
+        CtlCommand::Stall => json!({"cmd": cmd::STALL}),
+        CtlCommand::Unstall => json!({"cmd": cmd::UNSTALL}),
         CtlCommand::Model {
             enforce,
             read_latency_ns,
             write_latency_ns,
             read_bandwidth_mbs,
             write_bandwidth_mbs,
-        } => json!({"cmd": "model", "enforce": enforce,
+        } => json!({"cmd": cmd::MODEL, "enforce": enforce,
             "read_latency_ns": read_latency_ns, "write_latency_ns": write_latency_ns,
             "read_bandwidth_mbs": read_bandwidth_mbs, "write_bandwidth_mbs": write_bandwidth_mbs}),
         CtlCommand::Poison { offset, len } => {
-            json!({"cmd": "poison", "offset": offset, "len": len})
+            json!({"cmd": cmd::POISON, "offset": offset, "len": len})
         }
         CtlCommand::Unpoison { offset, len } => {
-            json!({"cmd": "unpoison", "offset": offset, "len": len})
+            json!({"cmd": cmd::UNPOISON, "offset": offset, "len": len})
         }
-        CtlCommand::Raw { request } => {
-            serde_json::from_str(request).map_err(|e| format!("not JSON: {e}"))?
-        }
-        CtlCommand::Fault(FaultCommand::List) => json!({"cmd": "faults"}),
-        CtlCommand::Fault(FaultCommand::Clear { id }) => json!({"cmd": "fault-clear", "id": id}),
+        CtlCommand::Raw { request } => serde_json::from_str(request)?,
+        CtlCommand::Fault(FaultCommand::List) => json!({"cmd": cmd::FAULTS}),
+        CtlCommand::Fault(FaultCommand::Clear { id }) => json!({"cmd": cmd::FAULT_CLEAR, "id": id}),
         CtlCommand::Fault(FaultCommand::Add {
             opcode,
             nth,
@@ -175,7 +187,7 @@ pub fn request_of(cmd: &CtlCommand) -> Result<Value, String> {
             corrupt_length,
             corrupt_status,
         }) => {
-            let mut r = json!({"cmd": "fault-add", "opcode": opcode, "seed": seed,
+            let mut r = json!({"cmd": cmd::FAULT_ADD, "opcode": opcode, "seed": seed,
                 "nth": nth, "every": every, "percent": percent});
             let what = if let Some(s) = fail {
                 json!({"action": "fail", "status": s})
@@ -190,9 +202,7 @@ pub fn request_of(cmd: &CtlCommand) -> Result<Value, String> {
             } else if *corrupt_status {
                 json!({"action": "corrupt-status"})
             } else {
-                return Err("say what happens: --fail, --delay-ms, --hang, --late-ms, \
-                            --corrupt-length or --corrupt-status"
-                    .into());
+                return Err(CtlError::NoAction);
             };
             if let (Some(r), Value::Object(w)) = (r.as_object_mut(), what) {
                 r.extend(w);
@@ -294,11 +304,14 @@ mod tests {
 
     #[test]
     fn command_lines_become_requests() {
-        assert_eq!(req(&["info"]), json!({"cmd": "info"}));
-        assert_eq!(req(&["trace", "on"]), json!({"cmd": "trace", "on": true}));
+        assert_eq!(req(&["info"]), json!({"cmd": cmd::INFO}));
+        assert_eq!(
+            req(&["trace", "on"]),
+            json!({"cmd": cmd::TRACE, "on": true})
+        );
         assert_eq!(
             req(&["poison", "0x2000", "4096"]),
-            json!({"cmd": "poison", "offset": 0x2000, "len": 4096})
+            json!({"cmd": cmd::POISON, "offset": 0x2000, "len": 4096})
         );
         let r = req(&[
             "fault", "add", "--opcode", "COPY", "--nth", "3", "--fail", "BAD_GPA",
@@ -323,7 +336,7 @@ mod tests {
         );
         assert_eq!(
             req(&["fault", "clear"]),
-            json!({"cmd": "fault-clear", "id": null})
+            json!({"cmd": cmd::FAULT_CLEAR, "id": null})
         );
     }
 

@@ -21,6 +21,37 @@ use crate::device::faults::{Action, Model, RuleSpec, Trigger};
 use crate::device::Device;
 use crate::protocol::{self, Status};
 
+/// The commands of the channel, named once for the daemon and `cxl-accel ctl`.
+pub mod cmd {
+    pub const INFO: &str = "info";
+    pub const COUNTERS: &str = "counters";
+    pub const TRACE: &str = "trace";
+    pub const BUFFERS: &str = "buffers";
+    pub const FAULTS: &str = "faults";
+    pub const FAULT_ADD: &str = "fault-add";
+    pub const FAULT_CLEAR: &str = "fault-clear";
+    pub const STALL: &str = "stall";
+    pub const UNSTALL: &str = "unstall";
+    pub const MODEL: &str = "model";
+    pub const POISON: &str = "poison";
+    pub const UNPOISON: &str = "unpoison";
+    /// Every command, for help texts and checks.
+    pub const ALL: [&str; 12] = [
+        INFO,
+        COUNTERS,
+        TRACE,
+        BUFFERS,
+        FAULTS,
+        FAULT_ADD,
+        FAULT_CLEAR,
+        STALL,
+        UNSTALL,
+        MODEL,
+        POISON,
+        UNPOISON,
+    ];
+}
+
 /// Longest request line; a longer one ends its connection.
 const MAX_LINE: usize = 64 * 1024;
 /// Connections served at once (each has a thread); more are refused with a message.
@@ -245,14 +276,14 @@ fn merge(mut base: Value, more: Value) -> Value {
 
 /// Answers one request.
 pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
-    let cmd = req
+    let name = req
         .get("cmd")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("a request is an object with a \"cmd\""))?;
     let faults = device.faults();
     let ok = |v: Value| Ok(merge(json!({"ok": true}), v));
-    match cmd {
-        "info" => {
+    match name {
+        cmd::INFO => {
             let cfg = device.config();
             let layout = device.layout();
             ok(json!({
@@ -270,7 +301,7 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
                 "trace": device.tracing(),
             }))
         }
-        "counters" => {
+        cmd::COUNTERS => {
             let m = device.metrics();
             let stats: Map<String, Value> = (0..protocol::STAT_COUNT)
                 .map(|i| (protocol::stat_name(i).to_string(), json!(device.stat(i))))
@@ -294,14 +325,14 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
                 "executing": m.executing()}),
             )
         }
-        "trace" => {
+        cmd::TRACE => {
             let on = field(req, "on")
                 .and_then(Value::as_bool)
                 .ok_or_else(|| bad("\"on\" must be true or false"))?;
             device.set_tracing(on);
             ok(json!({"trace": on}))
         }
-        "buffers" => {
+        cmd::BUFFERS => {
             let list: Vec<Value> = device
                 .buffers()
                 .into_iter()
@@ -312,13 +343,13 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
                 .collect();
             ok(json!({"buffers": list}))
         }
-        "fault-add" => {
+        cmd::FAULT_ADD => {
             let id = faults
                 .add(rule_spec(req)?)
                 .map_err(|e| bad(e.to_string()))?;
             ok(json!({"id": id}))
         }
-        "faults" => {
+        cmd::FAULTS => {
             let rules: Vec<Value> = faults
                 .rules()
                 .iter()
@@ -346,17 +377,17 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
             ok(json!({"rules": rules, "stalled": faults.stalled(),
                 "model": model_json(&faults.model()), "poison": poison}))
         }
-        "fault-clear" => {
+        cmd::FAULT_CLEAR => {
             let n = faults
                 .clear(u64_field(req, "id")?)
                 .map_err(|e| bad(e.to_string()))?;
             ok(json!({"cleared": n}))
         }
-        "stall" | "unstall" => {
-            faults.set_stalled(cmd == "stall");
-            ok(json!({"stalled": cmd == "stall"}))
+        cmd::STALL | cmd::UNSTALL => {
+            faults.set_stalled(name == cmd::STALL);
+            ok(json!({"stalled": name == cmd::STALL}))
         }
-        "model" => {
+        cmd::MODEL => {
             let mut m = faults.model();
             if let Some(v) = field(req, "enforce") {
                 m.enforce = v
@@ -376,17 +407,20 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
             faults.set_model(m);
             ok(json!({"model": model_json(&m)}))
         }
-        "poison" => {
+        cmd::POISON => {
             let (offset, len) = (need_u64(req, "offset")?, need_u64(req, "len")?);
             device.poison(offset, len).map_err(|e| bad(e.to_string()))?;
             ok(json!({"poisoned": {"offset": offset, "len": len}}))
         }
-        "unpoison" => {
+        cmd::UNPOISON => {
             let (offset, len) = (need_u64(req, "offset")?, need_u64(req, "len")?);
             let hit = device.unpoison(offset, len);
             ok(json!({"cleared": hit}))
         }
-        other => Err(bad(format!("unknown command {other}"))),
+        other => Err(bad(format!(
+            "unknown command {other} (the commands: {})",
+            cmd::ALL.join(", ")
+        ))),
     }
 }
 

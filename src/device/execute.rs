@@ -16,6 +16,18 @@ use crate::device::faults::Action;
 use crate::device::state::Mutation;
 use crate::protocol::*;
 
+/// What [`Device::admit`] decided for a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Admission {
+    /// The injected fault it meets, if any.
+    pub fault: Option<Action>,
+    /// Whether it runs on the thread that took it, as it arrives: small, unfenced, no
+    /// state change (ALLOC, FREE, EXPORT, UNEXPORT and RESET write the state file and
+    /// queue behind the engines' work), and nothing (an injected fault, a stalled engine,
+    /// the latency model) would make it wait there.
+    pub inline: bool,
+}
+
 impl Device {
     /// In NUMA mode the guest kernel allocates the memory: buffers and device offsets
     /// would alias pages it hands out.
@@ -39,37 +51,52 @@ impl Device {
         }
     }
 
-    /// Decodes and executes one request against a snapshot of guest memory.
-    pub fn execute(&self, guest: &GuestMemoryMmap, bytes: &[u8]) -> Reply {
-        self.execute_from(guest, bytes, None)
+    /// Decides, once per request and in the order requests arrive, what happens to it
+    /// before it runs: the injected fault it meets, and whether it may run on the thread
+    /// that took it (see [`Admission::inline`]). `malformed`: the request is answered with
+    /// an error and never runs.
+    pub fn admit(&self, hdr: Header, bytes: &[u8], malformed: bool) -> Admission {
+        if malformed {
+            return Admission::default();
+        }
+        let fault = self.faults.decide(hdr.opcode);
+        let max = self.cfg.inline_max;
+        let inline = max > 0
+            && fault.is_none()
+            && !hdr.fenced()
+            && !matches!(
+                hdr.opcode,
+                OP_ALLOC | OP_FREE | OP_EXPORT | OP_UNEXPORT | OP_RESET
+            )
+            && !self.faults.stalled()
+            && !self.faults.model().enforce
+            && crate::device::command::bytes_moved(hdr, bytes) <= max;
+        Admission { fault, inline }
     }
 
-    /// Executes a request taken from a queue: `origin` ties a state change to the request
-    /// in the journal, so a restarted daemon can still give its answer.
-    pub fn execute_from(
-        &self,
-        guest: &GuestMemoryMmap,
-        bytes: &[u8],
-        origin: Option<Origin>,
-    ) -> Reply {
+    /// Decodes and executes one request outside any queue (tests, fuzzing): admitted
+    /// here, never cancelled, logged with no origin.
+    pub fn execute(&self, guest: &GuestMemoryMmap, bytes: &[u8]) -> Reply {
         let hdr = Header::read(bytes);
-        let fault = self.faults.decide(hdr.opcode);
-        self.execute_cancellable(
+        let admission = self.admit(hdr, bytes, false);
+        self.execute_admitted(
             guest,
             hdr,
             bytes,
-            origin,
+            None,
             &crate::device::engine::NEVER,
-            fault,
+            admission.fault,
         )
     }
 
-    /// [`Device::execute_from`], cut short with `INTERRUPTED` when `cancel` is set (the
-    /// front-end stops the queue). Only data commands (COPY, FILL, CHECKSUM, COPY_PAGES,
-    /// repeated ATOMIC) stop part-way, which leaves their destination undefined as the
-    /// status says; state changes are not interruptible and complete or do not start.
-    /// `hdr` was read from `bytes` when the request arrived, and `fault` decided then.
-    pub fn execute_cancellable(
+    /// Executes an admitted request: `hdr` was read from `bytes` when it arrived and
+    /// `fault` decided then ([`Device::admit`]); `origin` ties a state change to the
+    /// request in the journal, so a restarted daemon can still give its answer. Cut short
+    /// with `INTERRUPTED` when `cancel` is set (the front-end stops the queue): only data
+    /// commands (COPY, FILL, CHECKSUM, COPY_PAGES, repeated ATOMIC) stop part-way, which
+    /// leaves their destination undefined as the status says; state changes are not
+    /// interruptible and complete or do not start.
+    pub fn execute_admitted(
         &self,
         guest: &GuestMemoryMmap,
         hdr: Header,

@@ -9,6 +9,7 @@ pub mod devmem;
 pub mod dispatch;
 pub mod engine;
 mod execute;
+pub use execute::Admission;
 pub mod faults;
 pub mod metrics;
 pub mod stages;
@@ -28,14 +29,14 @@ use crate::device::metrics::Metrics;
 use crate::device::state::{Restored, StateFile};
 use crate::protocol::*;
 
-/// How the guest sees device memory.
+/// How the guest sees device memory. The default is the command line's (`--attach`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Attach {
     /// BAR2 of an ivshmem-plain function: the driver manages it (MEMORY_DEVICE_COHERENT).
-    #[default]
     Bar,
     /// VIRTIO shared memory region of the virtio function itself (one PCI function), which
     /// the front-end maps on the daemon's request; otherwise as `Bar`.
+    #[default]
     Shmem,
     /// A CPU-less NUMA node: the guest kernel owns the memory, so the device neither
     /// allocates it nor addresses it by offset.
@@ -72,7 +73,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             index: 0,
-            attach: Attach::Bar,
+            attach: Attach::default(),
             dma_engines: 2,
             read_latency_ns: 250,
             write_latency_ns: 250,

@@ -5,7 +5,7 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::device::command::Header;
-use crate::device::Reply;
+use crate::device::{Admission, Reply};
 use crate::protocol::{Status, MAX_REQUEST, MAX_RESPONSE_SEGMENTS};
 
 /// A descriptor chain turned into owned data: request bytes (or why there are none) and
@@ -22,8 +22,9 @@ pub struct ChainRequest {
     pub error: Option<Status>,
     /// Writable descriptors (address, length) for the response.
     pub writable: Vec<(u64, u32)>,
-    /// An injected fault, decided when the request was taken (in ring order).
-    pub fault: Option<crate::device::faults::Action>,
+    /// What the device decided when the request was taken, in ring order: its injected
+    /// fault, whether it runs inline.
+    pub admission: Admission,
     /// When it was taken off the ring (stage timing).
     pub taken: std::time::Instant,
 }
@@ -73,7 +74,7 @@ impl ChainRequest {
             bytes,
             error,
             writable,
-            fault: None,
+            admission: Admission::default(),
             taken: std::time::Instant::now(),
         }
     }

@@ -24,7 +24,35 @@ use vm_memory::GuestMemoryMmap;
 pub use chain::{write_out, ChainRequest};
 pub use events::deliver as deliver_events;
 pub use journal::{Journal, Origin, MAX_QUEUE};
-pub use requests::{answer, publish, take, Answer};
+pub use requests::{answer, publish, take, Answer, Taken};
+
+use crate::protocol::{cmd_queue_index, cmd_queue_of};
+
+/// A command queue, named once where it is first seen: its virtqueue index (what the
+/// ring and the journal know it by) and its number among the command queues (what
+/// per-queue counters are indexed by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmdQueue {
+    pub vq: usize,
+    pub k: usize,
+}
+
+impl CmdQueue {
+    /// Virtqueue `vq`, when it is one of the device's `count` command queues.
+    pub fn of(vq: usize, count: usize) -> Option<CmdQueue> {
+        cmd_queue_of(vq)
+            .filter(|&k| k < count)
+            .map(|k| CmdQueue { vq, k })
+    }
+
+    /// The device's `count` command queues.
+    pub fn all(count: usize) -> impl Iterator<Item = CmdQueue> {
+        (0..count).map(|k| CmdQueue {
+            vq: cmd_queue_index(k),
+            k,
+        })
+    }
+}
 
 /// Why a queue cannot be served.
 #[derive(Debug, thiserror::Error)]

@@ -9,22 +9,30 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::chain::{write_out, ChainRequest};
 use super::journal::{Journal, Origin};
-use super::Error;
+use super::{CmdQueue, Error};
 use crate::device::{Device, Reply};
 use crate::host::sigbus;
 use crate::protocol::{Resp, Status, EVENT_ERROR};
 
-/// Takes up to `room` requests from command queue `q` (its virtqueue index) and hands
-/// each to `each`. Every request is journaled before `each` sees it, that is before it
-/// can take effect, so a successor knows it was taken. Returns how many were taken.
+/// A request taken from a command queue, journaled and admitted.
+pub struct Taken {
+    pub req: ChainRequest,
+    /// Where it came from, for the state changes it makes.
+    pub origin: Origin,
+}
+
+/// Takes up to `room` requests from command queue `cq`, in ring order: each is read
+/// ([`ChainRequest::parse`]), admitted by the device ([`Device::admit`]: its injected
+/// fault, whether it runs inline) and journaled before the caller sees it, that is before
+/// it can take effect, so a successor knows it was taken.
 pub fn take(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
+    device: &Device,
     journal: Journal,
-    q: usize,
+    cq: CmdQueue,
     room: usize,
-    mut each: impl FnMut(ChainRequest, Origin),
-) -> Result<usize, Error> {
+) -> Result<Vec<Taken>, Error> {
     let start = queue.next_avail();
     // The ring's own size, which the driver chose: it may exceed the queue size.
     let size = queue.size();
@@ -32,19 +40,19 @@ pub fn take(
         virtio_queue::Error::QueueNotReady => Error::NotReady,
         e => Error::Unusable(e),
     })?;
-    let mut taken = 0;
+    let mut taken = Vec::new();
     for (k, chain) in iter.take(room).enumerate() {
-        taken = k + 1;
         let pos = start.wrapping_add(k as u16);
-        let req = ChainRequest::parse(&chain, mem);
+        let mut req = ChainRequest::parse(&chain, mem);
+        req.admission = device.admit(req.hdr, &req.bytes, req.error.is_some());
         let origin = Origin {
-            queue: q as u16,
+            queue: cq.vq as u16,
             head: req.head,
             nonce: journal.next_nonce(),
         };
         log::trace!("took head {} tag {} at {pos}", req.head, req.hdr.tag);
         journal.begin(
-            q,
+            cq.vq,
             req.head,
             size,
             pos,
@@ -52,7 +60,7 @@ pub fn take(
             req.hdr.tag,
             req.response_area(),
         );
-        each(req, origin);
+        taken.push(Taken { req, origin });
     }
     Ok(taken)
 }
@@ -97,9 +105,14 @@ pub fn answer(
     }
     let faults = sigbus::faults();
     let mut reply = match req.error {
-        None => {
-            device.execute_cancellable(mem, req.hdr, &req.bytes, Some(origin), cancel, req.fault)
-        }
+        None => device.execute_admitted(
+            mem,
+            req.hdr,
+            &req.bytes,
+            Some(origin),
+            cancel,
+            req.admission.fault,
+        ),
         Some(status) => {
             device.reject(format_args!(
                 "malformed descriptor chain (head {}): {}",

@@ -84,10 +84,13 @@ fn post_request(mem: &GuestMemoryMmap, mq: &MockSplitQueue<GuestMemoryMmap>, k: 
     );
 }
 
-fn take_all(q: &mut Queue, mem: &GuestMemoryMmap, journal: Journal) -> Vec<(ChainRequest, Origin)> {
-    let mut got = Vec::new();
-    take(q, mem, journal, 0, 64, |r, o| got.push((r, o))).unwrap();
-    got
+fn take_all(q: &mut Queue, mem: &GuestMemoryMmap, dev: &Device) -> Vec<(ChainRequest, Origin)> {
+    let cq = CmdQueue::of(QUEUE_CMD, 1).unwrap();
+    take(q, mem, dev, dev.state().journal(), cq, 64)
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.req, t.origin))
+        .collect()
 }
 
 fn resp_at(mem: &GuestMemoryMmap, k: u16) -> Resp {
@@ -112,7 +115,7 @@ fn a_request_is_journaled_answered_and_returned() {
     let journal = dev.state().journal();
     post_request(&mem, &mq, 0, &hdr(OP_NOP, 0, 7));
 
-    let got = take_all(&mut q, &mem, journal);
+    let got = take_all(&mut q, &mem, &dev);
     let [(req, origin)] = got.as_slice() else {
         panic!("{got:?}")
     };
@@ -181,7 +184,7 @@ fn malformed_chains_are_answered_with_their_error_and_tag() {
             desc(RESP + 0x100, 32, VRING_DESC_F_WRITE),
         ],
     );
-    let got = take_all(&mut q, &mem, dev.state().journal());
+    let got = take_all(&mut q, &mem, &dev);
     assert_eq!(got.len(), 2);
     let never = AtomicBool::new(false);
     for ((req, origin), (k, status, tag)) in got
@@ -207,7 +210,7 @@ fn a_chain_with_too_many_response_segments_is_a_bad_chain() {
     let mut descs = vec![desc(REQ, 16, 0)];
     descs.extend((0..n as u64).map(|i| desc(RESP + i, 1, VRING_DESC_F_WRITE)));
     post(&mq, 0, &descs);
-    let got = take_all(&mut q, &mem, dev.state().journal());
+    let got = take_all(&mut q, &mem, &dev);
     let [(req, origin)] = got.as_slice() else {
         panic!("{got:?}")
     };
@@ -225,7 +228,7 @@ fn a_chain_with_too_many_response_segments_is_a_bad_chain() {
     let mut descs = vec![desc(REQ, 16, 0)];
     descs.extend((0..MAX_RESPONSE_SEGMENTS as u64).map(|i| desc(RESP + i, 1, VRING_DESC_F_WRITE)));
     post(&mq, 0, &descs);
-    let got = take_all(&mut q, &mem, dev.state().journal());
+    let got = take_all(&mut q, &mem, &dev);
     assert_eq!(got[0].0.error, None);
 }
 
@@ -249,7 +252,7 @@ fn a_request_without_room_for_its_answer_does_not_run() {
             desc(RESP, 8, VRING_DESC_F_WRITE),
         ],
     );
-    let got = take_all(&mut q, &mem, dev.state().journal());
+    let got = take_all(&mut q, &mem, &dev);
     let a = answer(&dev, &mem, &got[0].0, got[0].1, &AtomicBool::new(false));
     assert_eq!(a.written, 0);
     assert!(a.reply.is_none());
@@ -263,7 +266,7 @@ fn a_cut_short_header_still_orders_but_names_no_tag() {
     let (mem, dev) = (memory(), device());
     let (mq, mut q) = queue(&mem);
     post_request(&mem, &mq, 0, &hdr(OP_NOP, FLAG_FENCE, 5)[..4]);
-    let got = take_all(&mut q, &mem, dev.state().journal());
+    let got = take_all(&mut q, &mem, &dev);
     let (req, origin) = &got[0];
     assert!(req.hdr.fenced());
     answer(&dev, &mem, req, *origin, &AtomicBool::new(false));
@@ -299,7 +302,7 @@ fn a_successor_answers_what_was_in_flight() {
     for k in 0..3 {
         post_request(&mem, &mq, k, &hdr(OP_NOP, 0, 100 + k as u64));
     }
-    let got = take_all(&mut q, &mem, journal);
+    let got = take_all(&mut q, &mem, &dev);
     assert_eq!(got.len(), 3);
     // Request 0 completes; 1 is answered but not yet published; 2 never ran. Then the
     // daemon dies.

@@ -33,7 +33,7 @@ use crate::host::sigbus;
 use crate::protocol::{cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
 use crate::ring::journal::RingId;
 use crate::ring::resume;
-use crate::ring::{self, Journal};
+use crate::ring::{self, CmdQueue, Journal};
 use crate::vhost::announcer::Announcer;
 
 pub mod announcer;
@@ -517,7 +517,10 @@ impl VhostUserBackend for CxlBackend {
                 }
             }
             q if q < vrings.len() => {
-                process_commands(&self.s, vrings, q, Some(kicked));
+                let Some(cq) = CmdQueue::of(q, self.s.in_flight.len()) else {
+                    return Ok(());
+                };
+                process_commands(&self.s, vrings, cq, Some(kicked));
                 if poll_us > 0 {
                     self.s.poll_window.store(poll_us, Ordering::Relaxed);
                     busy_poll(&self.s, vrings);

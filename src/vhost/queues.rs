@@ -11,53 +11,27 @@ use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
-use crate::device::command;
 use crate::device::stages::Stage;
-use crate::protocol::{
-    cmd_queue_index, cmd_queue_of, OP_ALLOC, OP_EXPORT, OP_FREE, OP_RESET, OP_UNEXPORT, QUEUE_EVENT,
-};
-use crate::ring::{self, ChainRequest, Origin};
+use crate::protocol::QUEUE_EVENT;
+use crate::ring::{self, CmdQueue, Taken};
 
 use super::{Session, Table};
 
-/// Whether a request runs on the ring's thread as it arrives: small, unfenced, no state
-/// change (ALLOC, FREE, EXPORT, UNEXPORT, RESET write the state file and queue behind the
-/// engines' work as before), and nothing (an injected fault, a stalled engine, the latency
-/// model) would make it wait there.
-fn runs_inline(s: &Session, req: &ChainRequest) -> bool {
-    let max = s.device.settings().inline_max;
-    if max == 0 || req.hdr.fenced() || req.fault.is_some() {
-        return false;
-    }
-    if matches!(
-        req.hdr.opcode,
-        OP_ALLOC | OP_FREE | OP_EXPORT | OP_UNEXPORT | OP_RESET
-    ) {
-        return false;
-    }
-    let faults = s.device.faults();
-    if faults.stalled() || faults.model().enforce {
-        return false;
-    }
-    command::bytes_moved(req.hdr, &req.bytes) <= max
-}
-
-/// Takes requests from command queue `q` (a virtqueue index; up to the in-flight limit):
-/// small ones are executed and returned on the spot, the others handed to the DMA engines.
-/// Runs on the vring thread after a kick or a poll that saw requests, and on an engine
-/// after a completion when requests were left waiting.
+/// Serves command queue `cq` after a kick (or a poll that saw requests, or an engine
+/// that finished while requests waited): takes requests up to the in-flight limit, hands
+/// those that do not run inline to the DMA engines at once, then runs the inline ones
+/// and returns them, with one interrupt for the pass; again until the ring stays empty.
 pub(super) fn process_commands(
     s: &Arc<Session>,
     vrings: &[VringRwLock],
-    q: usize,
+    cq: CmdQueue,
     kicked: Option<Instant>,
 ) {
-    let Some(k) = cmd_queue_of(q).filter(|&k| k < s.in_flight.len()) else {
+    let Some(vring) = vrings.get(cq.vq) else {
         return;
     };
-    let Some(vring) = vrings.get(q) else { return };
     let Some(table) = s.memory() else { return };
-    let snapshot: &GuestMemoryMmap = &table.mem;
+    let mem: &GuestMemoryMmap = &table.mem;
     let event_idx = s.event_idx.load(Ordering::Relaxed);
     let mut rearm = ring::Rearm::default();
     let mut kicked = kicked;
@@ -69,71 +43,62 @@ pub(super) fn process_commands(
             if s.ended.load(Ordering::Acquire) || !state.get_queue().ready() {
                 return;
             }
-            let _ = state.get_queue_mut().disable_notification(snapshot);
-            s.adopt_ring(q, &mut state, snapshot);
-            if state.get_queue().size() as usize > ring::journal::capacity(q) {
+            let _ = state.get_queue_mut().disable_notification(mem);
+            s.adopt_ring(cq.vq, &mut state, mem);
+            let size = state.get_queue().size() as usize;
+            if size > ring::journal::capacity(cq.vq) {
                 s.device.reject(format_args!(
-                    "command queue {q}: a ring of {} entries is larger than the journal \
-                     holds for it ({}); not served",
-                    state.get_queue().size(),
-                    ring::journal::capacity(q)
+                    "command queue {}: a ring of {size} entries is larger than the \
+                     journal holds for it ({}); not served",
+                    cq.vq,
+                    ring::journal::capacity(cq.vq)
                 ));
                 return;
             }
             let room =
-                (s.queue_size as usize).saturating_sub(s.in_flight[k].load(Ordering::Acquire));
+                (s.queue_size as usize).saturating_sub(s.in_flight[cq.k].load(Ordering::Acquire));
             if room == 0 {
                 // A completion calls us again.
                 return;
             }
-            let mut inline = Vec::new();
-            // Submitted under the vring lock, so that a queue stop (which takes the lock
-            // first) always sees them in flight.
             let queue = state.get_queue_mut();
-            let n = match ring::take(queue, snapshot, s.journal(), q, room, |mut req, origin| {
-                if let Some(t) = kicked.take() {
-                    s.device.stages().record(Stage::Pickup, req.taken - t);
-                }
-                // Faults are counted in ring order, whatever order the engines run in.
-                if req.error.is_none() {
-                    req.fault = s.device.faults().decide(req.hdr.opcode);
-                }
-                if runs_inline(s, &req) {
-                    // Counted with the engines' work: a fence taken after it waits for it.
-                    inline.push((req, origin, s.dispatcher.ticket()));
-                } else {
-                    submit(s, req, origin, vrings, table.clone(), q);
-                }
-            }) {
-                Ok(n) => n,
+            let requests = match ring::take(queue, mem, &s.device, s.journal(), cq, room) {
+                Ok(r) => r,
                 Err(ring::Error::NotReady) => return,
                 Err(e) => {
                     s.device.reject(format_args!("{e}"));
                     return;
                 }
             };
-            if !inline.is_empty() {
-                let stages = s.device.stages();
-                for (req, origin, ticket) in inline {
-                    let start = Instant::now();
-                    stages.record(Stage::Queue, start - req.taken);
-                    let written =
-                        ring::answer(&s.device, snapshot, &req, origin, &s.cancel).written;
-                    drop(ticket);
-                    let done = Instant::now();
-                    stages.record(Stage::Execute, done - start);
-                    ring::publish(queue, snapshot, s.journal(), q, req.head, written);
-                    stages.record(Stage::Publish, done.elapsed());
+            let n = requests.len();
+            if let (Some(t), Some(first)) = (kicked.take(), requests.first()) {
+                s.device.stages().record(Stage::Pickup, first.req.taken - t);
+            }
+            let mut inline = Vec::new();
+            for t in requests {
+                if t.req.admission.inline {
+                    // Counted with the engines' work: a fence taken after it waits for it.
+                    inline.push((t, s.dispatcher.ticket()));
+                } else {
+                    // Under the vring lock, so that a queue stop (which takes the lock
+                    // first) always sees it in flight.
+                    submit(s, vrings, table.clone(), cq, t);
                 }
-                // One interrupt for the whole pass.
-                if ring::needs_signal(queue, snapshot, event_idx) {
+            }
+            if !inline.is_empty() {
+                for (t, ticket) in inline {
+                    let answered = execute(s, mem, &t);
+                    drop(ticket);
+                    return_answer(s, queue, mem, cq, t.req.head, answered);
+                }
+                if ring::needs_signal(queue, mem, event_idx) {
                     let _ = state.signal_used_queue();
                 }
             }
             n
         };
         if s.device.has_events() {
-            deliver_events(s, vrings, snapshot, event_idx);
+            deliver_events(s, vrings, mem, event_idx);
         }
         let again = {
             let mut state = vring.get_mut();
@@ -141,7 +106,7 @@ pub(super) fn process_commands(
                 // A successor may serve this ring already: not even its event index.
                 break;
             }
-            rearm.after_pass(state.get_queue_mut(), snapshot, taken)
+            rearm.after_pass(state.get_queue_mut(), mem, taken)
         };
         match again {
             Ok(true) => continue,
@@ -154,6 +119,129 @@ pub(super) fn process_commands(
     }
 }
 
+/// Hands a request to the DMA engines; the engine executes it and returns it to its ring
+/// ([`complete`]), and serves the queue again if requests were left waiting for room.
+fn submit(s: &Arc<Session>, vrings: &[VringRwLock], table: Arc<Table>, cq: CmdQueue, t: Taken) {
+    let fence = t.req.hdr.fenced();
+    s.in_flight[cq.k].fetch_add(1, Ordering::AcqRel);
+    let generation = s.generation[cq.k].load(Ordering::Acquire);
+    let session = s.clone();
+    let vrings: Vec<VringRwLock> = vrings.to_vec();
+    let queued = s.dispatcher.submit(fence, move || {
+        let counted = InFlight(&session.in_flight[cq.k]);
+        complete(&session, &vrings, &table.mem, cq, generation, t);
+        if counted.done() >= session.queue_size as usize {
+            // We were at the limit: requests may be waiting in the ring.
+            process_commands(&session, &vrings, cq, None);
+        }
+    });
+    if !queued {
+        s.in_flight[cq.k].fetch_sub(1, Ordering::AcqRel);
+        log::error!("DMA engines stopped; request dropped");
+    }
+}
+
+/// A request counted in its queue's `in_flight` until it is done, or dropped when its
+/// execution panicked (a bug the engine survives): a stop must not wait for it in vain.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl InFlight<'_> {
+    /// Counts the request out; returns the count before.
+    fn done(self) -> usize {
+        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        std::mem::forget(self);
+        before
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// On a DMA engine: executes the request and returns it to its ring, unless the ring was
+/// stopped meanwhile; signals the driver outside the ring's lock.
+fn complete(
+    s: &Session,
+    vrings: &[VringRwLock],
+    mem: &GuestMemoryMmap,
+    cq: CmdQueue,
+    generation: u64,
+    t: Taken,
+) {
+    let answered = execute(s, mem, &t);
+    if s.poisoned.load(Ordering::Acquire) {
+        // A refused table ended guest-memory access; the ring is not touched either.
+        return;
+    }
+    let event_idx = s.event_idx.load(Ordering::Relaxed);
+    let signal = {
+        let mut state = vrings[cq.vq].get_mut();
+        // Under the ring's lock: a stop that gave up waiting for us bumps the generation
+        // before the ring is set up anew, so a late answer is never written to a new ring.
+        // (A ring being stopped is no longer ready but still takes the answers of what
+        // it had handed out: the stop waits for them.)
+        if s.generation[cq.k].load(Ordering::Acquire) != generation
+            || s.ended.load(Ordering::Acquire)
+        {
+            log::warn!(
+                "request (head {}) finished after the front-end stopped queue {} or the \
+                 session ended; not returned",
+                t.req.head,
+                cq.vq
+            );
+            return;
+        }
+        let queue = state.get_queue_mut();
+        return_answer(s, queue, mem, cq, t.req.head, answered)
+            && ring::needs_signal(queue, mem, event_idx)
+    };
+    // Outside the ring's lock: the wake-up may put this thread aside for a while, and the
+    // ring thread must not wait for it meanwhile.
+    if signal {
+        let _ = vrings[cq.vq].signal_used_queue();
+    }
+    if s.device.has_events() {
+        deliver_events(s, vrings, mem, event_idx);
+    }
+}
+
+/// A request executed and answered in guest memory, not yet returned to its ring.
+struct Answered {
+    written: u32,
+    at: Instant,
+}
+
+/// Executes a request and writes its answer (inline or on an engine alike), timing the
+/// wait before it and the execution.
+fn execute(s: &Session, mem: &GuestMemoryMmap, t: &Taken) -> Answered {
+    let stages = s.device.stages();
+    let start = Instant::now();
+    stages.record(Stage::Queue, start - t.req.taken);
+    let written = ring::answer(&s.device, mem, &t.req, t.origin, &s.cancel).written;
+    let at = Instant::now();
+    stages.record(Stage::Execute, at - start);
+    Answered { written, at }
+}
+
+/// Returns an answered request to its ring (the ring's lock held); false when the used
+/// ring cannot take it.
+fn return_answer(
+    s: &Session,
+    queue: &mut virtio_queue::Queue,
+    mem: &GuestMemoryMmap,
+    cq: CmdQueue,
+    head: u16,
+    answered: Answered,
+) -> bool {
+    let ok = ring::publish(queue, mem, s.journal(), cq.vq, head, answered.written);
+    s.device
+        .stages()
+        .record(Stage::Publish, answered.at.elapsed());
+    ok
+}
+
 /// Busy-polls the command queues after a pass (`--poll-us`): the driver is told it need not
 /// kick (a kick is an exit to the hypervisor, costly under emulation), and requests it
 /// posts meanwhile are taken as soon as they are seen. The window halves after each poll
@@ -162,30 +250,29 @@ pub(super) fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
     let Some(table) = s.memory() else { return };
     let mem: &GuestMemoryMmap = &table.mem;
     let event_idx = s.event_idx.load(Ordering::Relaxed);
-    let queues: Vec<usize> = (0..s.in_flight.len())
-        .map(cmd_queue_index)
-        .filter(|&q| q < vrings.len())
+    let queues: Vec<CmdQueue> = CmdQueue::all(s.in_flight.len())
+        .filter(|cq| cq.vq < vrings.len())
         .collect();
     loop {
         let window = s.poll_window.load(Ordering::Relaxed);
         if window == 0 || s.ended.load(Ordering::Acquire) {
             return;
         }
-        for &q in &queues {
-            suppress_kicks(&vrings[q], mem, event_idx);
+        for cq in &queues {
+            suppress_kicks(&vrings[cq.vq], mem, event_idx);
         }
         let end = Instant::now() + Duration::from_micros(window);
         let mut found = false;
         while !found && Instant::now() < end {
-            found = queues.iter().any(|&q| has_requests(s, vrings, q, mem));
+            found = queues.iter().any(|&cq| has_requests(s, vrings, cq, mem));
             // Yields rather than spins: on a host with fewer cores than busy threads (the
             // guest's vCPUs among them) a poll that kept its core would delay the very
             // requests it waits for.
             std::thread::yield_now();
         }
         // Kicks are wanted again (process_commands re-arms the queue it serves).
-        for &q in &queues {
-            let mut state = vrings[q].get_mut();
+        for cq in &queues {
+            let mut state = vrings[cq.vq].get_mut();
             let queue = state.get_queue_mut();
             if queue.ready() {
                 let _ = queue.enable_notification(mem);
@@ -195,9 +282,9 @@ pub(super) fn busy_poll(s: &Arc<Session>, vrings: &[VringRwLock]) {
             s.poll_window.store(window / 2, Ordering::Relaxed);
         }
         // What was found, or came as the window closed, is served now.
-        for &q in &queues {
-            if has_requests(s, vrings, q, mem) {
-                process_commands(s, vrings, q, None);
+        for &cq in &queues {
+            if has_requests(s, vrings, cq, mem) {
+                process_commands(s, vrings, cq, None);
             }
         }
     }
@@ -227,122 +314,16 @@ fn suppress_kicks(vring: &VringRwLock, mem: &GuestMemoryMmap, event_idx: bool) {
 /// Whether the driver made requests available that can be taken now: not while the
 /// queue holds as many as it may (a completion takes the next ones), else a backlog would
 /// keep the poll spinning at full window.
-fn has_requests(s: &Session, vrings: &[VringRwLock], q: usize, mem: &GuestMemoryMmap) -> bool {
-    let full = cmd_queue_of(q)
-        .and_then(|k| s.in_flight.get(k))
-        .is_none_or(|n| n.load(Ordering::Acquire) >= s.queue_size as usize);
-    if full {
+fn has_requests(s: &Session, vrings: &[VringRwLock], cq: CmdQueue, mem: &GuestMemoryMmap) -> bool {
+    if s.in_flight[cq.k].load(Ordering::Acquire) >= s.queue_size as usize {
         return false;
     }
-    let state = vrings[q].get_ref();
+    let state = vrings[cq.vq].get_ref();
     let queue = state.get_queue();
     queue.ready()
         && queue
             .avail_idx(mem, Ordering::Acquire)
             .is_ok_and(|i| i.0 != queue.next_avail())
-}
-
-fn submit(
-    s: &Arc<Session>,
-    req: ChainRequest,
-    origin: Origin,
-    vrings: &[VringRwLock],
-    table: Arc<Table>,
-    q: usize,
-) {
-    let Some(k) = cmd_queue_of(q) else { return };
-    let fence = req.hdr.fenced();
-    s.in_flight[k].fetch_add(1, Ordering::AcqRel);
-    let generation = s.generation[k].load(Ordering::Acquire);
-    let session = s.clone();
-    let vrings: Vec<VringRwLock> = vrings.to_vec();
-    let queued = s.dispatcher.submit(fence, move || {
-        let taken = Taken(&session.in_flight[k]);
-        complete(&session, &vrings, &table.mem, req, origin, q, generation);
-        let before = taken.done();
-        if before >= session.queue_size as usize {
-            // We were at the limit: requests may be waiting in the ring.
-            process_commands(&session, &vrings, q, None);
-        }
-    });
-    if !queued {
-        s.in_flight[k].fetch_sub(1, Ordering::AcqRel);
-        log::error!("DMA engines stopped; request dropped");
-    }
-}
-
-/// A request counted in its queue's `in_flight` until it is done, or dropped when its
-/// execution panicked (a bug the engine survives): a stop must not wait for it in vain.
-struct Taken<'a>(&'a AtomicUsize);
-
-impl Taken<'_> {
-    /// Counts the request out; returns the count before.
-    fn done(self) -> usize {
-        let before = self.0.fetch_sub(1, Ordering::AcqRel);
-        std::mem::forget(self);
-        before
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Runs on a DMA engine: executes the request, writes the reply, returns the chain.
-fn complete(
-    s: &Session,
-    vrings: &[VringRwLock],
-    mem: &GuestMemoryMmap,
-    req: ChainRequest,
-    origin: Origin,
-    q: usize,
-    generation: u64,
-) {
-    let stages = s.device.stages();
-    let start = Instant::now();
-    stages.record(Stage::Queue, start - req.taken);
-    let written = ring::answer(&s.device, mem, &req, origin, &s.cancel).written;
-    let done = Instant::now();
-    stages.record(Stage::Execute, done - start);
-    if s.poisoned.load(Ordering::Acquire) {
-        // A refused table ended guest-memory access; the ring is not touched either.
-        return;
-    }
-    let event_idx = s.event_idx.load(Ordering::Relaxed);
-    let signal = {
-        let mut state = vrings[q].get_mut();
-        // Under the ring's lock: a stop that gave up waiting for us bumps the generation
-        // before the ring is set up anew, so a late answer is never written to a new ring.
-        // (A ring being stopped is no longer ready but still takes the answers of what
-        // it had handed out: the stop waits for them.)
-        let current = cmd_queue_of(q).and_then(|k| s.generation.get(k));
-        if current.map(|g| g.load(Ordering::Acquire)) != Some(generation)
-            || s.ended.load(Ordering::Acquire)
-        {
-            log::warn!(
-                "request (head {}) finished after the front-end stopped queue {q} or the \
-                 session ended; not returned",
-                req.head
-            );
-            return;
-        }
-        let queue = state.get_queue_mut();
-        if !ring::publish(queue, mem, s.journal(), q, req.head, written) {
-            return;
-        }
-        ring::needs_signal(queue, mem, event_idx)
-    };
-    stages.record(Stage::Publish, done.elapsed());
-    // Outside the ring's lock: the wake-up may put this thread aside for a while, and the
-    // ring thread must not wait for it meanwhile.
-    if signal {
-        let _ = vrings[q].signal_used_queue();
-    }
-    if s.device.has_events() {
-        deliver_events(s, vrings, mem, event_idx);
-    }
 }
 
 /// Moves pending device events into buffers the driver posted on the event queue.
@@ -377,10 +358,10 @@ mod tests {
     #[test]
     fn a_request_is_counted_out_once_whether_done_or_panicking() {
         let n = AtomicUsize::new(2);
-        assert_eq!(Taken(&n).done(), 2);
+        assert_eq!(InFlight(&n).done(), 2);
         assert_eq!(n.load(Ordering::Acquire), 1);
         let panicked = std::panic::catch_unwind(|| {
-            let _taken = Taken(&n);
+            let _counted = InFlight(&n);
             panic!("a bug in a command");
         });
         assert!(panicked.is_err());

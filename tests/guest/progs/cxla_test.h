@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Helpers shared by the cxl-accel guest test programs: device access,
- * ioctl wrappers that return -errno, a software crc32c, timing.
+ * ioctl wrappers that return -errno, a software crc32c, timing; and, in
+ * cxla_test.c (linked into every program), reads that may fault, the
+ * driver's DMA-BUFs in debugfs and sysfs, move_pages(), a CPU adder thread.
  */
 #ifndef CXLA_TEST_H
 #define CXLA_TEST_H
@@ -20,11 +22,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/dma-buf.h>
+
 #include "uapi/cxl_accel.h"
 
 static inline int cxla_ioctl(int fd, unsigned long req, void *arg)
 {
 	return ioctl(fd, req, arg) ? -errno : 0;
+}
+
+/* A device file, O_CLOEXEC: its fd, or -1 (errno set). */
+static inline int cxla_open_dev(const char *path)
+{
+	return open(path, O_RDWR | O_CLOEXEC);
 }
 
 static inline int cxla_identify(int fd, struct cxl_accel_identify *id)
@@ -40,6 +50,14 @@ static inline int cxla_alloc(int fd, uint64_t size, uint64_t align,
 	a->size = size;
 	a->align = align;
 	return cxla_ioctl(fd, CXL_ACCEL_IOC_ALLOC, a);
+}
+
+/* The free device memory, or ~0 when IDENTIFY fails. */
+static inline uint64_t cxla_devmem_free(int fd)
+{
+	struct cxl_accel_identify id;
+
+	return cxla_identify(fd, &id) ? ~0ULL : id.devmem_free;
 }
 
 static inline int cxla_free(int fd, uint32_t handle)
@@ -70,6 +88,13 @@ static inline struct cxl_accel_mem cxla_dev(uint32_t handle, uint64_t off)
 	struct cxl_accel_mem m = { .addr = off, .handle = handle };
 
 	return m;
+}
+
+static inline int cxla_nop(int fd, uint32_t timeout_ms)
+{
+	struct cxl_accel_nop n = { .timeout_ms = timeout_ms };
+
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_NOP, &n);
 }
 
 static inline int cxla_copy(int fd, struct cxl_accel_mem src,
@@ -149,6 +174,65 @@ static inline int cxla_migrate(int fd, void *p, size_t len, bool to_dev,
 	if (out)
 		*out = m;
 	return r;
+}
+
+/*
+ * An SVM command on [p, p + len) of this process (with device buffer handle
+ * at off for the copies): *value in and out (a fill pattern, a checksum),
+ * *out gets the whole answer; either may be NULL.
+ */
+static inline int cxla_svm(int fd, uint32_t op, const void *p, size_t len,
+			   uint32_t handle, uint64_t off, uint64_t *value,
+			   struct cxl_accel_svm *out)
+{
+	struct cxl_accel_svm s = {
+		.addr = (uintptr_t)p, .len = len, .op = op, .handle = handle,
+		.offset = off, .value = value ? *value : 0,
+	};
+	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_SVM, &s);
+
+	if (!r && value)
+		*value = s.value;
+	if (out)
+		*out = s;
+	return r;
+}
+
+/* Export buffer handle as a DMA-BUF: e->fd is its file. */
+static inline int cxla_export_dmabuf(int fd, uint32_t handle, uint32_t flags,
+				     struct cxl_accel_dmabuf_export *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->handle = handle;
+	e->flags = flags;
+	e->fd = -1;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_EXPORT_DMABUF, e);
+}
+
+/* Export with FD_CLOEXEC: the DMA-BUF's fd, or -errno. */
+static inline int cxla_export_dmabuf_fd(int fd, uint32_t handle)
+{
+	struct cxl_accel_dmabuf_export e;
+	int r = cxla_export_dmabuf(fd, handle, CXL_ACCEL_DMABUF_CLOEXEC, &e);
+
+	return r ? r : e.fd;
+}
+
+/* Import the DMA-BUF dmabuf: im->handle names it in commands. */
+static inline int cxla_import_dmabuf(int fd, int dmabuf,
+				     struct cxl_accel_dmabuf_import *im)
+{
+	memset(im, 0, sizeof(*im));
+	im->fd = dmabuf;
+	return cxla_ioctl(fd, CXL_ACCEL_IOC_IMPORT_DMABUF, im);
+}
+
+/* DMA_BUF_IOCTL_SYNC on a DMA-BUF's fd (DMA_BUF_SYNC_* flags). */
+static inline int cxla_sync_dmabuf(int dmabuf, uint64_t flags)
+{
+	struct dma_buf_sync s = { .flags = flags };
+
+	return cxla_ioctl(dmabuf, DMA_BUF_IOCTL_SYNC, &s);
 }
 
 static inline int cxla_hmm_info(int fd, struct cxl_accel_hmm_info *h)
@@ -292,6 +376,44 @@ static inline void *map_anon(size_t len)
 
 	return p == MAP_FAILED ? NULL : p;
 }
+
+/* ------------------------------------------------ cxla_test.c */
+
+/*
+ * Run fn(arg), catching the SIGBUS or SIGSEGV it may raise: 0 when fn
+ * returned, else the signal, with its si_code in *si_code (may be NULL).
+ * Not for two threads at once.
+ */
+int cxla_catch_fault(void (*fn)(void *arg), void *arg, int *si_code);
+
+/* Read the byte at p: 0 (*val set), or the signal the read raised. */
+int cxla_probe_read(const volatile void *p, uint8_t *val, int *si_code);
+
+/* DMA-BUFs of this driver in the kernel's list (debugfs bufinfo), or -1. */
+int cxla_debugfs_dmabufs(void);
+
+/*
+ * Module-wide live DMA-BUF exports, attachments and imports, from device
+ * dev's dmabuf/module_live (any device says the same): 0, or -1.
+ */
+int cxla_dmabuf_module_live(const char *dev, long live[3]);
+
+/*
+ * move_pages() of every page of [p, p + len) to node: the pages that did
+ * not get there, or -errno.
+ */
+long cxla_move_pages(void *p, size_t len, int node);
+
+/*
+ * A thread (pthread_create(..., cxla_cpu_adder, a)) that adds 1 to *word
+ * with atomic CPU adds until *stop, counting them in adds.
+ */
+struct cxla_adder {
+	volatile uint64_t *word;
+	volatile int *stop;
+	uint64_t adds;
+};
+void *cxla_cpu_adder(void *arg);
 
 /*
  * Verdicts of a test (the exit status of its child process), and the length

@@ -24,7 +24,6 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <pthread.h>
-#include <setjmp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/socket.h>
@@ -60,32 +59,6 @@ FIXTURE(devs) {
 } while (0)
 
 /* ------------------------------------------------------------ helpers */
-
-static int export_buf(int fd, uint32_t handle, uint32_t flags,
-		      struct cxl_accel_dmabuf_export *e)
-{
-	memset(e, 0, sizeof(*e));
-	e->handle = handle;
-	e->flags = flags;
-	e->fd = -1;
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_EXPORT_DMABUF, e);
-}
-
-/* export with FD_CLOEXEC; the fd or -errno */
-static int export_fd(int fd, uint32_t handle)
-{
-	struct cxl_accel_dmabuf_export e;
-	int r = export_buf(fd, handle, CXL_ACCEL_DMABUF_CLOEXEC, &e);
-
-	return r ? r : e.fd;
-}
-
-static int import_buf(int fd, int dmabuf, struct cxl_accel_dmabuf_import *im)
-{
-	memset(im, 0, sizeof(*im));
-	im->fd = dmabuf;
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_IMPORT_DMABUF, im);
-}
 
 static bool uuid_zero(const uint8_t *u)
 {
@@ -132,48 +105,6 @@ static bool p2p_by_kernel(const char *dev)
 	return !strncmp(buf, "pci-p2pdma", 10);
 }
 
-/* module-wide live exports, attachments, imports: "E A I" */
-static int module_live(const FIXTURE_DATA(devs) *c, long v[3])
-{
-	char p[256];
-	FILE *f;
-	int n;
-
-	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/dmabuf/module_live",
-		 c->name[0]);
-	f = fopen(p, "r");
-	if (!f)
-		return -1;
-	n = fscanf(f, "%ld %ld %ld", &v[0], &v[1], &v[2]);
-	fclose(f);
-	return n == 3 ? 0 : -1;
-}
-
-/* DMA-BUFs in the kernel's list whose exporter is this driver */
-static int bufinfo_count(void)
-{
-	FILE *f = fopen("/sys/kernel/debug/dma_buf/bufinfo", "r");
-	char line[512];
-	int n = 0;
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (strstr(line, "cxl_accel"))
-			n++;
-	fclose(f);
-	return n;
-}
-
-static uint64_t dev_free(int fd)
-{
-	struct cxl_accel_identify id;
-
-	if (cxla_identify(fd, &id))
-		return ~0ULL;
-	return id.devmem_free;
-}
-
 static uint64_t p2p_bytes(int fd)
 {
 	struct cxl_accel_stats st;
@@ -188,13 +119,6 @@ static void *map_fd(int fd, size_t len, off_t off)
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off);
 
 	return p == MAP_FAILED ? NULL : p;
-}
-
-static int sync_buf(int fd, uint64_t flags)
-{
-	struct dma_buf_sync s = { .flags = flags };
-
-	return ioctl(fd, DMA_BUF_IOCTL_SYNC, &s) ? -errno : 0;
 }
 
 static int mmap_err(int fd, size_t len, off_t off, int flags)
@@ -287,7 +211,7 @@ CXLA_TEST_F(devs, export_basic)
 	int bi;
 
 	OK(cxla_alloc(c->fd[0], 1 * MiB + 4096, 0, &a));
-	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
 	CHECK(e.fd >= 0, "fd %d", e.fd);
 	CHECK(e.size == a.alloc_size, "size %llu, buffer %llu",
 	      (unsigned long long)e.size, (unsigned long long)a.alloc_size);
@@ -299,7 +223,7 @@ CXLA_TEST_F(devs, export_basic)
 	CHECK((fcntl(e.fd, F_GETFL) & O_ACCMODE) == O_RDWR, "not O_RDWR");
 
 	/* exporting again: the same DMA-BUF, the same UUID */
-	OK(export_buf(c->fd[0], a.handle, 0, &e2));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, 0, &e2));
 	CHECK(!(fcntl(e2.fd, F_GETFD) & FD_CLOEXEC), "FD_CLOEXEC without flag");
 	CHECK(!fstat(e.fd, &st) && !fstat(e2.fd, &st2) && st.st_ino == st2.st_ino,
 	      "second export is another DMA-BUF (ino %lu vs %lu)",
@@ -310,7 +234,7 @@ CXLA_TEST_F(devs, export_basic)
 	CHECK(sysfs_long(c->name[0], "exports_total") == tot0 + 1,
 	      "exports_total %ld, was %ld",
 	      sysfs_long(c->name[0], "exports_total"), tot0);
-	bi = bufinfo_count();
+	bi = cxla_debugfs_dmabufs();
 	CHECK(bi >= 1, "debugfs dma_buf/bufinfo lists %d cxl_accel buffers", bi);
 	close(e.fd);
 	CHECK(sysfs_long(c->name[0], "exports") == ex0 + 1, "closed one of two fds");
@@ -319,7 +243,7 @@ CXLA_TEST_F(devs, export_basic)
 	      sysfs_long(c->name[0], "exports"), ex0);
 
 	/* a new export after release: the device accepted UNEXPORT */
-	OK(export_buf(c->fd[0], a.handle, 0, &e3));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, 0, &e3));
 	CHECK(memcmp(e.uuid, e3.uuid, 16), "same uuid after release");
 	close(e3.fd);
 	OK(cxla_free(c->fd[0], a.handle));
@@ -343,8 +267,8 @@ CXLA_TEST_F(devs, self_import)
 	OK(cxla_alloc(c->fd[0], len, 0, &a));
 	p = cxla_map(c->fd[0], &a);
 	CHECK(p, "mmap: %s", strerror(errno));
-	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
-	OK(import_buf(c->fd[0], e.fd, &im));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	OK(cxla_import_dmabuf(c->fd[0], e.fd, &im));
 	CHECK(im.kind == CXL_ACCEL_IMPORT_SELF, "kind %u", im.kind);
 	CHECK(im.handle & CXL_ACCEL_HANDLE_IMPORTED, "handle %#x", im.handle);
 	CHECK(im.size == len, "size %llu", (unsigned long long)im.size);
@@ -401,8 +325,8 @@ CXLA_TEST_F(devs, cross_device_p2p)
 	pa = cxla_map(c->fd[0], &a);
 	pb = cxla_map(c->fd[1], &b);
 	CHECK(pa && pb, "mmap");
-	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &ea));
-	OK(import_buf(c->fd[1], ea.fd, &ia));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &ea));
+	OK(cxla_import_dmabuf(c->fd[1], ea.fd, &ia));
 	CHECK(ia.kind == CXL_ACCEL_IMPORT_PEER, "kind %u", ia.kind);
 	if (!(ia.attach_flags & CXL_ACCEL_IMPORT_P2P) && p2p_by_kernel(c->name[0])) {
 		/* dmabuf.no_p2p_fallback covers the mapping the importer got */
@@ -445,8 +369,8 @@ CXLA_TEST_F(devs, cross_device_p2p)
 	      (unsigned long long)*(volatile uint64_t *)(pa + 4096));
 
 	/* and the other way: dev0 pushes into dev1's exported buffer */
-	OK(export_buf(c->fd[1], b.handle, CXL_ACCEL_DMABUF_CLOEXEC, &eb));
-	OK(import_buf(c->fd[0], eb.fd, &ib));
+	OK(cxla_export_dmabuf(c->fd[1], b.handle, CXL_ACCEL_DMABUF_CLOEXEC, &eb));
+	OK(cxla_import_dmabuf(c->fd[0], eb.fd, &ib));
 	CHECK(ib.kind == CXL_ACCEL_IMPORT_PEER && (ib.attach_flags & CXL_ACCEL_IMPORT_P2P),
 	      "reverse import kind %u flags %#x", ib.kind, ib.attach_flags);
 	fill_random(pa, len, 23);
@@ -479,16 +403,16 @@ CXLA_TEST_F(devs, mmap_coherency)
 	int fd;
 
 	OK(cxla_alloc(c->fd[0], len, 0, &a));
-	fd = export_fd(c->fd[0], a.handle);
+	fd = cxla_export_dmabuf_fd(c->fd[0], a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
 	p = map_fd(fd, len, 0);			/* the DMA-BUF */
 	q = cxla_map(c->fd[0], &a);		/* the driver's own mmap */
 	r = map_fd(fd, 64 * KiB, 64 * KiB);	/* a window at an offset */
 	CHECK(p && q && r, "mmap: %s", strerror(errno));
 
-	OK(sync_buf(fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW));
+	OK(cxla_sync_dmabuf(fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW));
 	fill_random(p, len, 31);
-	OK(sync_buf(fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_RW));
+	OK(cxla_sync_dmabuf(fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_RW));
 	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), len, 0, &crc));
 	CHECK(crc == crc32c(0, p, len), "device crc %#x of CPU writes through the DMA-BUF, cpu %#x",
 	      crc, crc32c(0, p, len));
@@ -503,7 +427,7 @@ CXLA_TEST_F(devs, mmap_coherency)
 	r[5] = 0x66;
 	CHECK(p[64 * KiB + 5] == 0x66, "window maps the wrong offset");
 
-	CHECK(sync_buf(fd, DMA_BUF_SYNC_START | 0x100) == -EINVAL, "bad sync flags accepted");
+	CHECK(cxla_sync_dmabuf(fd, DMA_BUF_SYNC_START | 0x100) == -EINVAL, "bad sync flags accepted");
 	CHECK(mmap_err(fd, len + 4096, 0, MAP_SHARED) == -EINVAL, "mmap beyond the size");
 	CHECK(mmap_err(fd, 4096, len, MAP_SHARED) == -EINVAL, "mmap at the end");
 	CHECK(mmap_err(fd, 4096, 0, MAP_PRIVATE) == -EINVAL, "MAP_PRIVATE accepted");
@@ -520,7 +444,7 @@ CXLA_TEST_F(devs, close_while_mapped)
 {
 	const size_t len = 2 * MiB;
 	long ex0 = sysfs_long(c->name[0], "exports");
-	uint64_t free0 = dev_free(c->fd[0]), f;
+	uint64_t free0 = cxla_devmem_free(c->fd[0]), f;
 	struct cxl_accel_alloc a;
 	int dfd, fd;
 	uint8_t *p;
@@ -528,7 +452,7 @@ CXLA_TEST_F(devs, close_while_mapped)
 	dfd = open(c->path[0], O_RDWR);
 	CHECK(dfd >= 0, "open");
 	OK(cxla_alloc(dfd, len, 0, &a));
-	fd = export_fd(dfd, a.handle);
+	fd = cxla_export_dmabuf_fd(dfd, a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
 	p = map_fd(fd, len, 0);
 	CHECK(p, "mmap");
@@ -542,13 +466,13 @@ CXLA_TEST_F(devs, close_while_mapped)
 		fill_random(t, len, 41); x = crc32c(0, t, len); free(t); x; }),
 	      "data changed after close and FREE");
 	memset(p, 0x3c, len);
-	f = dev_free(c->fd[0]);
+	f = cxla_devmem_free(c->fd[0]);
 	CHECK(f == free0 - len, "device memory free %llu, expected %llu while mapped",
 	      (unsigned long long)f, (unsigned long long)(free0 - len));
 	CHECK(sysfs_long(c->name[0], "exports") == ex0 + 1, "exports %ld",
 	      sysfs_long(c->name[0], "exports"));
 	munmap(p, len);
-	f = dev_free(c->fd[0]);
+	f = cxla_devmem_free(c->fd[0]);
 	CHECK(f == free0, "device memory free %llu after munmap, expected %llu",
 	      (unsigned long long)f, (unsigned long long)free0);
 	CHECK(sysfs_long(c->name[0], "exports") == ex0, "exports %ld after munmap",
@@ -562,16 +486,16 @@ CXLA_TEST_F(devs, importer_keeps_alive)
 	const size_t len = 1 * MiB;
 	struct cxl_accel_dmabuf_import im;
 	int i = imp_dev(c), dfd, fd;
-	uint64_t free0 = dev_free(c->fd[0]), f;
+	uint64_t free0 = cxla_devmem_free(c->fd[0]), f;
 	struct cxl_accel_alloc a;
 	uint32_t crc;
 
 	dfd = open(c->path[0], O_RDWR);
 	CHECK(dfd >= 0, "open");
 	OK(cxla_alloc(dfd, len, 0, &a));
-	fd = export_fd(dfd, a.handle);
+	fd = cxla_export_dmabuf_fd(dfd, a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	OK(import_buf(c->fd[i], fd, &im));
+	OK(cxla_import_dmabuf(c->fd[i], fd, &im));
 	close(fd);
 	OK(cxla_free(dfd, a.handle));
 	close(dfd);
@@ -579,11 +503,11 @@ CXLA_TEST_F(devs, importer_keeps_alive)
 	OK(cxla_fill(c->fd[i], cxla_dev(im.handle, 0), len, 0x0102030405060708ULL, 0));
 	OK(cxla_checksum(c->fd[i], cxla_dev(im.handle, 0), len, 0, &crc));
 	CHECK(crc == pattern_crc(len, 0x0102030405060708ULL), "crc %#x", crc);
-	f = dev_free(c->fd[0]);
+	f = cxla_devmem_free(c->fd[0]);
 	CHECK(f == free0 - len, "exporter free %llu, expected %llu",
 	      (unsigned long long)f, (unsigned long long)(free0 - len));
 	OK(cxla_free(c->fd[i], im.handle));
-	f = dev_free(c->fd[0]);
+	f = cxla_devmem_free(c->fd[0]);
 	CHECK(f == free0, "exporter free %llu after the import went, expected %llu",
 	      (unsigned long long)f, (unsigned long long)free0);
 	DETAIL("exporter closed fd, handle and device file; %s kept using the import; memory back after FREE of the import",
@@ -601,7 +525,7 @@ CXLA_TEST_F(devs, many_buffers)
 	long ex0 = sysfs_long(c->name[0], "exports");
 	long at0 = sysfs_long(c->name[0], "attachments");
 	long ip0 = sysfs_long(c->name[i], "imports");
-	uint64_t free0 = dev_free(c->fd[0]);
+	uint64_t free0 = cxla_devmem_free(c->fd[0]);
 	const size_t len = 64 * KiB;
 	uint32_t crc;
 
@@ -609,9 +533,9 @@ CXLA_TEST_F(devs, many_buffers)
 		int fd;
 
 		OK(cxla_alloc(c->fd[0], len, 0, &a[k]));
-		fd = export_fd(c->fd[0], a[k].handle);
+		fd = cxla_export_dmabuf_fd(c->fd[0], a[k].handle);
 		CHECK(fd >= 0, "export %d: %s", k, strerror(-fd));
-		OK(import_buf(c->fd[i], fd, &im[k]));
+		OK(cxla_import_dmabuf(c->fd[i], fd, &im[k]));
 		close(fd);
 	}
 	CHECK(sysfs_long(c->name[0], "exports") == ex0 + NBUFS, "exports %ld",
@@ -639,7 +563,7 @@ CXLA_TEST_F(devs, many_buffers)
 	      sysfs_long(c->name[0], "exports"),
 	      sysfs_long(c->name[0], "attachments"),
 	      sysfs_long(c->name[i], "imports"));
-	CHECK(dev_free(c->fd[0]) == free0, "device memory not all back");
+	CHECK(cxla_devmem_free(c->fd[0]) == free0, "device memory not all back");
 	DETAIL("%d buffers exported by %s, imported and filled by %s, checked, released; counters back",
 	       NBUFS, c->name[0], c->name[i]);
 	return PASS;
@@ -695,7 +619,7 @@ static int fd_child(int sock, const char *path)
 	dfd = open(path, O_RDWR);
 	if (fd < 0 || dfd < 0) {
 		snprintf(msg, sizeof(msg), "child: no fd (%d) or device (%d)", fd, dfd);
-	} else if (import_buf(dfd, fd, &im)) {
+	} else if (cxla_import_dmabuf(dfd, fd, &im)) {
 		snprintf(msg, sizeof(msg), "child: import: %s", strerror(errno));
 	} else if (memcmp(im.uuid, uuid, 16)) {
 		snprintf(msg, sizeof(msg), "child: uuid differs");
@@ -718,7 +642,7 @@ CXLA_TEST_F(devs, fd_passing)
 	const size_t len = 1 * MiB;
 	struct cxl_accel_dmabuf_export e;
 	struct cxl_accel_alloc a;
-	uint64_t free0 = dev_free(c->fd[0]);
+	uint64_t free0 = cxla_devmem_free(c->fd[0]);
 	int sv[2], st;
 	char msg[200] = "";
 	uint8_t *p;
@@ -729,7 +653,7 @@ CXLA_TEST_F(devs, fd_passing)
 	p = cxla_map(c->fd[0], &a);
 	CHECK(p, "mmap");
 	memset(p, 0, len);
-	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
 	pid = fork();
 	CHECK(pid >= 0, "fork");
 	if (!pid) {
@@ -751,7 +675,7 @@ CXLA_TEST_F(devs, fd_passing)
 	CHECK(p[len - 1] == 0xc4 && p[len - 4096] == 0xc4,
 	      "the receiver's CPU writes are not in the buffer");
 	munmap(p, len);
-	CHECK(dev_free(c->fd[0]) == free0, "device memory not back after all users left");
+	CHECK(cxla_devmem_free(c->fd[0]) == free0, "device memory not back after all users left");
 	close(sv[0]);
 	DETAIL("DMA-BUF sent over a unix socket, sender closed and freed; receiver imported it on %s, filled it and wrote through its own mmap",
 	       c->name[imp_dev(c)]);
@@ -785,7 +709,7 @@ CXLA_TEST_F(devs, udmabuf_import)
 	CHECK(m, "mmap memfd");
 	fill_random(m, len, 51);
 
-	OK(import_buf(c->fd[i], ufd, &im));
+	OK(cxla_import_dmabuf(c->fd[i], ufd, &im));
 	CHECK(im.kind == CXL_ACCEL_IMPORT_OTHER, "kind %u", im.kind);
 	CHECK(im.size == len, "size %llu", (unsigned long long)im.size);
 	p2p = p2p_bytes(c->fd[i]);
@@ -836,20 +760,20 @@ CXLA_TEST_F(devs, heap_import)
 	      strerror(errno));
 	m = map_fd(hd.fd, len, 0);
 	CHECK(m, "mmap heap buffer: %s", strerror(errno));
-	OK(sync_buf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_WRITE));
+	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_WRITE));
 	fill_random(m, len, 61);
-	OK(sync_buf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_WRITE));
+	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_WRITE));
 
-	OK(import_buf(c->fd[0], hd.fd, &im0));
-	OK(import_buf(c->fd[i], hd.fd, &im1));
+	OK(cxla_import_dmabuf(c->fd[0], hd.fd, &im0));
+	OK(cxla_import_dmabuf(c->fd[i], hd.fd, &im1));
 	CHECK(im0.kind == CXL_ACCEL_IMPORT_OTHER, "kind %u", im0.kind);
 	OK(cxla_checksum(c->fd[0], cxla_dev(im0.handle, 0), len, 0, &crc));
 	CHECK(crc == crc32c(0, m, len), "device crc of the heap buffer %#x, cpu %#x",
 	      crc, crc32c(0, m, len));
 	OK(cxla_fill(c->fd[i], cxla_dev(im1.handle, 5 * MiB), 1 * MiB, 0x4848484848484848ULL, 0));
-	OK(sync_buf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ));
+	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ));
 	CHECK(pattern_ok(m + 5 * MiB, 1 * MiB, 0x4848484848484848ULL), "device fill of the heap buffer");
-	OK(sync_buf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ));
+	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ));
 
 	OK(cxla_alloc(c->fd[0], alen, 0, &a));
 	q = cxla_map(c->fd[0], &a);
@@ -881,27 +805,27 @@ CXLA_TEST_F(devs, errors)
 	uint64_t sz;
 
 	/* import: not a file, not a DMA-BUF */
-	EXPECT_ERR(import_buf(c->fd[0], -1, &im), EBADF); n++;
-	EXPECT_ERR(import_buf(c->fd[0], 9999, &im), EBADF); n++;
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[0], -1, &im), EBADF); n++;
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[0], 9999, &im), EBADF); n++;
 	nul = open("/dev/null", O_RDWR);
-	EXPECT_ERR(import_buf(c->fd[0], nul, &im), EINVAL); n++;
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[0], nul, &im), EINVAL); n++;
 	close(nul);
 	memfd = memfd_create("x", 0);
-	EXPECT_ERR(import_buf(c->fd[0], memfd, &im), EINVAL); n++;
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[0], memfd, &im), EINVAL); n++;
 	close(memfd);
-	EXPECT_ERR(import_buf(c->fd[0], c->fd[0], &im), EINVAL); n++;
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[0], c->fd[0], &im), EINVAL); n++;
 
 	/* export: handles, flags, reserved */
-	EXPECT_ERR(export_buf(c->fd[0], 0, 0, &e), ENOENT); n++;
-	EXPECT_ERR(export_buf(c->fd[0], 12345, 0, &e), ENOENT); n++;
+	EXPECT_ERR(cxla_export_dmabuf(c->fd[0], 0, 0, &e), ENOENT); n++;
+	EXPECT_ERR(cxla_export_dmabuf(c->fd[0], 12345, 0, &e), ENOENT); n++;
 	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
-	EXPECT_ERR(export_buf(c->fd[0], a.handle, 2, &e), EINVAL); n++;
+	EXPECT_ERR(cxla_export_dmabuf(c->fd[0], a.handle, 2, &e), EINVAL); n++;
 	memset(&e, 0, sizeof(e));
 	e.handle = a.handle;
 	e.reserved = 1;
 	EXPECT_ERR(cxla_ioctl(c->fd[0], CXL_ACCEL_IOC_EXPORT_DMABUF, &e), EINVAL); n++;
 
-	fd = export_fd(c->fd[0], a.handle);
+	fd = cxla_export_dmabuf_fd(c->fd[0], a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
 	memset(&bad, 0, sizeof(bad));
 	bad.fd = fd;
@@ -910,10 +834,10 @@ CXLA_TEST_F(devs, errors)
 	bad.flags = 0;
 	bad.reserved[1] = 7;
 	EXPECT_ERR(cxla_ioctl(c->fd[0], CXL_ACCEL_IOC_IMPORT_DMABUF, &bad), EINVAL); n++;
-	OK(import_buf(c->fd[imp_dev(c)], fd, &im));
+	OK(cxla_import_dmabuf(c->fd[imp_dev(c)], fd, &im));
 	sz = im.size;
 	/* an import cannot be exported again by the importer */
-	EXPECT_ERR(export_buf(c->fd[imp_dev(c)], im.handle, 0, &e), EINVAL); n++;
+	EXPECT_ERR(cxla_export_dmabuf(c->fd[imp_dev(c)], im.handle, 0, &e), EINVAL); n++;
 
 	/* offsets and sizes */
 	big = malloc(2 * sz);
@@ -940,7 +864,7 @@ CXLA_TEST_F(devs, errors)
 	OK(cxla_free(c->fd[imp_dev(c)], im.handle));
 	EXPECT_ERR(cxla_free(c->fd[imp_dev(c)], im.handle), ENOENT); n++;
 	/* and what works at the edges */
-	OK(import_buf(c->fd[imp_dev(c)], fd, &im));
+	OK(cxla_import_dmabuf(c->fd[imp_dev(c)], fd, &im));
 	OK(cxla_copy(c->fd[imp_dev(c)], cxla_user(big), cxla_dev(im.handle, sz - 1), 1, 0));
 	OK(cxla_free(c->fd[imp_dev(c)], im.handle));
 	close(fd);
@@ -952,13 +876,6 @@ CXLA_TEST_F(devs, errors)
 }
 
 /* -------------------------------------------------- revocation (unbind) */
-
-static sigjmp_buf bus_jmp;
-
-static void on_sigbus(int sig)
-{
-	siglongjmp(bus_jmp, 1);
-}
 
 struct copier {
 	int fd;
@@ -1078,9 +995,9 @@ static int no_p2p_body(FIXTURE_DATA(devs) *c)
 	pa = cxla_map(c->fd[0], &a);
 	pb = cxla_map(c->fd[1], &b);
 	CHECK(pa && pb, "mmap");
-	fd = export_fd(c->fd[0], a.handle);
+	fd = cxla_export_dmabuf_fd(c->fd[0], a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	OK(import_buf(c->fd[1], fd, &im));
+	OK(cxla_import_dmabuf(c->fd[1], fd, &im));
 	CHECK(im.kind == CXL_ACCEL_IMPORT_PEER && !(im.attach_flags & CXL_ACCEL_IMPORT_P2P),
 	      "kind %u flags %#x with dmabuf_p2p=0", im.kind, im.attach_flags);
 	CHECK(sysfs_long(c->name[0], "p2p_attachments") == pa0, "p2p attachment counted");
@@ -1135,7 +1052,7 @@ CXLA_TEST_F(devs, unload_refused)
 	int fd, r, k, before, with;
 
 	OK(cxla_alloc(c->fd[0], 64 * KiB, 0, &a));
-	fd = export_fd(c->fd[0], a.handle);
+	fd = cxla_export_dmabuf_fd(c->fd[0], a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
 	for (k = 0; k < c->ndev; k++)
 		close(c->fd[k]);
@@ -1168,12 +1085,12 @@ CXLA_TEST_F(devs, importer_unbind)
 	uint32_t crc;
 
 	NEED2();
-	CHECK(!module_live(c, live0), "module_live");
+	CHECK(!cxla_dmabuf_module_live(c->name[0], live0), "module_live");
 	CHECK(!vdev_of(c->name[1], vdev, sizeof(vdev)), "no virtio device for %s", c->name[1]);
 	OK(cxla_alloc(c->fd[0], 1 * MiB, 0, &a));
-	fd = export_fd(c->fd[0], a.handle);
+	fd = cxla_export_dmabuf_fd(c->fd[0], a.handle);
 	CHECK(fd >= 0, "export: %s", strerror(-fd));
-	OK(import_buf(c->fd[1], fd, &ia));
+	OK(cxla_import_dmabuf(c->fd[1], fd, &ia));
 	memfd = memfd_create("cxla-u", MFD_ALLOW_SEALING | MFD_CLOEXEC);
 	CHECK(memfd >= 0 && !ftruncate(memfd, 1 * MiB) &&
 	      !fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), "memfd");
@@ -1183,7 +1100,7 @@ CXLA_TEST_F(devs, importer_unbind)
 	uc.size = 1 * MiB;
 	ufd = ioctl(udev, UDMABUF_CREATE, &uc);
 	CHECK(ufd >= 0, "UDMABUF_CREATE: %s", strerror(errno));
-	OK(import_buf(c->fd[1], ufd, &iu));
+	OK(cxla_import_dmabuf(c->fd[1], ufd, &iu));
 	OK(cxla_fill(c->fd[1], cxla_dev(ia.handle, 0), 1 * MiB, 9, 0));
 	CHECK(sysfs_long(c->name[0], "attachments") == at0 + 1, "attachments %ld",
 	      sysfs_long(c->name[0], "attachments"));
@@ -1198,13 +1115,13 @@ CXLA_TEST_F(devs, importer_unbind)
 	/* the exporter and its DMA-BUF are unaffected */
 	OK(cxla_checksum(c->fd[0], cxla_dev(a.handle, 0), 1 * MiB, 0, &crc));
 	CHECK(crc == pattern_crc(1 * MiB, 9), "exporter's data %#x", crc);
-	OK(import_buf(c->fd[0], fd, &is));
+	OK(cxla_import_dmabuf(c->fd[0], fd, &is));
 	OK(cxla_free(c->fd[0], is.handle));
-	CHECK(!module_live(c, live) && live[2] == live0[2] + 2,
+	CHECK(!cxla_dmabuf_module_live(c->name[0], live) && live[2] == live0[2] + 2,
 	      "imports %ld, expected %ld while the dead file is open", live[2], live0[2] + 2);
 	close(c->fd[1]);
 	c->fd[1] = -1;
-	CHECK(!module_live(c, live) && live[2] == live0[2] && live[1] == live0[1],
+	CHECK(!cxla_dmabuf_module_live(c->name[0], live) && live[2] == live0[2] && live[1] == live0[1],
 	      "after close: imports %ld (was %ld) attachments %ld (was %ld)",
 	      live[2], live0[2], live[1], live0[1]);
 	close(fd);
@@ -1215,7 +1132,7 @@ CXLA_TEST_F(devs, importer_unbind)
 
 	if (rebind(c, vdev, again, sizeof(again), &fd1) != PASS)
 		return FAIL;
-	CHECK(dev_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
+	CHECK(cxla_devmem_free(fd1) == c->id[1].devmem_size, "%s not all free after rebind", again);
 	close(fd1);
 	DETAIL("%s unbound with a peer import and a udmabuf import: attachments released at once, ioctls ENODEV, imports gone at close; rebound as %s",
 	       vdev, again);
@@ -1234,7 +1151,8 @@ CXLA_TEST_F(devs, revoke_unbind)
 	pthread_t th;
 	double t0, t_unbind, t_stop;
 	long live[3], mn0;
-	int i, r, fd2, bus = 0;
+	uint8_t v;
+	int i, r, fd2;
 	uint64_t size;
 
 	NEED2();
@@ -1242,11 +1160,11 @@ CXLA_TEST_F(devs, revoke_unbind)
 	      c->name[0]);
 	mn0 = sysfs_long(c->name[1], "move_notify");
 	OK(cxla_alloc(c->fd[0], len, 0, &a));
-	OK(export_buf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
+	OK(cxla_export_dmabuf(c->fd[0], a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e));
 	map = map_fd(e.fd, len, 0);
 	CHECK(map, "mmap");
 	map[0] = 1;
-	OK(import_buf(c->fd[1], e.fd, &im));
+	OK(cxla_import_dmabuf(c->fd[1], e.fd, &im));
 	OK(cxla_alloc(c->fd[1], 1 * MiB, 0, &b));
 	k.fd = c->fd[1];
 	k.handle = im.handle;
@@ -1275,21 +1193,16 @@ CXLA_TEST_F(devs, revoke_unbind)
 	EXPECT_ERR(cxla_copy(c->fd[1], cxla_dev(im.handle, 0), cxla_dev(b.handle, 0), 4096, 0), ENODEV);
 	EXPECT_ERR(cxla_fill(c->fd[1], cxla_dev(im.handle, 0), 4096, 0, 0), ENODEV);
 	OK(cxla_fill(c->fd[1], cxla_dev(b.handle, 0), 1 * MiB, 7, 0));
-	EXPECT_ERR(import_buf(c->fd[1], e.fd, &im2), ENODEV);
+	EXPECT_ERR(cxla_import_dmabuf(c->fd[1], e.fd, &im2), ENODEV);
 	CHECK(sysfs_long(c->name[1], "move_notify") > mn0, "importer got no move_notify");
 	CHECK(sysfs_long(c->name[1], "imports_mapped") == 0, "import still mapped");
 	/* the DMA-BUF fd: still an fd, but revoked */
 	CHECK(lseek(e.fd, 0, SEEK_END) == (off_t)len, "lseek on the revoked DMA-BUF");
-	CHECK(sync_buf(e.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW) == -ENODEV,
-	      "DMA_BUF_IOCTL_SYNC on a revoked buffer: %d", sync_buf(e.fd, DMA_BUF_SYNC_START));
+	CHECK(cxla_sync_dmabuf(e.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW) == -ENODEV,
+	      "DMA_BUF_IOCTL_SYNC on a revoked buffer: %d", cxla_sync_dmabuf(e.fd, DMA_BUF_SYNC_START));
 	CHECK(mmap_err(e.fd, 4096, 0, MAP_SHARED) == -ENODEV, "new mmap of a revoked buffer");
-	signal(SIGBUS, on_sigbus);
-	if (!sigsetjmp(bus_jmp, 1))
-		(void)map[4096];
-	else
-		bus = 1;
-	signal(SIGBUS, SIG_DFL);
-	CHECK(bus, "the revoked mapping is still readable");
+	CHECK(cxla_probe_read(map + 4096, &v, NULL) == SIGBUS,
+	      "the revoked mapping is still readable");
 	EXPECT_ERR(cxla_free(c->fd[0], a.handle), ENODEV);
 
 	/* let go of everything: nothing may stay behind */
@@ -1304,11 +1217,11 @@ CXLA_TEST_F(devs, revoke_unbind)
 	/* bind again: all device memory free */
 	if (rebind(c, vdev, again, sizeof(again), &fd2) != PASS)
 		return FAIL;
-	CHECK(dev_free(fd2) == size, "%s: %llu of %llu bytes free after rebind", again,
-	      (unsigned long long)dev_free(fd2), (unsigned long long)size);
+	CHECK(cxla_devmem_free(fd2) == size, "%s: %llu of %llu bytes free after rebind", again,
+	      (unsigned long long)cxla_devmem_free(fd2), (unsigned long long)size);
 	close(fd2);
 	snprintf(c->name[0], sizeof(c->name[0]), "%s", again);
-	CHECK(!module_live(c, live), "module_live");
+	CHECK(!cxla_dmabuf_module_live(c->name[0], live), "module_live");
 	CHECK(live[0] == 0 && live[1] == 0 && live[2] == 0,
 	      "module-wide live exports %ld attachments %ld imports %ld", live[0],
 	      live[1], live[2]);
@@ -1325,9 +1238,9 @@ CXLA_TEST_F(devs, leak_check)
 	};
 	long live[3];
 	unsigned int k;
-	int d, bi = bufinfo_count();
+	int d, bi = cxla_debugfs_dmabufs();
 
-	CHECK(!module_live(c, live), "module_live unreadable");
+	CHECK(!cxla_dmabuf_module_live(c->name[0], live), "module_live unreadable");
 	CHECK(live[0] == 0 && live[1] == 0 && live[2] == 0,
 	      "module-wide live exports %ld attachments %ld imports %ld",
 	      live[0], live[1], live[2]);
@@ -1336,9 +1249,9 @@ CXLA_TEST_F(devs, leak_check)
 		for (k = 0; k < sizeof(zero) / sizeof(zero[0]); k++)
 			CHECK(sysfs_long(c->name[d], zero[k]) == 0, "%s dmabuf/%s = %ld",
 			      c->name[d], zero[k], sysfs_long(c->name[d], zero[k]));
-		CHECK(dev_free(c->fd[d]) == c->id[d].devmem_size,
+		CHECK(cxla_devmem_free(c->fd[d]) == c->id[d].devmem_size,
 		      "%s: %llu of %llu bytes free", c->name[d],
-		      (unsigned long long)dev_free(c->fd[d]),
+		      (unsigned long long)cxla_devmem_free(c->fd[d]),
 		      (unsigned long long)c->id[d].devmem_size);
 	}
 	DETAIL("no DMA-BUF, attachment, mapping, pin or import left on %d device(s), none in dma_buf/bufinfo; all device memory free",
@@ -1449,10 +1362,10 @@ static int bench(int argc, char **argv)
 		x.pb = cxla_map(c->fd[1], &b);
 		x.ram = mmap(NULL, x.len, PROT_READ | PROT_WRITE,
 			     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-		fa = export_fd(c->fd[0], a.handle);
-		fb = export_fd(c->fd[1], b.handle);
+		fa = cxla_export_dmabuf_fd(c->fd[0], a.handle);
+		fb = cxla_export_dmabuf_fd(c->fd[1], b.handle);
 		if (!x.pa || !x.pb || x.ram == MAP_FAILED || fa < 0 || fb < 0 ||
-		    import_buf(c->fd[0], fb, &ib) || import_buf(c->fd[1], fa, &ia)) {
+		    cxla_import_dmabuf(c->fd[0], fb, &ib) || cxla_import_dmabuf(c->fd[1], fa, &ia)) {
 			printf("RESULT dmabuf.bench FAIL set-up for %llu MiB failed\n",
 			       (unsigned long long)(x.len >> 20));
 			return 1;
@@ -1620,7 +1533,7 @@ static int ds_export(struct dsoak *s)
 	struct cxl_accel_dmabuf_import im;
 	int r, tries = 0;
 
-	while ((r = export_buf(s->xfd, s->e.handle, CXL_ACCEL_DMABUF_CLOEXEC,
+	while ((r = cxla_export_dmabuf(s->xfd, s->e.handle, CXL_ACCEL_DMABUF_CLOEXEC,
 			       &ex)) == -EIO && tries++ < 5)
 		s->st->export_eio++;
 	if (r)
@@ -1631,7 +1544,7 @@ static int ds_export(struct dsoak *s)
 	memcpy(s->uuid, ex.uuid, 16);
 	s->efd = ex.fd;
 	s->st->exports++;
-	r = import_buf(s->yfd, s->efd, &im);
+	r = cxla_import_dmabuf(s->yfd, s->efd, &im);
 	if (r)
 		return DS_FAIL(s, "IMPORT into dev%d: %s", s->y, strerror(-r));
 	if (im.kind != CXL_ACCEL_IMPORT_PEER || !(im.attach_flags & CXL_ACCEL_IMPORT_P2P) ||
@@ -1956,12 +1869,12 @@ static int dmabuf_soak(int secs)
 			       el ? ", " : "", xeio);
 	eio += aeio + xeio;
 	/* nothing left behind: the exports were released, UNEXPORTs included */
-	if (!why[0] && module_live(c, live))
+	if (!why[0] && cxla_dmabuf_module_live(c->name[0], live))
 		snprintf(why, sizeof(why), "module_live unreadable");
 	if (!why[0] && (live[0] || live[1] || live[2]))
 		snprintf(why, sizeof(why), "module-wide live exports %ld attachments %ld imports %ld",
 			 live[0], live[1], live[2]);
-	if (!why[0] && (k = bufinfo_count()) != 0)
+	if (!why[0] && (k = cxla_debugfs_dmabufs()) != 0)
 		snprintf(why, sizeof(why), "dma_buf/bufinfo lists %d cxl_accel buffers", k);
 	for (d = 0; d < c->ndev && !why[0]; d++) {
 		for (k = 0; k < (int)ARRAY_SIZE(zero) && !why[0]; k++)

@@ -97,54 +97,11 @@ static long protocol_at_start = -1;
 
 /* ------------------------------------------------------------ helpers */
 
-static int svm(int fd, uint32_t op, const void *p, size_t len,
-	       uint32_t handle, uint64_t *value)
-{
-	struct cxl_accel_svm s = {
-		.addr = (uintptr_t)p, .len = len, .op = op, .handle = handle,
-		.value = value ? *value : 0,
-	};
-	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_SVM, &s);
-
-	if (!r && value)
-		*value = s.value;
-	return r;
-}
-
-static int export_fd(int fd, uint32_t handle)
-{
-	struct cxl_accel_dmabuf_export e = {
-		.handle = handle, .flags = CXL_ACCEL_DMABUF_CLOEXEC, .fd = -1,
-	};
-	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_EXPORT_DMABUF, &e);
-
-	return r ? r : e.fd;
-}
-
-static int import_fd(int fd, int dmabuf, struct cxl_accel_dmabuf_import *im)
-{
-	memset(im, 0, sizeof(*im));
-	im->fd = dmabuf;
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_IMPORT_DMABUF, im);
-}
-
 static int signal_dev(int fd, uint64_t value)
 {
 	struct cxl_accel_signal s = { .value = value };
 
 	return cxla_ioctl(fd, CXL_ACCEL_IOC_SIGNAL, &s);
-}
-
-static uint64_t dev_free(int fd)
-{
-	struct cxl_accel_identify id;
-
-	return cxla_identify(fd, &id) ? ~0ULL : id.devmem_free;
-}
-
-static int open_dev(const char *path)
-{
-	return open(path, O_RDWR | O_CLOEXEC);
 }
 
 /* the importing device of the DMA-BUF tests: the peer, else this one */
@@ -345,7 +302,7 @@ static const char *state_diff(const struct devstate *b,
  * Wait (bounded) until both devices are back to their state before the
  * test: quarantined commands finish and deferred frees run asynchronously.
  */
-static int settle(FIXTURE_DATA(dev) *c)
+static int settle_state(FIXTURE_DATA(dev) *c)
 {
 	double t0 = now_sec();
 	struct devstate s;
@@ -647,7 +604,7 @@ CXLA_TEST_F(dev, garbage_ioctl_args)
 	size_t sz;
 
 	nfd0 = open_fds();
-	g.fd = open_dev(c->path);
+	g.fd = cxla_open_dev(c->path);
 	CHECK(g.fd >= 0, "open");
 	/* handles 1-4 are decoys that mutated FREEs may eat */
 	for (decoy = 0; decoy < 4; decoy++)
@@ -658,7 +615,7 @@ CXLA_TEST_F(dev, garbage_ioctl_args)
 	g.snap = malloc(GLEN / PG);
 	CHECK(g.ram && g.snap, "mmap");
 	memset(g.ram, 0x5a, GLEN);
-	g.dmabuf = export_fd(g.fd, g.h);
+	g.dmabuf = cxla_export_dmabuf_fd(g.fd, g.h);
 	CHECK(g.dmabuf >= 0, "export: %s", ename(-g.dmabuf));
 	e64[10] = (uintptr_t)g.ram + 1;
 	e64[11] = (uintptr_t)g.ram + GLEN - 8;
@@ -707,7 +664,7 @@ CXLA_TEST_F(dev, garbage_ioctl_args)
 	/* 3. a read-only argument: commands that only read it work, results cannot be written */
 	for (k = 0; k < ARRAY_SIZE(known); k++) {
 		unsigned long cmd = known[k].cmd;
-		uint64_t free0 = dev_free(g.fd);
+		uint64_t free0 = cxla_devmem_free(g.fd);
 
 		CHECK(!mprotect(ro, PG, PROT_READ | PROT_WRITE), "mprotect");
 		g_template(&g, cmd, ro);
@@ -727,9 +684,9 @@ CXLA_TEST_F(dev, garbage_ioctl_args)
 			      known[k].name, r, r ? ename(-r) : "ok");
 		}
 		/* what could not be reported must have been undone */
-		CHECK(cmd != CXL_ACCEL_IOC_ALLOC || dev_free(g.fd) == free0,
+		CHECK(cmd != CXL_ACCEL_IOC_ALLOC || cxla_devmem_free(g.fd) == free0,
 		      "ALLOC into a read-only argument leaked %lld bytes",
-		      (long long)(free0 - dev_free(g.fd)));
+		      (long long)(free0 - cxla_devmem_free(g.fd)));
 		CHECK(open_fds() == nfd0 + 2, "%s into a read-only argument left %d fds",
 		      known[k].name, open_fds() - nfd0);
 		CHECK(cxla_sysfs_long(c->name, "dmabuf/imports") == nimp0,
@@ -800,7 +757,7 @@ CXLA_TEST_F(dev, garbage_import)
 	struct cxl_accel_dmabuf_export e;
 	struct cxl_accel_alloc a;
 	struct cxl_accel_free f;
-	int fd = open_dev(c->path), ifd = open_dev(imp_path(c));
+	int fd = cxla_open_dev(c->path), ifd = cxla_open_dev(imp_path(c));
 	int p[2], sp[2], efd, mfd, ep, nul, dir, closed, hfd, dmabuf, r, i;
 	struct dma_heap_allocation_data hd = { .len = 1 * MiB,
 					       .fd_flags = O_RDWR | O_CLOEXEC };
@@ -835,7 +792,7 @@ CXLA_TEST_F(dev, garbage_import)
 
 		for (i = 0; i < (int)ARRAY_SIZE(bad); i++, n++) {
 			/* err 0: whatever the console is, not a DMA-BUF */
-			r = import_fd(ifd, bad[i].fd, &im);
+			r = cxla_import_dmabuf(ifd, bad[i].fd, &im);
 			CHECK(bad[i].err ? r == -bad[i].err : r == -EBADF || r == -EINVAL,
 			      "import of %s: %d (%s), expected %s", bad[i].what, r,
 			      r ? ename(-r) : "ok", bad[i].err ? ename(bad[i].err) : "EBADF/EINVAL");
@@ -843,7 +800,7 @@ CXLA_TEST_F(dev, garbage_import)
 	}
 	/* reserved fields, flags */
 	OK(cxla_alloc(fd, 1 * MiB, 0, &a));
-	dmabuf = export_fd(fd, a.handle);
+	dmabuf = cxla_export_dmabuf_fd(fd, a.handle);
 	CHECK(dmabuf >= 0, "export: %d", dmabuf);
 	for (i = 0; i < 3; i++, n++) {
 		memset(&im, 0, sizeof(im));
@@ -855,7 +812,7 @@ CXLA_TEST_F(dev, garbage_import)
 		EXPECT_ERR(cxla_ioctl(ifd, CXL_ACCEL_IOC_IMPORT_DMABUF, &im), EINVAL);
 	}
 	/* an import is not exportable, unknown imported handles are unknown */
-	OK(import_fd(ifd, dmabuf, &im));
+	OK(cxla_import_dmabuf(ifd, dmabuf, &im));
 	memset(&e, 0, sizeof(e));
 	e.handle = im.handle;
 	EXPECT_ERR(cxla_ioctl(ifd, CXL_ACCEL_IOC_EXPORT_DMABUF, &e), EINVAL);
@@ -875,7 +832,7 @@ CXLA_TEST_F(dev, garbage_import)
 	/* the same DMA-BUF 64 times, and other exporters' */
 	imp0 = cxla_sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports");
 	for (i = 0; i < 64; i++, n++) {
-		OK(import_fd(ifd, dmabuf, &im));
+		OK(cxla_import_dmabuf(ifd, dmabuf, &im));
 		handles[i] = im.handle;
 	}
 	CHECK(cxla_sysfs_long(c->peer_path ? c->peer_name : c->name, "dmabuf/imports") ==
@@ -886,7 +843,7 @@ CXLA_TEST_F(dev, garbage_import)
 		OK(cxla_free(ifd, handles[i]));
 	hfd = open("/dev/dma_heap/system", O_RDWR | O_CLOEXEC);
 	if (hfd >= 0 && !ioctl(hfd, DMA_HEAP_IOCTL_ALLOC, &hd)) {
-		OK(import_fd(ifd, hd.fd, &im));
+		OK(cxla_import_dmabuf(ifd, hd.fd, &im));
 		CHECK(im.kind == CXL_ACCEL_IMPORT_OTHER, "heap import kind %u", im.kind);
 		close(hd.fd);
 		n++;
@@ -912,23 +869,6 @@ CXLA_TEST_F(dev, garbage_import)
 	return PASS;
 }
 
-static sigjmp_buf segv_jmp;
-
-static void on_segv(int sig)
-{
-	siglongjmp(segv_jmp, sig);
-}
-
-/* a byte of p, or -SIGNAL when the access faults */
-static int probe_read(volatile uint8_t *p)
-{
-	int sig = sigsetjmp(segv_jmp, 1);
-
-	if (sig)
-		return -sig;
-	return *p;
-}
-
 static bool all_bytes(const uint8_t *p, size_t len, uint8_t v)
 {
 	uint64_t w = 0x0101010101010101ULL * v, x;
@@ -949,7 +889,7 @@ static bool all_bytes(const uint8_t *p, size_t len, uint8_t v)
 CXLA_TEST_F(dev, garbage_mmap)
 {
 	const size_t len = 16 * PG;
-	int fd = open_dev(c->path), dmabuf, r, status, mem, i;
+	int fd = cxla_open_dev(c->path), dmabuf, r, status, mem, i;
 	struct cxl_accel_alloc a;
 	uint8_t *p, *q, *m, *moved, buf[PG];
 	int pin_result;
@@ -1110,7 +1050,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 	CHECK(write(fd, buf, 16) < 0 && errno == EINVAL, "write: %s", ename(errno));
 	CHECK(ftruncate(fd, 0) < 0, "ftruncate worked");
 	/* FREE while mapped, then the DMA-BUF fd's own mmap */
-	dmabuf = export_fd(fd, a.handle);
+	dmabuf = cxla_export_dmabuf_fd(fd, a.handle);
 	CHECK(dmabuf >= 0, "export");
 	OK(cxla_free(fd, a.handle));
 	CHECK(p[0] == 1, "mapping after FREE");
@@ -1283,18 +1223,18 @@ CXLA_TEST_F(dev, handle_free_race)
 	pthread_t tm, ts;
 	uint8_t *ro;
 	uint32_t xh;
-	int fd = open_dev(c->path), ifd, dmabuf, k;
+	int fd = cxla_open_dev(c->path), ifd, dmabuf, k;
 	char tb[200], tb2[200];
 
 	CHECK(fd >= 0, "open");
 	OK(cxla_alloc(fd, 1 * MiB, 0, &a));
 	xh = a.handle;
-	dmabuf = export_fd(fd, xh);
+	dmabuf = cxla_export_dmabuf_fd(fd, xh);
 	CHECK(dmabuf >= 0, "export");
 	im.fd = dmabuf;
 	a = (struct cxl_accel_alloc){ .size = 4096 };
 	for (k = 0; k < 10; k++) {
-		ifd = open_dev(imp_path(c));	/* no handles: the next one is 1 */
+		ifd = cxla_open_dev(imp_path(c));	/* no handles: the next one is 1 */
 		CHECK(ifd >= 0, "open");
 		if (k % 2 ? freed_while_reporting(c, ifd, CXL_ACCEL_IOC_IMPORT_DMABUF,
 						  &im, sizeof(im),
@@ -1305,7 +1245,7 @@ CXLA_TEST_F(dev, handle_free_race)
 		close(ifd);
 	}
 
-	ifd = open_dev(imp_path(c));
+	ifd = cxla_open_dev(imp_path(c));
 	CHECK(ifd >= 0, "open");
 	ro = mmap(NULL, PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(ro != MAP_FAILED, "mmap");
@@ -1428,7 +1368,7 @@ CXLA_TEST_F(dev, free_during_dma)
 		int in, k;
 
 		mode = w.mode;
-		w.fd = open_dev(c->path);
+		w.fd = cxla_open_dev(c->path);
 		CHECK(w.fd >= 0, "open");
 		OK(cxla_alloc(w.fd, len, 0, &a));
 		w.h = a.handle;
@@ -1551,8 +1491,8 @@ static int open_with_buffer(FIXTURE_DATA(dev) *c, uint64_t *free_before)
 	struct cxl_accel_alloc a;
 	int fd;
 
-	*free_before = dev_free(c->fd);
-	fd = open_dev(c->path);
+	*free_before = cxla_devmem_free(c->fd);
+	fd = cxla_open_dev(c->path);
 	if (fd >= 0 && cxla_alloc(fd, 1 * MiB, 0, &a)) {
 		close(fd);
 		return -1;
@@ -1565,7 +1505,7 @@ static bool released(FIXTURE_DATA(dev) *c, uint64_t free_before)
 	int i;
 
 	for (i = 0; i < 100; i++) {
-		if (dev_free(c->fd) == free_before)
+		if (cxla_devmem_free(c->fd) == free_before)
 			return true;
 		usleep(20000);
 	}
@@ -1651,7 +1591,7 @@ CXLA_TEST_F(dev, close_while_waiting)
 		struct waiter y = { .kind = W_EVENT };
 		pthread_t t;
 
-		y.fd = open_dev(c->path);
+		y.fd = cxla_open_dev(c->path);
 		if (y.fd < 0 || pthread_create(&t, NULL, wait_thread, &y))
 			_exit(2);
 		msleep_(50);
@@ -1727,7 +1667,7 @@ CXLA_TEST_F(dev, event_storm)
 	struct cxl_accel_stats s0, s1;
 	struct tally all = { 0 };
 	pthread_t tp[4], tt[2];
-	int fd = open_dev(c->path), pfd = open_dev(c->path), k;
+	int fd = cxla_open_dev(c->path), pfd = cxla_open_dev(c->path), k;
 	long got = 0, lost = 0, dropped, posted = 0, late_got = 0, late_lost = 0;
 	struct pollfd pl = { .fd = pfd, .events = POLLIN };
 	char tb[200];
@@ -1739,7 +1679,7 @@ CXLA_TEST_F(dev, event_storm)
 		CHECK(!pthread_create(&tt[k], NULL, event_taker, &t[k]), "thread");
 	}
 	for (k = 0; k < 4; k++) {
-		p[k] = (struct storm_poster){ .fd = open_dev(c->path), .n = 150 };
+		p[k] = (struct storm_poster){ .fd = cxla_open_dev(c->path), .n = 150 };
 		CHECK(p[k].fd >= 0, "open");
 		CHECK(!pthread_create(&tp[k], NULL, event_poster, &p[k]), "thread");
 	}
@@ -1839,7 +1779,7 @@ CXLA_TEST_F(dev, io_uring_task_work)
 {
 	struct sigaction sa = { .sa_handler = on_tick };	/* no SA_RESTART */
 	const size_t len = 4 * MiB;
-	int fd = open_dev(c->path), i, r;
+	int fd = cxla_open_dev(c->path), i, r;
 	uint8_t *ram = map_anon(len), *anon = map_anon(1 * MiB);
 	struct cxl_accel_wait_event w;
 	struct cxl_accel_alloc a;
@@ -1981,8 +1921,8 @@ static void kill_child(FIXTURE_DATA(dev) *c, int ready)
 	pthread_t th[7];
 	int k, dmabuf;
 
-	j.fd = open_dev(c->path);
-	j.pfd = open_dev(imp_path(c));
+	j.fd = cxla_open_dev(c->path);
+	j.pfd = cxla_open_dev(imp_path(c));
 	if (j.fd < 0 || j.pfd < 0 || cxla_alloc(j.fd, j.len, 0, &a) ||
 	    cxla_alloc(j.fd, j.len, 0, &b))
 		_exit(2);
@@ -1994,8 +1934,8 @@ static void kill_child(FIXTURE_DATA(dev) *c, int ready)
 		_exit(3);
 	memset(j.ram, 1, j.len);
 	memset(j.anon, 2, 4 * MiB);
-	dmabuf = export_fd(j.fd, j.a);
-	if (dmabuf < 0 || import_fd(j.pfd, dmabuf, &im))
+	dmabuf = cxla_export_dmabuf_fd(j.fd, j.a);
+	if (dmabuf < 0 || cxla_import_dmabuf(j.pfd, dmabuf, &im))
 		_exit(4);
 	j.imp = im.handle;
 	for (k = 0; k < 7; k++) {
@@ -2148,8 +2088,8 @@ CXLA_TEST_F(dev, unmap_during_migration)
 	int i;
 
 	CHECK(!sigaction(SIGUSR1, &sa, NULL), "sigaction");
-	u.fd = open_dev(c->path);
-	u.efd = open_dev(c->path);
+	u.fd = cxla_open_dev(c->path);
+	u.efd = cxla_open_dev(c->path);
 	CHECK(u.fd >= 0 && u.efd >= 0, "open");
 	OK(cxla_alloc(u.fd, UM_PAGES * PG, 0, &a));
 	u.h = a.handle;
@@ -2282,7 +2222,7 @@ CXLA_TEST_F(dev, exit_with_device_pages)
 			pthread_t t1, t2;
 
 			close(p[0]);
-			u.fd = open_dev(c->path);
+			u.fd = cxla_open_dev(c->path);
 			u.p = map_anon(UM_PAGES * PG);
 			if (u.fd < 0 || !u.p || cxla_alloc(u.fd, UM_PAGES * PG, 0, &a))
 				_exit(2);
@@ -2395,7 +2335,7 @@ CXLA_TEST_F(dev, dmabuf_close_during_copy)
 		pthread_t th;
 
 		mode = round % DB_MODES;
-		w.fd = open_dev(imp_path(c));
+		w.fd = cxla_open_dev(imp_path(c));
 		CHECK(w.fd >= 0, "open");
 		OK(cxla_alloc(w.fd, len, 0, &y));
 		w.y = y.handle;
@@ -2410,15 +2350,15 @@ CXLA_TEST_F(dev, dmabuf_close_during_copy)
 			dmabuf = hd.fd;
 			close(hfd);
 		} else {
-			efd = open_dev(c->path);
+			efd = cxla_open_dev(c->path);
 			CHECK(efd >= 0, "open");
 			OK(cxla_alloc(efd, len, 0, &x));
-			dmabuf = export_fd(efd, x.handle);
+			dmabuf = cxla_export_dmabuf_fd(efd, x.handle);
 			CHECK(dmabuf >= 0, "export: %d", dmabuf);
 		}
 		m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, dmabuf, 0);
 		CHECK(m != MAP_FAILED, "mmap DMA-BUF: %s", strerror(errno));
-		OK(import_fd(w.fd, dmabuf, &im));
+		OK(cxla_import_dmabuf(w.fd, dmabuf, &im));
 		w.imp = im.handle;
 		/* the import reaches what the CPU wrote, and the other way */
 		fill_random(m, len, seed + round);
@@ -2505,7 +2445,7 @@ static void *export_racer(void *arg)
 
 	for (i = 0; i < EXP_ROUNDS; i++) {
 		pthread_barrier_wait(x->bar);
-		d = export_fd(x->fd, x->h);
+		d = cxla_export_dmabuf_fd(x->fd, x->h);
 		note(&x->t, d < 0 ? d : 0, NULL, "export, round %d", i);
 		x->ino[i] = d >= 0 && !fstat(d, &st) ? st.st_ino : 0;
 		pthread_barrier_wait(x->bar);
@@ -2530,7 +2470,7 @@ static void *export_churn(void *arg)
 	int d;
 
 	while (!x->stop) {
-		d = export_fd(x->fd, x->h);
+		d = cxla_export_dmabuf_fd(x->fd, x->h);
 		note(&x->t, d < 0 ? d : 0, allowed, "export/close");
 		if (d >= 0)
 			close(d);
@@ -2553,9 +2493,9 @@ CXLA_TEST_F(dev, export_then_free)
 	struct churn ch[2];
 	pthread_barrier_t bar;
 	pthread_t th[4];
-	int fd = open_dev(c->path), ifd = open_dev(imp_path(c)), dmabuf, i, k;
+	int fd = cxla_open_dev(c->path), ifd = cxla_open_dev(imp_path(c)), dmabuf, i, k;
 	struct tally t = { 0 };
-	uint64_t free0 = dev_free(c->fd);
+	uint64_t free0 = cxla_devmem_free(c->fd);
 	uint8_t *m;
 	uint32_t crc;
 	char tb[200];
@@ -2563,25 +2503,25 @@ CXLA_TEST_F(dev, export_then_free)
 	CHECK(fd >= 0 && ifd >= 0, "open");
 	/* export, FREE, use through the fd and an import, then let go */
 	OK(cxla_alloc(fd, len, 0, &a));
-	dmabuf = export_fd(fd, a.handle);
+	dmabuf = cxla_export_dmabuf_fd(fd, a.handle);
 	CHECK(dmabuf >= 0, "export");
 	OK(cxla_free(fd, a.handle));
-	EXPECT_ERR(export_fd(fd, a.handle), ENOENT);
+	EXPECT_ERR(cxla_export_dmabuf_fd(fd, a.handle), ENOENT);
 	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, dmabuf, 0);
 	CHECK(m != MAP_FAILED, "mmap: %s", strerror(errno));
 	fill_random(m, len, c->seed);
-	OK(import_fd(ifd, dmabuf, &im));
+	OK(cxla_import_dmabuf(ifd, dmabuf, &im));
 	CHECK(!close(dmabuf), "close");
 	OK(cxla_checksum(ifd, cxla_dev(im.handle, 0), len, 0, &crc));
 	CHECK(crc == crc32c(0, m, len), "checksum through the import of a freed buffer");
 	CHECK(!munmap(m, len), "munmap");
-	CHECK(dev_free(c->fd) == free0 - len, "memory of the import went back (%llu free, %llu before)",
-	      (unsigned long long)dev_free(c->fd), (unsigned long long)free0);
+	CHECK(cxla_devmem_free(c->fd) == free0 - len, "memory of the import went back (%llu free, %llu before)",
+	      (unsigned long long)cxla_devmem_free(c->fd), (unsigned long long)free0);
 	OK(cxla_fill(ifd, cxla_dev(im.handle, 0), len, 1, 0));
 	OK(cxla_free(ifd, im.handle));
-	for (i = 0; i < 100 && dev_free(c->fd) != free0; i++)
+	for (i = 0; i < 100 && cxla_devmem_free(c->fd) != free0; i++)
 		usleep(20000);
-	CHECK(dev_free(c->fd) == free0, "memory not back after the import went");
+	CHECK(cxla_devmem_free(c->fd) == free0, "memory not back after the import went");
 
 	/* four threads export one buffer at the same moment */
 	OK(cxla_alloc(fd, len, 0, &a));
@@ -2685,7 +2625,7 @@ CXLA_TEST_F(dev, export_interrupted)
 	struct tally t = { 0 };
 	static const int allowed[] = { EINTR, 0 };
 	pthread_t tb[2], tk;
-	int fd = open_dev(c->path), round, r, d, tries, intr = 0;
+	int fd = cxla_open_dev(c->path), round, r, d, tries, intr = 0;
 	char tbuf[200];
 
 	CHECK(fd >= 0, "open");
@@ -2700,13 +2640,13 @@ CXLA_TEST_F(dev, export_interrupted)
 	/* 16 rounds, more until one was interrupted (timing decides that) */
 	for (round = 0; round < 16 || (!intr && round < 400); round++) {
 		__atomic_store_n(&k.armed, 1, __ATOMIC_SEQ_CST);
-		d = export_fd(fd, x.handle);
+		d = cxla_export_dmabuf_fd(fd, x.handle);
 		__atomic_store_n(&k.armed, 0, __ATOMIC_SEQ_CST);
 		note(&t, d < 0 ? d : 0, allowed, "export, round %d", round);
 		intr += d == -EINTR;
 		/* again at once (a late signal may interrupt this one too) */
 		for (tries = 0; d == -EINTR && tries < 5; tries++) {
-			d = export_fd(fd, x.handle);
+			d = cxla_export_dmabuf_fd(fd, x.handle);
 			note(&t, d < 0 ? d : 0, allowed, "export again after EINTR, round %d",
 			     round);
 		}
@@ -2861,7 +2801,7 @@ CXLA_TEST_F(dev, alloc_storm)
 	char tb[200];
 
 	for (k = 0; k < 3; k++) {
-		fds[k] = open_dev(c->path);
+		fds[k] = cxla_open_dev(c->path);
 		CHECK(fds[k] >= 0, "open");
 	}
 	pthread_barrier_init(&bar, NULL, STORM_THREADS + 2);
@@ -2995,7 +2935,7 @@ CXLA_TEST_F(dev, health)
 	struct cxl_accel_atomic at;
 	struct cxl_accel_migrate m;
 	const char *names[2] = { c->name, c->peer_path ? c->peer_name : NULL };
-	int fd = open_dev(c->path), d, k, problems;
+	int fd = cxla_open_dev(c->path), d, k, problems;
 	uint8_t *ram = malloc(len), *ram2 = malloc(len), *p, *anon;
 	long sub = 0, comp = 0, live[3];
 	char first[300], attr[64];
@@ -3146,7 +3086,7 @@ FIXTURE_TEARDOWN(dev)
 	char first[300];
 	int n;
 
-	if (verdict == PASS && settle(c))
+	if (verdict == PASS && settle_state(c))
 		verdict = FAIL;
 	/* the kernel log since the last test (each test reads its part) */
 	n = kmsg_problems(first, sizeof(first));
@@ -3163,7 +3103,7 @@ static int prologue(void)
 {
 	struct cxl_accel_identify id;
 	char name[32];
-	int fd = open_dev(cxla_opt.dev);
+	int fd = cxla_open_dev(cxla_opt.dev);
 
 	if (fd < 0 || cxla_identify(fd, &id)) {
 		printf("RESULT %sopen FAIL %s: %s\n", cxla_opt.prefix, cxla_opt.dev,
