@@ -322,7 +322,8 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             silent_frontend: false,
-            attach: Default::default(),
+            // The harness plays QEMU 10.2 by default: device memory is a BAR it shares.
+            attach: cxl_accel::device::Attach::Bar,
             map_devmem: true,
             dma_threads: 2,
             peers: Vec::new(),

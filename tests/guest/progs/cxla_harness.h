@@ -34,9 +34,16 @@
  *
  *   RESULT <prefix><name> PASS|FAIL|SKIP <detail> [<seconds>s]
  *
+ * A test whose parts depend on each other (a scenario: unplug-tests'
+ * removal) may instead report each check as a result of its own with
+ * cxla_result(); it then has no line of its own, unless its process dies
+ * or it fails without a failed check. A prologue or a mode says what went
+ * wrong the same way.
+ *
  * Command line (every program): -d DEV, -P PEER-DEV, -p PREFIX, -t NAME
  * (repeatable: only these), -l (list), --peer-only (only the two-device
- * tests), plus the program's CXLA_OPTION()s and CXLA_MODE()s.
+ * tests), plus the program's CXLA_OPTION()s and CXLA_MODE()s. A program's
+ * option may take a letter of these for itself (mm-stress: -t SECONDS).
  */
 #ifndef CXLA_HARNESS_H
 #define CXLA_HARNESS_H
@@ -305,8 +312,11 @@ enum cxla_peer {
  */
 int cxla_open_devs(struct cxla_devs *d, enum cxla_peer peer);
 
-/* print one RESULT line (for programs with a main of their own too) */
-void cxla_print_result(const char *prefix, const char *name, int verdict,
-		       const char *detail, double secs);
+/*
+ * One RESULT line, <prefix><name>, for a check that is a result of its own
+ * (see above): counted in the runner's summary in place of the test's line.
+ */
+void cxla_result(const char *name, int verdict, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 #endif /* CXLA_HARNESS_H */

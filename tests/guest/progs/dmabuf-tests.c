@@ -1534,7 +1534,7 @@ static int ds_export(struct dsoak *s)
 	int r, tries = 0;
 
 	while ((r = cxla_export_dmabuf(s->xfd, s->e.handle, CXL_ACCEL_DMABUF_CLOEXEC,
-			       &ex)) == -EIO && tries++ < 5)
+				       &ex)) == -EIO && tries++ < 5)
 		s->st->export_eio++;
 	if (r)
 		return DS_FAIL(s, "EXPORT of E (dev%d, %zu bytes): %s", s->x,

@@ -24,7 +24,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <setjmp.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -244,13 +243,6 @@ static int copy_t(int fd, struct cxl_accel_mem src, struct cxl_accel_mem dst,
 	return cxla_ioctl(fd, CXL_ACCEL_IOC_COPY, &cp);
 }
 
-static int nop(int fd, uint32_t timeout_ms)
-{
-	struct cxl_accel_nop n = { .timeout_ms = timeout_ms };
-
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_NOP, &n);
-}
-
 /* A buffer of size bytes, mapped (map may be NULL: not mapped) */
 struct dbuf {
 	struct cxl_accel_alloc a;
@@ -345,16 +337,6 @@ static int wait_poison(FIXTURE_DATA(fault) *c, int n)
 	return poison_lines(c);
 }
 
-/* SIGBUS catching for CPU accesses to poisoned pages */
-static sigjmp_buf bus_jmp;
-static volatile int bus_code;
-
-static void on_bus(int sig, siginfo_t *si, void *uc)
-{
-	bus_code = si->si_code;
-	siglongjmp(bus_jmp, 1);
-}
-
 /*
  * The SIGBUS code of an access to poisoned memory: BUS_MCEERR_AR where the
  * kernel has CONFIG_MEMORY_FAILURE (its sysctls show it), else the kernel
@@ -372,20 +354,15 @@ static const char *poison_code_name(void)
 	       "BUS_ADRERR, no CONFIG_MEMORY_FAILURE";
 }
 
-/* Read one byte: 0 (*val set) or the SIGBUS si_code (BUS_MCEERR_AR = 4) */
-static int probe_read(volatile const uint8_t *p, uint8_t *val)
+/*
+ * Read one byte: 0 (*val set), or the si_code of the SIGBUS it raised
+ * (BUS_MCEERR_AR = 4), or -1 for another signal.
+ */
+static int read_bus_code(const volatile uint8_t *p, uint8_t *val)
 {
-	struct sigaction sa = { .sa_sigaction = on_bus, .sa_flags = SA_SIGINFO };
-	struct sigaction old;
-	int code = 0;
+	int code = -1, sig = cxla_probe_read(p, val, &code);
 
-	sigaction(SIGBUS, &sa, &old);
-	if (!sigsetjmp(bus_jmp, 1))
-		*val = *p;
-	else
-		code = bus_code ? bus_code : -1;
-	sigaction(SIGBUS, &old, NULL);
-	return code;
+	return !sig ? 0 : sig == SIGBUS && code ? code : -1;
 }
 
 /* Device-memory offsets of n pages at p (from /proc/self/pagemap); -1 if not there */
@@ -544,9 +521,9 @@ CXLA_TEST_F(fault, corrupted_responses)
 	memset(d.p, 0, 64 * 1024);
 	OK(copy_t(c->fd, cxla_dev(s.a.handle, 0), cxla_dev(d.a.handle, 0), 64 * 1024, 5000));
 	CHECK(d.p[0] == 0x77 && d.p[64 * 1024 - 1] == 0x77, "COPY after the corrupted ones: data %#x", d.p[0]);
-	EXPECT_ERR(nop(c->fd, 5000), EIO);
-	EXPECT_ERR(nop(c->fd, 5000), EIO);
-	OK(nop(c->fd, 5000));
+	EXPECT_ERR(cxla_nop(c->fd, 5000), EIO);
+	EXPECT_ERR(cxla_nop(c->fd, 5000), EIO);
+	OK(cxla_nop(c->fd, 5000));
 	CHECK(dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) - proto0 == 4,
 	      "protocol_errors went up by %lld, expected 4",
 	      dstat(c, CXL_ACCEL_DSTAT_PROTOCOL) - proto0);
@@ -880,7 +857,7 @@ CXLA_TEST_F(fault, model)
 	for (i = 0; i < (int)ARRAY_SIZE(lat); i++) {
 		double t0 = now_sec();
 
-		OK(nop(c->fd, 5000));
+		OK(cxla_nop(c->fd, 5000));
 		lat[i] = (now_sec() - t0) * 1000;
 	}
 	nop_ms = median(lat, ARRAY_SIZE(lat));
@@ -947,15 +924,15 @@ CXLA_TEST_F(fault, poison_buffer)
 	      dstat(c, CXL_ACCEL_DSTAT_POISON) - ev0);
 
 	/* CPU: SIGBUS on the poisoned pages, which were mapped before */
-	code = probe_read(a.p + 16 * PG + 100, &v);
+	code = read_bus_code(a.p + 16 * PG + 100, &v);
 	CHECK(code == poison_code(), "read of a poisoned buffer page: %s (si_code %d, want %d)",
 	      code ? "SIGBUS" : "no fault", code, poison_code());
-	CHECK(probe_read(a.p + 17 * PG, &v) == poison_code(), "second poisoned page");
-	CHECK(!probe_read(a.p + 15 * PG, &v) && v == 0xa5, "page 15: %#x", v);
-	CHECK(!probe_read(a.p + 18 * PG, &v) && v == 0xa5, "page 18: %#x", v);
-	code_b = probe_read(bm + PG, &v);
+	CHECK(read_bus_code(a.p + 17 * PG, &v) == poison_code(), "second poisoned page");
+	CHECK(!read_bus_code(a.p + 15 * PG, &v) && v == 0xa5, "page 15: %#x", v);
+	CHECK(!read_bus_code(a.p + 18 * PG, &v) && v == 0xa5, "page 18: %#x", v);
+	code_b = read_bus_code(bm + PG, &v);
 	CHECK(code_b == poison_code(), "read of a poisoned DMA-BUF page: si_code %d", code_b);
-	CHECK(!probe_read(bm, &v) && v == 0xb6, "DMA-BUF page 0: %#x", v);
+	CHECK(!read_bus_code(bm, &v) && v == 0xb6, "DMA-BUF page 0: %#x", v);
 	CHECK(dstat(c, CXL_ACCEL_DSTAT_HWPOISON) - hw0 == 3, "hwpoison_faults +%lld, expected 3",
 	      dstat(c, CXL_ACCEL_DSTAT_HWPOISON) - hw0);
 
@@ -975,8 +952,8 @@ CXLA_TEST_F(fault, poison_buffer)
 	     (unsigned long long)pb);
 	CHECK(wait_poison(c, 0) == 0, "%d ranges still listed after the host cleared them",
 	      poison_lines(c));
-	CHECK(!probe_read(a.p + 16 * PG, &v), "the cleared page still faults");
-	CHECK(!probe_read(bm + PG, &v), "the cleared DMA-BUF page still faults");
+	CHECK(!read_bus_code(a.p + 16 * PG, &v), "the cleared page still faults");
+	CHECK(!read_bus_code(bm + PG, &v), "the cleared DMA-BUF page still faults");
 	OK(copy_t(c->fd, cxla_dev(a.a.handle, 0), cxla_dev(a.a.handle, MIB / 2), MIB / 2, 5000));
 	OK(cxla_fill(c->fd, cxla_dev(b.a.handle, 0), 256 * 1024, 1, 0));
 	munmap(bm, 256 * 1024);
@@ -1171,7 +1148,7 @@ CXLA_TEST_F(fault, poison_private)
 	CHECK(mg.migrated == 8, "%llu private pages", (unsigned long long)mg.migrated);
 	HOST(c, "poison %#llx %#lx", (long long)chunk, 2 * MIB);
 	CHECK(wait_poison(c, 1) == 1, "poison not listed");
-	code = probe_read(p + 3 * PG, &v);
+	code = read_bus_code(p + 3 * PG, &v);
 	CHECK(code == poison_code(), "CPU read of a private page on poison: %s (si_code %d, want %d)",
 	      code ? "SIGBUS" : "no fault", code, poison_code());
 	OK(cxla_migrate_flags(c->fd, p, 8 * PG, false, CXL_ACCEL_MIGRATE_PRIVATE, &mg));
@@ -1180,7 +1157,7 @@ CXLA_TEST_F(fault, poison_private)
 	HOST(c, "unpoison %#llx %#lx", (long long)chunk, 2 * MIB);
 	CHECK(wait_poison(c, 0) == 0, "poison still listed");
 	for (i = 0; i < 8; i++)
-		CHECK(!probe_read(p + i * PG, &v), "page %zu faults after clearing", i);
+		CHECK(!read_bus_code(p + i * PG, &v), "page %zu faults after clearing", i);
 	CHECK(!memcmp(p, ref, 8 * PG), "private pages differ after coming back");
 	munmap(p, 8 * PG);
 	munmap(one, PG);
@@ -1252,7 +1229,7 @@ CXLA_TEST_F(fault, never_completes)
 	      json_num(reply, "executing"));
 	HOST(c, "buffers");
 	CHECK(json_count(reply, "id") == 0, "buffers left on the device: %.200s", reply);
-	OK(nop(c->fd, 5000));
+	OK(cxla_nop(c->fd, 5000));
 	SETTLED(c);
 	DETAIL("hung COPY: -ETIMEDOUT, quarantined, the second engine went on; unbind (%.2f s) ended it, after the rebind all device memory free, no buffer, nothing executing",
 	       t);
@@ -1300,7 +1277,7 @@ CXLA_TEST_F(fault, worker_restart)
 	HOST(c, "counters");
 	cmds1 = json_num(reply, "commands");
 	CHECK(cmds1 >= cmds0, "device commands counter %lld, was %lld", cmds1, cmds0);
-	OK(nop(c->fd, 5000));
+	OK(cxla_nop(c->fd, 5000));
 	CHECK(a.p[0] == 0x11, "buffer data");
 	/* the driver still refuses the page: the device never said it is clear */
 	CHECK(poison_lines(c) == 1, "driver poison record: %d ranges", poison_lines(c));
@@ -1326,7 +1303,7 @@ static double nop_us(int fd, int n)
 	for (i = 0; i < n; i++) {
 		double t0 = now_sec();
 
-		if (nop(fd, 5000))
+		if (cxla_nop(fd, 5000))
 			return -1;
 		v[i] = (now_sec() - t0) * 1e6;
 	}

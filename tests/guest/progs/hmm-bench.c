@@ -12,13 +12,11 @@
  */
 #define _GNU_SOURCE
 #include <stdbool.h>
-#include <sys/syscall.h>
 
 #include "cxla_test.h"
 
 #define MiB		(1024UL * 1024)
 #define PG		4096UL
-#define MPOL_MF_MOVE	(1 << 1)
 
 struct fig {
 	const char *what;
@@ -52,30 +50,6 @@ static int mig(void *p, size_t len, bool to_dev, uint64_t *moved)
 	return r;
 }
 
-/* move_pages() of [p, p + len) to node; returns pages that failed */
-static long move_range(void *p, size_t len, int to)
-{
-	size_t n = len / PG, i;
-	void **pages = malloc(n * sizeof(*pages));
-	int *nodes = malloc(n * sizeof(*nodes)), *status = malloc(n * sizeof(*status));
-	long bad = 0, r;
-
-	for (i = 0; i < n; i++) {
-		pages[i] = (uint8_t *)p + i * PG;
-		nodes[i] = to;
-	}
-	r = syscall(__NR_move_pages, 0, n, pages, nodes, status, MPOL_MF_MOVE);
-	if (r < 0)
-		bad = -errno;
-	else
-		for (i = 0; i < n; i++)
-			bad += status[i] != to;
-	free(pages);
-	free(nodes);
-	free(status);
-	return bad;
-}
-
 /* Move len bytes in calls of chunk bytes, to and back; best of runs. */
 static int measure(struct fig *f, size_t len, size_t chunk, int runs)
 {
@@ -98,7 +72,7 @@ static int measure(struct fig *f, size_t len, size_t chunk, int runs)
 		t0 = now_sec();
 		for (off = 0; off < len; off += chunk) {
 			if (numa) {
-				if (move_range(p + off, chunk, node))
+				if (cxla_move_pages(p + off, chunk, node))
 					return -EIO;
 				continue;
 			}
@@ -109,7 +83,7 @@ static int measure(struct fig *f, size_t len, size_t chunk, int runs)
 		t1 = now_sec();
 		for (off = 0; off < len; off += chunk) {
 			if (numa) {
-				if (move_range(p + off, chunk, 0))
+				if (cxla_move_pages(p + off, chunk, 0))
 					return -EIO;
 				continue;
 			}

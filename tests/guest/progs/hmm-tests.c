@@ -95,26 +95,10 @@ static int evict(int fd, struct cxl_accel_evict *out)
 	return r;
 }
 
-static int svm(int fd, uint32_t op, const void *p, size_t len, uint32_t handle,
-	       uint64_t off, uint64_t *value, struct cxl_accel_svm *out)
-{
-	struct cxl_accel_svm s = {
-		.addr = (uintptr_t)p, .len = len, .op = op, .handle = handle,
-		.offset = off, .value = value ? *value : 0,
-	};
-	int r = cxla_ioctl(fd, CXL_ACCEL_IOC_SVM, &s);
-
-	if (!r && value)
-		*value = s.value;
-	if (out)
-		*out = s;
-	return r;
-}
-
 static int svm_crc(int fd, const void *p, size_t len, uint32_t *crc)
 {
 	uint64_t v = 0;
-	int r = svm(fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, NULL);
+	int r = cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, NULL);
 
 	*crc = (uint32_t)v;
 	return r;
@@ -487,7 +471,7 @@ CXLA_TEST_F(dev, anon_read)
 	OK(alloc_map(c, c->fd, len, &a, &b));
 	fill_random(p, len, 11);
 	memset(b, 0, len);
-	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, &s));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, &s));
 	CHECK(!memcmp(p, b, len), "device copy differs");
 	CHECK(s.faults >= 1, "faults %llu", (unsigned long long)s.faults);
 	/* unaligned piece, checksum */
@@ -516,10 +500,10 @@ CXLA_TEST_F(dev, anon_read_prot)
 	fill_random(p, len, 12);
 	crc = crc32c(0, p, len);
 	OK(mprotect(p, len, PROT_NONE) ? -errno : 0);
-	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL,
-		       NULL), EFAULT);
+	EXPECT_ERR(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL,
+			    NULL), EFAULT);
 	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
-	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(crc32c(0, b, len) == crc, "data after PROT_READ differs");
 	munmap(p, len);
 	munmap(b, len);
@@ -542,7 +526,7 @@ CXLA_TEST_F(dev, anon_read_zero)
 	memset(b, 0x55, len);
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, 32, 0, 0xff) == 32, "untouched pages are present");
-	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(is_zero(b, len), "device read non-zero bytes");
 	OK(snapshot(c->fd, p, len, f));
 	zero = count_pages(f, 32, CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_ZERO,
@@ -566,8 +550,8 @@ CXLA_TEST_F(dev, anon_write)
 	CHECK(p, "mmap");
 	OK(alloc_map(c, c->fd, len, &a, &b));
 	fill_random(b, len, 13);
-	OK(svm(c->fd, CXL_ACCEL_SVM_WRITE, p + 100, len - 200, a.handle, 100,
-	       NULL, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_WRITE, p + 100, len - 200, a.handle, 100,
+		    NULL, NULL));
 	CHECK(is_zero(p, 100) && is_zero(p + len - 100, 100),
 	      "bytes outside the write changed");
 	CHECK(!memcmp(p + 100, b + 100, len - 200), "CPU sees other data");
@@ -590,13 +574,13 @@ CXLA_TEST_F(dev, anon_write_prot)
 	CHECK(p, "mmap");
 	memset(p, 1, len);
 	OK(mprotect(p, len, PROT_READ) ? -errno : 0);
-	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
+	EXPECT_ERR(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
 		   EPERM);
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, 16, CXL_ACCEL_SNAP_PRESENT, CXL_ACCEL_SNAP_WRITE) == 16,
 	      "read-only pages reported writable (%#x)", f[0]);
 	OK(mprotect(p, len, PROT_READ | PROT_WRITE) ? -errno : 0);
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	for (i = 0; i < len; i++)
 		CHECK(p[i] == (uint8_t)(pat >> (8 * (i % 8))), "byte %zu", i);
 	OK(snapshot(c->fd, p, len, f));
@@ -619,7 +603,7 @@ CXLA_TEST_F(dev, svm_fill_checksum)
 
 	CHECK(p, "mmap");
 	memset(p, 0xcc, len);
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p + off, n, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p + off, n, 0, 0, &pat, NULL));
 	for (i = 0; i < off; i++)
 		CHECK(p[i] == 0xcc, "byte %zu before the fill", i);
 	for (i = 0; i < n; i++)
@@ -653,7 +637,7 @@ CXLA_TEST_F(dev, mirror)
 	fill_random(p, len, 15);
 	OK(cxla_hmm_info(c->fd, &h1));
 	v = 0;
-	OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
 	CHECK(s.faults >= 1, "first access: %llu faults",
 	      (unsigned long long)s.faults);
 	/*
@@ -663,7 +647,7 @@ CXLA_TEST_F(dev, mirror)
 	 */
 	for (tries = 0;; tries++) {
 		v = 0;
-		OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
+		OK(cxla_svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p, len, 0, 0, &v, &s));
 		OK(snapshot(c->fd, p, len, f));
 		OK(cxla_hmm_info(c->fd, &h2));
 		mirrored = count_pages(f, 256, CXL_ACCEL_SNAP_MIRRORED, 0);
@@ -695,7 +679,7 @@ CXLA_TEST_F(dev, mirror)
 	CHECK(count_pages(f, 128, 0, CXL_ACCEL_SNAP_MIRRORED | CXL_ACCEL_SNAP_PRESENT) == 128,
 	      "unmapped and remapped pages still mirrored or present");
 	v = 0;
-	OK(svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p + 128 * PG, 128 * PG, 0, 0, &v, &s));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_CHECKSUM, p + 128 * PG, 128 * PG, 0, 0, &v, &s));
 	CHECK((uint32_t)v == crc32c(0, p + 128 * PG, 128 * PG) && s.faults >= 1,
 	      "new mapping: crc %#x, faults %llu", (uint32_t)v,
 	      (unsigned long long)s.faults);
@@ -717,7 +701,7 @@ CXLA_TEST_F(mig, mprotect_mirror)
 	uint8_t f[32];
 
 	CHECK(p, "mmap");
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	if (PRIVATE) {
 		/* the private variant: mprotect of device-private entries */
 		OK(MIGRATE(c->fd, p, len, true, &m));
@@ -731,11 +715,11 @@ CXLA_TEST_F(mig, mprotect_mirror)
 		      "after mprotect: %#x, want private read-only", f[0]);
 	}
 	pat = 0x5555555555555555;
-	EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
+	EXPECT_ERR(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL),
 		   EPERM);
 	CHECK(p[0] == 0xab && p[len - 1] == 0xab, "read-only memory changed");
 	OK(mprotect(p, len, PROT_READ | PROT_WRITE) ? -errno : 0);
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	CHECK(p[0] == 0x55 && p[len - 1] == 0x55, "fill after PROT_WRITE");
 	munmap(p, len);
 	PRIVATE_IDLE(c->fd);
@@ -870,7 +854,7 @@ CXLA_TEST_F(mig, fork_child_private)
 			snprintf(msg, sizeof(msg), "child inherited fd crc %#x", k);
 		else if (fd2 < 0 || svm_crc(fd2, p, len, &k) || k != crc0)
 			snprintf(msg, sizeof(msg), "child own fd crc %#x", k);
-		else if (svm(fd2, CXL_ACCEL_SVM_FILL, p, 8 * PG, 0, 0, &pat, NULL))
+		else if (cxla_svm(fd2, CXL_ACCEL_SVM_FILL, p, 8 * PG, 0, 0, &pat, NULL))
 			snprintf(msg, sizeof(msg), "child device write failed");
 		else if (p[0] != 0x77 || check_pages_at(p + 8 * PG, 8, len - 8 * PG, 21) >= 0)
 			snprintf(msg, sizeof(msg), "child data after its write");
@@ -912,8 +896,8 @@ CXLA_TEST_F(mig, fork_child_shared)
 	if (!pid) {
 		int fd2 = open(c->path, O_RDWR);
 
-		_exit(fd2 < 0 || svm(fd2, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat,
-				     NULL) ? 1 : 0);
+		_exit(fd2 < 0 || cxla_svm(fd2, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat,
+					  NULL) ? 1 : 0);
 	}
 	CHECK(pid > 0, "fork");
 	waitpid(pid, &status, 0);
@@ -967,7 +951,7 @@ CXLA_TEST_F(dev, thp)
 		return SKIP;
 	}
 	OK(alloc_map(c, c->fd, len, &a, &b));
-	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(!memcmp(p, b, len), "device read of THP differs");
 	/* migration splits the THP */
 	OK(cxla_migrate(c->fd, p, len, true, &m));
@@ -1024,7 +1008,7 @@ CXLA_TEST_F(dev, file_read_write)
 	CHECK(p != MAP_FAILED, "mmap file");
 	OK(svm_crc(c->fd, p, len, &crc));
 	CHECK(crc == crc32c(0, data, len), "device crc of the file mapping");
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p + PG, 3 * PG, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p + PG, 3 * PG, 0, 0, &pat, NULL));
 	CHECK(pread(ffd, back, len, 0) == (ssize_t)len, "pread");
 	for (i = 0; i < len; i++) {
 		uint8_t want = i >= PG && i < 4 * PG ? 0x65 : data[i];
@@ -1145,7 +1129,7 @@ CXLA_TEST_F(mig, migrate_holes)
 	/* the device first: a CPU access would fault private pages back */
 	OK(alloc_map(c, c->fd, len, &a, &b));
 	memset(b, 0xff, len);
-	OK(svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	CHECK(b[20 * PG] == 5 && b[0] == 0 && b[len - 1] == 0, "device read");
 	CHECK(p[20 * PG] == 5 && is_zero(p, 20 * PG) &&
 	      is_zero(p + 20 * PG + 1, len - 20 * PG - 1), "contents");
@@ -1818,8 +1802,8 @@ static void *race_reader(void *arg)
 	struct racer *r = arg;
 
 	while (!r->stop) {
-		int e = svm(r->fd, CXL_ACCEL_SVM_READ, r->p, r->len, r->handle,
-			    0, NULL, NULL);
+		int e = cxla_svm(r->fd, CXL_ACCEL_SVM_READ, r->p, r->len, r->handle,
+				 0, NULL, NULL);
 
 		if (!e)
 			r->ok++;
@@ -1861,8 +1845,8 @@ CXLA_TEST_F(dev, unmap_race)
 		r.stop = 1;
 		pthread_join(t, NULL);
 		/* after munmap returned, the device cannot reach the range */
-		EXPECT_ERR(svm(c->fd, CXL_ACCEL_SVM_READ, r.p, len, a.handle, 0,
-			       NULL, NULL), EFAULT);
+		EXPECT_ERR(cxla_svm(c->fd, CXL_ACCEL_SVM_READ, r.p, len, a.handle, 0,
+				    NULL, NULL), EFAULT);
 	}
 	CHECK(!r.other, "%ld reads failed with %d", r.other, r.last_err);
 	OK(cxla_hmm_info(c->fd, &h2));
@@ -2220,8 +2204,8 @@ static void *stress_device(void *arg)
 		int e;
 
 		if (rnd64(&r) & 1) {
-			e = svm(s->fd, CXL_ACCEL_SVM_FILL, s->p + pg * PG, PG, 0, 0,
-				&pat, NULL);
+			e = cxla_svm(s->fd, CXL_ACCEL_SVM_FILL, s->p + pg * PG, PG, 0, 0,
+				     &pat, NULL);
 			if (!e) {
 				s->pat[pg] = pat;
 				s->dev_fills++;
@@ -2370,7 +2354,7 @@ CXLA_TEST_F(peer, peer_read)
 	      count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0), f[0]);
 	OK(alloc_map(c, c->pfd, len, &a, &b));
 	OK(cxla_stats(c->pfd, &st0));
-	OK(svm(c->pfd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
+	OK(cxla_svm(c->pfd, CXL_ACCEL_SVM_READ, p, len, a.handle, 0, NULL, NULL));
 	OK(cxla_stats(c->pfd, &st1));
 	CHECK(check_pages(b, len, 161) < 0, "B read other data");
 	CHECK(st1.device[CXL_ACCEL_STAT_BYTES_P2P] - st0.device[CXL_ACCEL_STAT_BYTES_P2P] >= len,
@@ -2450,7 +2434,7 @@ CXLA_TEST_F(peer, two_device_mirrors)
 	OK(snapshot(c->pfd, p, len, f));
 	CHECK(count_pages(f, 64, CXL_ACCEL_SNAP_MIRRORED, 0) == 64, "B mirror");
 	/* A writes through its mirror... */
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	/* ...B reads the new data through its own */
 	OK(svm_crc(c->pfd, p, len, &cb));
 	CHECK(cb == crc32c(0, p, len) && p[0] == 0x31, "B after A's write");
@@ -2625,7 +2609,6 @@ static int hold_spliced(const char *path, int secs, bool zeros)
 /* -------------------------------------------- NUMA attach mode */
 
 #define MPOL_BIND	2
-#define MPOL_MF_MOVE	(1 << 1)
 
 static int node_of(void *p)
 {
@@ -2634,29 +2617,6 @@ static int node_of(void *p)
 	if (syscall(__NR_move_pages, 0, 1, &p, NULL, &status, 0))
 		return -errno;
 	return status;
-}
-
-/* move_pages() every page to node; returns pages that did not get there */
-static long move_to(void *p, size_t len, int node)
-{
-	size_t n = len / PG, i;
-	void **pages = malloc(n * sizeof(*pages));
-	int *nodes = malloc(n * sizeof(*nodes)), *st = malloc(n * sizeof(*st));
-	long bad = 0;
-
-	for (i = 0; i < n; i++) {
-		pages[i] = (uint8_t *)p + i * PG;
-		nodes[i] = node;
-	}
-	if (syscall(__NR_move_pages, 0, n, pages, nodes, st, MPOL_MF_MOVE))
-		bad = -errno;
-	else
-		for (i = 0; i < n; i++)
-			bad += st[i] != node;
-	free(pages);
-	free(nodes);
-	free(st);
-	return bad;
 }
 
 static long pages_on(void *p, size_t len, int node)
@@ -2743,7 +2703,7 @@ CXLA_TEST_F(numa, numa_move_pages)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 201);
-	bad = move_to(p, len, node);
+	bad = cxla_move_pages(p, len, node);
 	CHECK(!bad, "move_pages to node %d: %ld pages elsewhere", node, bad);
 	CHECK(pages_on(p, len, node) == (long)n, "pages on node %d: %ld", node,
 	      pages_on(p, len, node));
@@ -2766,7 +2726,7 @@ CXLA_TEST_F(numa, numa_move_pages)
 	for (i = PG; i < 3 * PG; i++)
 		CHECK(p[i] == 0x22, "device fill byte %zu", i);
 	CHECK(node_of(p + PG) == node, "filled page left the node");
-	bad = move_to(p, len, 0);
+	bad = cxla_move_pages(p, len, 0);
 	CHECK(!bad, "back to node 0: %ld pages elsewhere", bad);
 	OK(snapshot(c->fd, p, len, f));
 	CHECK(count_pages(f, n, 0, CXL_ACCEL_SNAP_LOCAL) == n, "pages still local");
@@ -2793,7 +2753,7 @@ CXLA_TEST_F(numa, numa_mbind)
 	if (syscall(__NR_mbind, p, len, MPOL_BIND, mask, 65, 0))
 		FAILF("mbind: %s", strerror(errno));
 	/* the device writes first: faulted in on the node by the policy */
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &pat, NULL));
 	CHECK(pages_on(p, len, node) == (long)n, "%ld of %zu pages on node %d",
 	      pages_on(p, len, node), n, node);
 	for (i = 0; i < len; i++)
@@ -2821,13 +2781,13 @@ CXLA_TEST_F(numa_peer, numa_peer)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 221);
-	CHECK(!move_to(p, len, c->h0.numa_node), "move_pages");
+	CHECK(!cxla_move_pages(p, len, c->h0.numa_node), "move_pages");
 	OK(snapshot(c->pfd, p, len, f));
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, CXL_ACCEL_SNAP_LOCAL) == n,
 	      "B sees %zu remote", count_pages(f, n, CXL_ACCEL_SNAP_REMOTE, 0));
 	OK(svm_crc(c->pfd, p, len, &crc));
 	CHECK(crc == crc32c(0, p, len), "B crc");
-	CHECK(!move_to(p, len, hb.numa_node), "A's node -> B's node");
+	CHECK(!cxla_move_pages(p, len, hb.numa_node), "A's node -> B's node");
 	OK(snapshot(c->pfd, p, len, f));
 	CHECK(count_pages(f, n, CXL_ACCEL_SNAP_LOCAL, 0) == n, "B local");
 	CHECK(check_pages(p, len, 221) < 0, "data");
@@ -3074,8 +3034,8 @@ static int soak_step(struct soak *s, int op, int d, size_t off, size_t len,
 		break;
 	case SK_SVM_READ:
 		memset(s->bmap[d], 0x5a, len);
-		r = svm(fd, CXL_ACCEL_SVM_READ, s->p + off, len, s->buf[d].handle,
-			0, NULL, NULL);
+		r = cxla_svm(fd, CXL_ACCEL_SVM_READ, s->p + off, len, s->buf[d].handle,
+			     0, NULL, NULL);
 		if (!r && memcmp(s->bmap[d], s->ref + off, len)) {
 			for (i = 0; s->bmap[d][i] == s->ref[off + i]; i++)
 				;
@@ -3089,13 +3049,13 @@ static int soak_step(struct soak *s, int op, int d, size_t off, size_t len,
 		if (op == SK_SVM_FILL) {
 			for (i = 0; i < len; i++)
 				tmp[i] = (uint8_t)(pat >> (8 * (i % 8)));
-			r = svm(fd, CXL_ACCEL_SVM_FILL, s->p + off, len, 0, 0, &pat,
-				NULL);
+			r = cxla_svm(fd, CXL_ACCEL_SVM_FILL, s->p + off, len, 0, 0, &pat,
+				     NULL);
 		} else {
 			fill_random(s->bmap[d], len, pat);
 			memcpy(tmp, s->bmap[d], len);
-			r = svm(fd, CXL_ACCEL_SVM_WRITE, s->p + off, len,
-				s->buf[d].handle, 0, NULL, NULL);
+			r = cxla_svm(fd, CXL_ACCEL_SVM_WRITE, s->p + off, len,
+				     s->buf[d].handle, 0, NULL, NULL);
 		}
 		if (!r)
 			memcpy(s->ref + off, tmp, len);
@@ -3312,7 +3272,7 @@ CXLA_TEST_F(dev, private_svm_write)
 	fill_pages(p, len, 306);
 	OK(cxla_migrate_flags(c->fd, p, len, true, PRIV, &m));
 	CHECK(m.migrated == n, "migrated %llu", (unsigned long long)m.migrated);
-	OK(svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &v, NULL));
+	OK(cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, p, len, 0, 0, &v, NULL));
 	CHECK(private_pages(c->fd, p, len) == (long)n, "the device write moved pages");
 	for (i = 0; i < len; i += 8)
 		CHECK(*(uint64_t *)(p + i) == v, "byte %zu not filled", i);
@@ -3501,23 +3461,6 @@ static int exclusive_add(int fd, uint64_t *w, uint64_t repeat,
 	return cxla_ioctl(fd, CXL_ACCEL_IOC_ATOMIC, a);
 }
 
-struct cpu_adder {
-	volatile uint64_t *word;
-	volatile int *stop;
-	uint64_t adds;
-};
-
-static void *cpu_add(void *arg)
-{
-	struct cpu_adder *a = arg;
-
-	while (!*a->stop) {
-		__atomic_fetch_add(a->word, 1, __ATOMIC_SEQ_CST);
-		a->adds++;
-	}
-	return NULL;
-}
-
 /*
  * Device atomics on system memory through a device-exclusive entry: the
  * CPU mapping goes while the device works (a CPU access meanwhile waits)
@@ -3526,7 +3469,7 @@ static void *cpu_add(void *arg)
 CXLA_TEST_F(dev, private_exclusive_atomic)
 {
 	struct cxl_accel_atomic a;
-	struct cpu_adder ca;
+	struct cxla_adder ca;
 	volatile int stop = 0;
 	uint64_t *w = map_anon(PG);
 	uint8_t f[1];
@@ -3552,8 +3495,8 @@ CXLA_TEST_F(dev, private_exclusive_atomic)
 	CHECK((f[0] & CXL_ACCEL_SNAP_PRESENT) && (f[0] & CXL_ACCEL_SNAP_WRITE),
 	      "after a CPU access: %#x, want present and writable", f[0]);
 	/* CPU and device adding at once: none lost */
-	ca = (struct cpu_adder){ .word = w, .stop = &stop };
-	CHECK(!pthread_create(&t, NULL, cpu_add, &ca), "thread");
+	ca = (struct cxla_adder){ .word = w, .stop = &stop };
+	CHECK(!pthread_create(&t, NULL, cxla_cpu_adder, &ca), "thread");
 	for (k = 0; k < 20; k++) {
 		a.result = 0;
 		OK(cxla_ioctl(c->fd, CXL_ACCEL_IOC_ATOMIC, &a));

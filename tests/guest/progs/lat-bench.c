@@ -49,13 +49,6 @@ static double now_us(void)
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-static int nop(int fd)
-{
-	struct cxl_accel_nop n = { 0 };
-
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_NOP, &n);
-}
-
 /* One call of a kind; 0 or -errno. */
 static int call(struct bench *b, enum kind k)
 {
@@ -63,7 +56,7 @@ static int call(struct bench *b, enum kind k)
 
 	switch (k) {
 	case K_NOP:
-		return nop(b->fd);
+		return cxla_nop(b->fd, 0);
 	case K_ATOMIC:
 		return cxla_atomic(b->fd, cxla_user(b->word),
 				   CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 1, 0, 1, 0,

@@ -28,13 +28,11 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stddef.h>
-#include <sys/syscall.h>
 
 #include "cxla_test.h"
 
 #define PG		4096UL
 #define MiB		(1024UL * 1024)
-#define MPOL_MF_MOVE	(1 << 1)
 
 enum mode { COHERENT, PRIVATE, NUMA, NMODES };
 static const char *const mode_names[NMODES] = { "coherent", "private", "NUMA move_pages" };
@@ -96,31 +94,13 @@ static uint64_t cpu_faults(int f)
 	return cxla_hmm_info(f, &h) ? 0 : h.cpu_faults;
 }
 
-static long move_to_node(void *p, size_t len, int to)
-{
-	size_t n = len / PG, i;
-	void **pages = malloc(n * sizeof(*pages));
-	int *nodes = malloc(n * sizeof(*nodes)), *status = malloc(n * sizeof(*status));
-	long r;
-
-	for (i = 0; i < n; i++) {
-		pages[i] = (char *)p + i * PG;
-		nodes[i] = to;
-	}
-	r = syscall(SYS_move_pages, 0, n, pages, nodes, status, MPOL_MF_MOVE);
-	free(pages);
-	free(nodes);
-	free(status);
-	return r;
-}
-
 /* Put [p, p + len) where the mode's device phase wants it. */
 static int to_device(enum mode m, void *p, size_t len)
 {
 	struct cxl_accel_migrate r;
 
 	if (m == NUMA)
-		return move_to_node(p, len, numa_node) < 0 ? -1 : 0;
+		return cxla_move_pages(p, len, numa_node) < 0 ? -1 : 0;
 	return cxla_migrate_flags(fd, p, len, true,
 				  m == PRIVATE ? CXL_ACCEL_MIGRATE_PRIVATE : 0, &r);
 }
@@ -178,28 +158,11 @@ static int ping_pong(enum mode m, struct figures *fg, int rounds)
 	return 0;
 }
 
-struct adder {
-	volatile uint64_t *w;
-	volatile int *stop;
-	uint64_t n;
-};
-
-static void *add_loop(void *arg)
-{
-	struct adder *a = arg;
-
-	while (!*a->stop) {
-		__atomic_fetch_add(a->w, 1, __ATOMIC_SEQ_CST);
-		a->n++;
-	}
-	return NULL;
-}
-
 /* counter: two CPU threads and the device add at once */
 static int counter(enum mode m, struct figures *fg, double secs)
 {
 	uint64_t *w = map_anon(PG), f0, e0, dev = 0;
-	struct adder ad[2];
+	struct cxla_adder ad[2];
 	volatile int stop = 0;
 	int dfd = m == NUMA ? nfd : fd, i;
 	pthread_t t[2];
@@ -214,8 +177,8 @@ static int counter(enum mode m, struct figures *fg, double secs)
 	f0 = cpu_faults(dfd);
 	e0 = exclusive_takes(dfd);
 	for (i = 0; i < 2; i++) {
-		ad[i] = (struct adder){ .w = w, .stop = &stop };
-		pthread_create(&t[i], NULL, add_loop, &ad[i]);
+		ad[i] = (struct cxla_adder){ .word = w, .stop = &stop };
+		pthread_create(&t[i], NULL, cxla_cpu_adder, &ad[i]);
 	}
 	t0 = now_sec();
 	while (now_sec() - t0 < secs) {
@@ -237,11 +200,11 @@ static int counter(enum mode m, struct figures *fg, double secs)
 	dt = now_sec() - t0;
 	for (i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
-	if (*w != dev + ad[0].n + ad[1].n)
+	if (*w != dev + ad[0].adds + ad[1].adds)
 		BAD("%s: counter %llu, %llu adds made", mode_names[m],
 		    (unsigned long long)*w,
-		    (unsigned long long)(dev + ad[0].n + ad[1].n));
-	fg->ctr_mops = (dev + ad[0].n + ad[1].n) / dt / 1e6;
+		    (unsigned long long)(dev + ad[0].adds + ad[1].adds));
+	fg->ctr_mops = (dev + ad[0].adds + ad[1].adds) / dt / 1e6;
 	fg->ctr_faults = cpu_faults(dfd) - f0;
 	fg->ctr_excl = exclusive_takes(dfd) - e0;
 	munmap(w, PG);

@@ -26,7 +26,6 @@
 #include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
-#include <setjmp.h>
 #include <stdarg.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -302,7 +301,7 @@ static const char *state_diff(const struct devstate *b,
  * Wait (bounded) until both devices are back to their state before the
  * test: quarantined commands finish and deferred frees run asynchronously.
  */
-static int settle_state(FIXTURE_DATA(dev) *c)
+static int wait_for_base_state(FIXTURE_DATA(dev) *c)
 {
 	double t0 = now_sec();
 	struct devstate s;
@@ -891,7 +890,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 	const size_t len = 16 * PG;
 	int fd = cxla_open_dev(c->path), dmabuf, r, status, mem, i;
 	struct cxl_accel_alloc a;
-	uint8_t *p, *q, *m, *moved, buf[PG];
+	uint8_t *p, *q, *m, *moved, buf[PG], byte;
 	int pin_result;
 	off_t off;
 	long n = 0;
@@ -935,11 +934,9 @@ CXLA_TEST_F(dev, garbage_mmap)
 		memset(p + i * PG, i + 1, PG);
 	q = mmap(NULL, PG, PROT_NONE, MAP_SHARED, fd, off + 3 * PG);
 	CHECK(q != MAP_FAILED, "mmap PROT_NONE: %s", ename(errno));
-	signal(SIGSEGV, on_segv);
-	signal(SIGBUS, on_segv);
-	CHECK(probe_read(q) == -SIGSEGV, "PROT_NONE mapping readable");
+	CHECK(cxla_probe_read(q, &byte, NULL) == SIGSEGV, "PROT_NONE mapping readable");
 	CHECK(!mprotect(q, PG, PROT_READ), "mprotect up");
-	CHECK(probe_read(q) == 4, "window reads %d, expected 4", probe_read(q));
+	CHECK(!cxla_probe_read(q, &byte, NULL) && byte == 4, "window reads %d, expected 4", byte);
 	munmap(q, PG);
 	/* mremap: cannot grow, can move */
 	q = mremap(p, len, 2 * len, MREMAP_MAYMOVE);
@@ -949,7 +946,8 @@ CXLA_TEST_F(dev, garbage_mmap)
 	CHECK(q != MAP_FAILED, "mremap move: %s", ename(errno));
 	moved = q;
 	CHECK(all_bytes(q, PG, 5) && all_bytes(q + 3 * PG, PG, 8), "data moved wrong");
-	CHECK(probe_read(p + 4 * PG) == -SIGSEGV, "old place of a moved piece readable");
+	CHECK(cxla_probe_read(p + 4 * PG, &byte, NULL) == SIGSEGV,
+	      "old place of a moved piece readable");
 	/* madvise: whatever is accepted, the data stays */
 	{
 		static const int advs[] = {
@@ -997,7 +995,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 			CHECK((fl[i] & (CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_LOCAL)) ==
 			      (CXL_ACCEL_SNAP_PRESENT | CXL_ACCEL_SNAP_LOCAL),
 			      "SNAPSHOT of a device mapping, page %d: %#x", i, fl[i]);
-		OK(svm(fd, CXL_ACCEL_SVM_CHECKSUM, p + 5, 3 * PG, 0, &v));
+		OK(cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, p + 5, 3 * PG, 0, 0, &v, NULL));
 		CHECK((uint32_t)v == crc32c(0, p + 5, 3 * PG), "SVM CHECKSUM of a device mapping");
 		/* a long-term pin cannot move buffer pages out: refused or right */
 		r = cxla_ioctl(fd, CXL_ACCEL_IOC_PIN_CHECKSUM, &pc);
@@ -1088,8 +1086,6 @@ CXLA_TEST_F(dev, garbage_mmap)
 	munmap(p, len);
 	munmap(moved, 4 * PG);
 	close(fd);
-	signal(SIGSEGV, SIG_DFL);
-	signal(SIGBUS, SIG_DFL);
 	DETAIL("%ld bad mmaps/madvises of the device and a DMA-BUF refused or harmless; migration refused, SNAPSHOT/SVM right, PIN_CHECKSUM %s on a device mapping; mremap move, PROT_NONE, read-only (device FILL EFAULT), holes, /proc/self/mem, process_vm_readv, fork, FREE while mapped: data right",
 	       n, pin_result ? ename(-pin_result) : "ok");
 	return PASS;
@@ -1812,7 +1808,7 @@ CXLA_TEST_F(dev, io_uring_task_work)
 			note(&t, cxla_migrate(fd, anon, 1 * MiB, false, NULL), NULL,
 			     "migration back after an io_uring went");
 			v = 0;
-			note(&t, svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, 1 * MiB, 0, &v), NULL,
+			note(&t, cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, 1 * MiB, 0, 0, &v, NULL), NULL,
 			     "SVM after an io_uring went");
 			break;
 		default:
@@ -1902,7 +1898,8 @@ static void *kill_thread(void *arg)
 			break;
 		case 5:
 			v = 0;
-			svm(j->fd, CXL_ACCEL_SVM_CHECKSUM, j->anon, 4 * MiB, 0, &v);
+			cxla_svm(j->fd, CXL_ACCEL_SVM_CHECKSUM, j->anon, 4 * MiB, 0, 0, &v,
+				 NULL);
 			break;
 		case 6:
 			cxla_copy(j->pfd, cxla_dev(j->imp, 0), cxla_user(j->ram), j->len, 0);
@@ -2034,11 +2031,13 @@ static void *um_svm(void *arg)
 	while (!u->stop) {
 		v = 0;
 		if (i++ % 2)
-			note(&u->svm, svm(u->fd, CXL_ACCEL_SVM_CHECKSUM, u->p,
-					  UM_PAGES * PG, 0, &v), allowed, "SVM CHECKSUM");
+			note(&u->svm, cxla_svm(u->fd, CXL_ACCEL_SVM_CHECKSUM, u->p,
+					       UM_PAGES * PG, 0, 0, &v, NULL),
+			     allowed, "SVM CHECKSUM");
 		else
-			note(&u->svm, svm(u->fd, CXL_ACCEL_SVM_READ, u->p + 100,
-					  UM_PAGES * PG - 200, u->h, NULL), allowed,
+			note(&u->svm, cxla_svm(u->fd, CXL_ACCEL_SVM_READ, u->p + 100,
+					       UM_PAGES * PG - 200, u->h, 0, NULL,
+					       NULL), allowed,
 			     "SVM READ");
 	}
 	return NULL;
@@ -2159,8 +2158,8 @@ CXLA_TEST_F(dev, unmap_during_migration)
 
 				if (first_bad_page(u.p, exp) >= 0)
 					_exit(1);
-				if (svm(u.fd, CXL_ACCEL_SVM_CHECKSUM, q, UM_PIECE * PG,
-					0, &crc) ||
+				if (cxla_svm(u.fd, CXL_ACCEL_SVM_CHECKSUM, q,
+					     UM_PIECE * PG, 0, 0, &crc, NULL) ||
 				    (uint32_t)crc != crc32c(0, q, UM_PIECE * PG))
 					_exit(3);
 				memset(q, 0xee, UM_PIECE * PG);
@@ -3025,7 +3024,7 @@ CXLA_TEST_F(dev, health)
 	OK(cxla_migrate(fd, anon, len, true, &m));
 	CHECK(m.migrated == len / PG, "%llu pages migrated", (unsigned long long)m.migrated);
 	v = 0;
-	OK(svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, len, 0, &v));
+	OK(cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, anon, len, 0, 0, &v, NULL));
 	CHECK((uint32_t)v == crc32c(0, ram, len), "SVM CHECKSUM on device pages");
 	OK(cxla_migrate(fd, anon, len, false, &m));
 	CHECK(!memcmp(anon, ram, len), "data after migrating back");
@@ -3086,7 +3085,7 @@ FIXTURE_TEARDOWN(dev)
 	char first[300];
 	int n;
 
-	if (verdict == PASS && settle_state(c))
+	if (verdict == PASS && wait_for_base_state(c))
 		verdict = FAIL;
 	/* the kernel log since the last test (each test reads its part) */
 	n = kmsg_problems(first, sizeof(first));
