@@ -66,7 +66,7 @@ echo "unplug: $gone = $gone_vdev on $gone_pci + $gone_mem will be removed; $keep
 
 # the host says GO on ttyS1 once it is done with its side of the removal
 head -n 1 /dev/ttyS1 >/tmp/go 2>&1 &
-/cxl/unplug-tests "/dev/$gone" "/dev/$keep" || RC=1
+/cxl/unplug-tests -d "/dev/$gone" -P "/dev/$keep" || RC=1
 i=0
 while ! grep -q GO /tmp/go && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done
 grep -q GO /tmp/go || result unplug_host_go FAIL "no GO from the host on ttyS1 within 120 s"
@@ -102,7 +102,7 @@ fi
 if insmod /cxl/cxl_accel.ko; then
     n=$(ls /sys/class/cxl-accel | wc -l)
     if [ "$n" = 1 ] && [ "$(cat /sys/class/cxl-accel/cxl-accel0/device_index)" = 1 ]; then
-        /cxl/unplug-tests --check /dev/cxl-accel0 || RC=1
+        /cxl/unplug-tests -d /dev/cxl-accel0 -t reload || RC=1
     else
         result unplug_reload FAIL "$n devices after reload: $(ls /sys/class/cxl-accel | tr '\n' ' ')"
     fi

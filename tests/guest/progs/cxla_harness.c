@@ -4,6 +4,8 @@
  * line, the list, and each test (with each variant of its fixture) in a
  * child process of its own, one RESULT line each.
  */
+#include <stdarg.h>
+
 #include "cxla_harness.h"
 
 #define MAX_ONLY	128
@@ -12,9 +14,16 @@ struct cxla_opts cxla_opt = { .dev = "/dev/cxl-accel0" };
 const struct cxla_test *cxla_current;
 const char *cxla_current_name;
 
-/* until the runner maps the shared one: for the modes' own use of DETAIL */
-static char early_detail[DETAIL_LEN + 1];
-char *cxla_detail = early_detail;
+/* What a test's process tells the runner, in memory both see */
+struct shared {
+	char detail[DETAIL_LEN + 1];
+	int reported[SKIP + 1];		/* cxla_result() lines, by verdict */
+};
+
+/* until the runner maps the shared one: for the modes and the prologue */
+static struct shared early;
+static struct shared *shared = &early;
+char *cxla_detail = early.detail;
 
 static struct cxla_test *tests;
 static struct cxla_option *options;
@@ -95,8 +104,8 @@ int cxla_open_devs(struct cxla_devs *d, enum cxla_peer peer)
 	return PASS;
 }
 
-void cxla_print_result(const char *prefix, const char *name, int verdict,
-		       const char *detail, double secs)
+static void print_result(const char *prefix, const char *name, int verdict,
+			 const char *detail, double secs)
 {
 	const char *v = verdict == PASS ? "PASS" : verdict == SKIP ? "SKIP" : "FAIL";
 
@@ -107,6 +116,18 @@ void cxla_print_result(const char *prefix, const char *name, int verdict,
 		printf("RESULT %s%s %s %s\n", prefix, name, v,
 		       detail && detail[0] ? detail : "-");
 	fflush(stdout);
+}
+
+void cxla_result(const char *name, int verdict, const char *fmt, ...)
+{
+	char detail[DETAIL_LEN];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	print_result(cxla_opt.prefix, name, verdict, detail, -1);
+	__sync_fetch_and_add(&shared->reported[verdict], 1);
 }
 
 static void full_name(char *buf, size_t len, const struct cxla_test *t,
@@ -141,15 +162,19 @@ static bool selected(const struct cxla_test *t, const char *name)
 	return !f || !f->applies || f->applies();
 }
 
-/* One test in a child process: its verdict. */
-static int run_one(const struct cxla_test *t, const struct cxla_variant *v,
-		   const char *name)
+/*
+ * One test in a child process: counts[verdict] gets its verdict, or those of
+ * the results it reported itself.
+ */
+static void run_one(const struct cxla_test *t, const struct cxla_variant *v,
+		    const char *name, int counts[SKIP + 1])
 {
 	double t0 = now_sec();
-	int status, rc = FAIL;
+	int status, rc = FAIL, i, reported = 0;
+	bool ended = false;		/* by itself, with a verdict */
 	pid_t pid;
 
-	memset(cxla_detail, 0, DETAIL_LEN + 1);
+	memset(shared, 0, sizeof(*shared));
 	fflush(stdout);
 	pid = fork();
 	if (pid < 0) {
@@ -163,6 +188,7 @@ static int run_one(const struct cxla_test *t, const struct cxla_variant *v,
 		waitpid(pid, &status, 0);
 		if (WIFEXITED(status) && WEXITSTATUS(status) <= SKIP) {
 			rc = WEXITSTATUS(status);
+			ended = true;
 		} else if (WIFSIGNALED(status)) {
 			/* the child's last words are part of the new detail */
 			char last[DETAIL_LEN];
@@ -175,8 +201,25 @@ static int run_one(const struct cxla_test *t, const struct cxla_variant *v,
 				 last);
 		}
 	}
-	cxla_print_result(cxla_opt.prefix, name, rc, cxla_detail, now_sec() - t0);
-	return rc;
+	for (i = PASS; i <= SKIP; i++) {
+		counts[i] += shared->reported[i];
+		reported += shared->reported[i];
+	}
+	/* the checks it reported speak for it, if they tell its end */
+	if (reported && ended && (rc != FAIL || shared->reported[FAIL]))
+		return;
+	print_result(cxla_opt.prefix, name, rc, cxla_detail, now_sec() - t0);
+	counts[rc]++;
+}
+
+/* the program's option of that name: it goes before a shared one */
+static const struct cxla_option *option(const char *name)
+{
+	const struct cxla_option *o;
+
+	for (o = options; o && strcmp(o->name, name); o = o->next)
+		;
+	return o;
 }
 
 static void usage(const char *argv0)
@@ -184,8 +227,8 @@ static void usage(const char *argv0)
 	const struct cxla_option *o;
 	const struct cxla_mode *m;
 
-	fprintf(stderr, "usage: %s [-d dev] [-P peer-dev] [-p prefix] [-t test]... [-l] [--peer-only]",
-		argv0);
+	fprintf(stderr, "usage: %s [-d dev] [-P peer-dev] [-p prefix]%s [-l] [--peer-only]",
+		argv0, option("-t") ? "" : " [-t test]...");
 	for (o = options; o; o = o->next)
 		fprintf(stderr, " [%s%s%s]", o->name, o->arg ? " " : "",
 			o->arg ? o->arg : "");
@@ -233,19 +276,21 @@ int main(int argc, char **argv)
 {
 	const struct cxla_test *t;
 	const struct cxla_variant *v;
-	int i, passed = 0, failed = 0, skipped = 0, r;
+	int i, counts[SKIP + 1] = { 0 }, r;
 	double t0 = now_sec();
 	char name[200];
-	void *shared;
+	void *mem;
 
 	cxla_opt.prefix = cxla_program.prefix ? cxla_program.prefix : "";
 	for (i = 1; i < argc; i++) {
-		const struct cxla_option *o;
+		const struct cxla_option *o = option(argv[i]);
 		const struct cxla_mode *m;
 		const char *a = argv[i];
 		bool more = i + 1 < argc;
 
-		if (!strcmp(a, "-d") && more) {
+		if (o && (!o->arg || more)) {
+			o->set(o->arg ? argv[++i] : NULL);
+		} else if (!strcmp(a, "-d") && more) {
 			cxla_opt.dev = argv[++i];
 		} else if (!strcmp(a, "-P") && more) {
 			cxla_opt.peer = argv[++i];
@@ -259,13 +304,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--peer-only")) {
 			peer_only = true;
 		} else {
-			for (o = options; o && strcmp(o->name, a); o = o->next)
-				;
 			for (m = modes; m && strcmp(m->word, a); m = m->next)
 				;
-			if (o && (!o->arg || more)) {
-				o->set(o->arg ? argv[++i] : NULL);
-			} else if (m && argc - i - 1 >= m->min_args) {
+			if (m && argc - i - 1 >= m->min_args) {
 				return m->fn(argc - i - 1, argv + i + 1);
 			} else {
 				usage(argv[0]);
@@ -278,11 +319,12 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s: no test %s\n", cxla_program.name, only[i]);
 
 	/* the children write their detail where the runner reads it */
-	shared = mmap(NULL, DETAIL_LEN + 1, PROT_READ | PROT_WRITE,
-		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (shared == MAP_FAILED)
+	mem = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE,
+		   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (mem == MAP_FAILED)
 		return 2;
-	cxla_detail = shared;
+	shared = mem;
+	cxla_detail = shared->detail;
 	if (cxla_program.prologue) {
 		r = cxla_program.prologue();
 		if (r)
@@ -294,15 +336,12 @@ int main(int argc, char **argv)
 			full_name(name, sizeof(name), t, v);
 			if (!selected(t, name))
 				continue;
-			r = run_one(t, v, name);
-			passed += r == PASS;
-			failed += r == FAIL;
-			skipped += r == SKIP;
+			run_one(t, v, name, counts);
 		} while (v && (v = v->next));
 	}
 	printf("# %s %s%s%s: %d passed, %d failed, %d skipped in %.1f s\n",
 	       cxla_program.name, cxla_opt.dev, cxla_opt.peer ? " with " : "",
-	       cxla_opt.peer ? cxla_opt.peer : "", passed, failed, skipped,
-	       now_sec() - t0);
-	return failed ? 1 : 0;
+	       cxla_opt.peer ? cxla_opt.peer : "", counts[PASS], counts[FAIL],
+	       counts[SKIP], now_sec() - t0);
+	return counts[FAIL] ? 1 : 0;
 }

@@ -1418,8 +1418,8 @@ CXLA_OPTION(supervised, "--supervised", NULL)
 static int prologue(void)
 {
 	if (host_open()) {
-		printf("RESULT %shost_channel FAIL console or /dev/ttyS1: %s\n",
-		       cxla_opt.prefix, strerror(errno));
+		cxla_result("host_channel", FAIL, "console or /dev/ttyS1: %s",
+			    strerror(errno));
 		return 1;
 	}
 	return 0;

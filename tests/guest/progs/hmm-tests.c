@@ -3592,8 +3592,7 @@ static int prologue(void)
 	int fd = open(cxla_opt.dev, O_RDWR);
 
 	if (fd < 0 || cxla_hmm_info(fd, &runner_h0)) {
-		printf("RESULT %sopen FAIL %s: %s\n", cxla_opt.prefix, cxla_opt.dev,
-		       strerror(errno));
+		cxla_result("open", FAIL, "%s: %s", cxla_opt.dev, strerror(errno));
 		return 1;
 	}
 	close(fd);

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * cxl-accel seeded random memory stress with oracles.
+ * cxl-accel seeded random memory stress with oracles, one test (mm_stress)
+ * on the harness of cxla_harness.h.
  *
  *   mm-stress [-s SEED] [-t SECONDS] [-n PROCS] [-d DEV] [-P PEER-DEV]
- *             [-x OP[,OP...]] [-v]
+ *             [-x OP[,OP...]] [-v] [-T]
  *
  * -x leaves operations out (names as in the summary), to narrow a failure
- * down.
+ * down; -T gives every process a helper thread (see helper_main()). -t is
+ * the run's length here, not a test name.
  *
  * PROCS processes each own a private anonymous region and do random
  * operations on it: CPU writes, migration to either device and back, device
@@ -25,9 +27,10 @@
  *
  * A process that finds its memory changed prints the seed, its place in
  * the process tree, the operation and the last operations before it, and
- * exits with status 3. The run fails when any process did. Prints
- * "RESULT mm_stress PASS|FAIL <summary>". Timing (kills, timeouts) makes a
- * replay with the same seed do the same operations, not the same races.
+ * exits with status 3. The run fails when any process did. The harness
+ * prints "RESULT mm_stress PASS|FAIL <summary>". Timing (kills, timeouts)
+ * makes a replay with the same seed do the same operations, not the same
+ * races.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -35,7 +38,7 @@
 #include <sys/prctl.h>
 #include <sys/uio.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define PG		4096UL
 #define MAX_REGION_PAGES	512	/* 2 MiB: a huge page */
@@ -127,8 +130,11 @@ struct proc {
 
 static struct shared *sh;
 static uint64_t run_seed;
+static bool seed_given;		/* -s */
+static int run_secs = 60;	/* -t */
+static int nprocs = 4;		/* -n: process trees */
 static double deadline;
-static bool verbose;
+static bool verbose;		/* -v */
 static bool with_helper;	/* -T: a second thread per process */
 
 static uint64_t splitmix(uint64_t x)
@@ -295,7 +301,7 @@ static void fail_op(struct proc *p, int op, int r)
  * driver's invalidation waits until the device is done with it; after that
  * each page holds the old or the new contents, whole, and keeps it.
  */
-static void settle(struct proc *p, int op, size_t first, size_t n,
+static void settle_given_up_write(struct proc *p, int op, size_t first, size_t n,
 		   const struct pstate *new)
 {
 	uint8_t want[PG];
@@ -340,7 +346,7 @@ static void do_svm_fill(struct proc *p, int op, bool short_timeout)
 	if (!benign(r))
 		fail_op(p, op, r);
 	__sync_fetch_and_add(&sh->timeouts, 1);
-	settle(p, op, first, n, &fill);
+	settle_given_up_write(p, op, first, n, &fill);
 }
 
 static void do_migrate(struct proc *p, int op, int fd, bool to_dev)
@@ -543,8 +549,8 @@ static void do_buf_free(struct proc *p, int op)
  */
 static void do_buf_dmabuf(struct proc *p, int op)
 {
-	struct cxl_accel_dmabuf_export e = { .flags = CXL_ACCEL_DMABUF_CLOEXEC };
-	struct cxl_accel_dmabuf_import im = { 0 };
+	struct cxl_accel_dmabuf_export e;
+	struct cxl_accel_dmabuf_import im;
 	uint8_t *m;
 	uint32_t crc = 0, got;
 	struct dbuf *b;
@@ -554,9 +560,7 @@ static void do_buf_dmabuf(struct proc *p, int op)
 	if (!p->nbufs)
 		return;
 	b = &p->bufs[rnd_below(p, p->nbufs)];
-	e.handle = b->handle;
-	e.fd = -1;
-	r = cxla_ioctl(b->fd, CXL_ACCEL_IOC_EXPORT_DMABUF, &e);
+	r = cxla_export_dmabuf(b->fd, b->handle, CXL_ACCEL_DMABUF_CLOEXEC, &e);
 	if (r) {
 		if (!benign(r))
 			fail_op(p, op, r);
@@ -572,8 +576,7 @@ static void do_buf_dmabuf(struct proc *p, int op)
 	crc = crc32c(0, b->shadow, b->pages * PG);
 	munmap(m, b->pages * PG);
 	ifd = b->fd == p->fd && p->pfd >= 0 ? p->pfd : p->fd;
-	im.fd = e.fd;
-	r = cxla_ioctl(ifd, CXL_ACCEL_IOC_IMPORT_DMABUF, &im);
+	r = cxla_import_dmabuf(ifd, e.fd, &im);
 	if (!r) {
 		r = cxla_checksum(ifd, cxla_dev(im.handle, 0), b->pages * PG, 0,
 				  &got);
@@ -955,7 +958,7 @@ static void hog(const char *path, uint64_t seed)
 {
 	uint64_t rng = splitmix(seed) | 1;
 	struct cxl_accel_alloc a;
-	int fd = open(path, O_RDWR), r;
+	int fd = cxla_open_dev(path), r;
 
 	if (fd < 0 || cxla_alloc(fd, PG, 0, &a))
 		_exit(2);
@@ -997,96 +1000,75 @@ static uint8_t *map_region(struct proc *p)
 	return a;
 }
 
-static int open_dev(const char *path)
+/* A device of a process tree: its own file; a process that cannot open it fails */
+static int open_tree_dev(const char *path)
 {
-	int fd = path ? open(path, O_RDWR) : -1;
+	int fd = cxla_open_dev(path);
 
-	if (path && fd < 0) {
-		printf("RESULT mm_stress FAIL open %s: %s\n", path, strerror(errno));
-		exit(1);
+	if (fd < 0) {
+		printf("mm-stress: open %s: %s\n", path, strerror(errno));
+		fflush(stdout);
+		_exit(2);
 	}
 	return fd;
 }
 
-int main(int argc, char **argv)
+/* -d DEV and, with -P, PEER-DEV: checked here, each tree opens its own */
+FIXTURE(devs) {
+	CXLA_DEVS;
+};
+
+FIXTURE_SETUP(devs)
 {
-	const char *dev = "/dev/cxl-accel0", *peer = NULL;
-	int secs = 60, nprocs = 4, i, status, bad = 0, errors = 0, opt;
+	return cxla_open_devs(&c->devs, CXLA_PEER_IF_GIVEN);
+}
+
+FIXTURE_TEARDOWN(devs)
+{
+	close(c->fd);
+	if (c->pfd >= 0)
+		close(c->pfd);
+	return verdict;
+}
+
+CXLA_TEST_F(devs, mm_stress)
+{
+	const char *dev = c->path, *peer = c->peer_path;
+	int i, status, bad = 0, errors = 0;
 	uint64_t total = 0;
 	double t0;
 	pid_t pid;
 
-	run_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-	while ((opt = getopt(argc, argv, "s:t:n:d:P:x:vT")) != -1) {
-		switch (opt) {
-		case 'T':
-			with_helper = true;
-			break;
-		case 'x':
-			for (char *t = strtok(optarg, ","); t; t = strtok(NULL, ",")) {
-				for (i = 0; i < OP_COUNT && strcmp(t, op_names[i]); i++)
-					;
-				if (i == OP_COUNT) {
-					fprintf(stderr, "mm-stress: no operation %s\n", t);
-					return 2;
-				}
-				op_weight[i] = 0;
-			}
-			break;
-		case 's':
-			run_seed = strtoull(optarg, NULL, 0);
-			break;
-		case 't':
-			secs = atoi(optarg);
-			break;
-		case 'n':
-			nprocs = atoi(optarg);
-			break;
-		case 'd':
-			dev = optarg;
-			break;
-		case 'P':
-			peer = optarg;
-			break;
-		case 'v':
-			verbose = true;
-			break;
-		default:
-			fprintf(stderr, "usage: %s [-s seed] [-t seconds] [-n procs] [-d dev] [-P peer-dev] [-x op,...] [-v]\n",
-				argv[0]);
-			return 2;
-		}
-	}
+	if (!seed_given)
+		run_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+	alarm(run_secs + 600);	/* after every process's own (run_secs + 300) */
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED)
-		return 2;
+	CHECK(sh != MAP_FAILED, "mmap: %s", strerror(errno));
 	printf("mm-stress: seed %llu, %d processes, %d s, devices %s%s%s\n",
-	       (unsigned long long)run_seed, nprocs, secs, dev,
+	       (unsigned long long)run_seed, nprocs, run_secs, dev,
 	       peer ? " and " : "", peer ? peer : "");
 	fflush(stdout);
 	/* orphaned grandchildren come to us: their verdicts count */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
 	sh->top = getpid();
 	t0 = now_sec();
-	deadline = t0 + secs;
+	deadline = t0 + run_secs;
 	for (i = 0; i < nprocs; i++) {
 		struct proc *p = calloc(1, sizeof(*p));
 
-		if (!p)
-			return 2;
+		CHECK(p, "calloc");
 		p->slot = __sync_fetch_and_add(&sh->next_slot, 1);
 		p->rng = splitmix(run_seed ^ ((uint64_t)p->slot << 32)) | 1;
 		snprintf(p->path, sizeof(p->path), "%d", i);
 		p->cpu_only = i % 2;	/* half the trees: as a read-only device user */
 		memset(p->history, -1, sizeof(p->history));
 		pid = fork();
-		if (pid < 0)
-			return 2;
+		CHECK(pid >= 0, "fork: %s", strerror(errno));
 		if (!pid) {
-			alarm(secs + 300);	/* a hang ends as a failure */
-			p->fd = open_dev(dev);
-			p->pfd = open_dev(peer);
+			alarm(run_secs + 300);	/* a hang ends as a failure */
+			p->fd = open_tree_dev(dev);
+			p->pfd = peer ? open_tree_dev(peer) : -1;
 			p->region = map_region(p);
 			p->shadow = malloc(p->npages * PG);
 			if (!p->region || !p->shadow)
@@ -1100,10 +1082,9 @@ int main(int argc, char **argv)
 	/* engine hogs, one per device (as many engines as it has) */
 	for (i = 0; i < (peer ? 4 : 2); i++) {
 		pid = fork();
-		if (pid < 0)
-			return 2;
+		CHECK(pid >= 0, "fork: %s", strerror(errno));
 		if (!pid) {
-			alarm(secs + 300);
+			alarm(run_secs + 300);
 			hog(i % 2 && peer ? peer : dev, run_seed ^ (0x4f6 + i));
 		}
 	}
@@ -1137,8 +1118,56 @@ int main(int argc, char **argv)
 	for (i = 0; i < OP_COUNT; i++)
 		printf(" %s %llu", op_names[i], (unsigned long long)sh->ops[i]);
 	printf("\n");
-	printf("RESULT mm_stress %s seed %llu: %llu operations, %u processes, %d corrupted, %d failed otherwise\n",
-	       bad || errors ? "FAIL" : "PASS", (unsigned long long)run_seed,
-	       (unsigned long long)total, sh->next_slot, bad, errors);
-	return bad || errors ? 1 : 0;
+	fflush(stdout);
+	DETAIL("seed %llu: %llu operations, %u processes, %d corrupted, %d failed otherwise",
+	       (unsigned long long)run_seed, (unsigned long long)total,
+	       sh->next_slot, bad, errors);
+	return bad || errors ? FAIL : PASS;
 }
+
+CXLA_OPTION(seed, "-s", "SEED")
+{
+	run_seed = strtoull(arg, NULL, 0);
+	seed_given = true;
+}
+
+CXLA_OPTION(secs, "-t", "SECONDS")
+{
+	run_secs = atoi(arg);
+}
+
+CXLA_OPTION(procs, "-n", "PROCS")
+{
+	nprocs = atoi(arg);
+}
+
+/* -x OP[,OP...]: leave these operations out */
+CXLA_OPTION(exclude, "-x", "OP,...")
+{
+	char *ops = strdup(arg), *t;
+	int i;
+
+	for (t = strtok(ops, ","); t; t = strtok(NULL, ",")) {
+		for (i = 0; i < OP_COUNT && strcmp(t, op_names[i]); i++)
+			;
+		if (i == OP_COUNT) {
+			fprintf(stderr, "mm-stress: no operation %s\n", t);
+			exit(2);
+		}
+		op_weight[i] = 0;
+	}
+	free(ops);
+}
+
+CXLA_OPTION(verbose, "-v", NULL)
+{
+	verbose = true;
+}
+
+CXLA_OPTION(helper, "-T", NULL)
+{
+	with_helper = true;
+}
+
+/* no alarm from the runner: the test sets its own from -t */
+CXLA_PROGRAM(.name = "mm-stress", .prefix = "", .timeout_s = 0);

@@ -3105,8 +3105,7 @@ static int prologue(void)
 	int fd = cxla_open_dev(cxla_opt.dev);
 
 	if (fd < 0 || cxla_identify(fd, &id)) {
-		printf("RESULT %sopen FAIL %s: %s\n", cxla_opt.prefix, cxla_opt.dev,
-		       strerror(errno));
+		cxla_result("open", FAIL, "%s: %s", cxla_opt.dev, strerror(errno));
 		return 1;
 	}
 	close(fd);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Guest side of the hot-unplug test (tests/guest/host/run-unplug.sh).
+ * Guest side of the hot-unplug test (tests/guest/host/run-unplug.sh), on the
+ * harness of cxla_harness.h.
  *
- *   unplug-tests GONE KEEP [--wait SECS]
+ *   unplug-tests -d GONE -P KEEP [--wait SECS]
  *
  * GONE and KEEP are /dev/cxl-accelN of two devices; the host removes GONE
  * (QEMU device_del) while this program holds, one process each:
@@ -19,26 +20,26 @@
  * that line), then waits up to SECS (default 120) for GONE to disappear and
  * checks that each process ended with the right error instead of hanging,
  * that the migrated data is intact in system RAM, that KEEP still works and
- * that nothing is left behind on KEEP or in the module. One line per check:
- * "RESULT unplug_<name> PASS|FAIL <detail>". Exit status 1 on any failure.
+ * that nothing is left behind on KEEP or in the module. The test (removal)
+ * reports each check as a result of its own (cxla_result()):
+ * "RESULT unplug_<check> PASS|FAIL <detail>". Exit status 1 on any failure.
  *
- *   unplug-tests --check DEV
+ *   unplug-tests -d DEV -t reload
  *
  * After a reload: DEV has all of its memory free and computes correctly.
  */
 #include <limits.h>
-#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
-#include <linux/dma-buf.h>
 
-#include "cxla_test.h"
+#include "cxla_harness.h"
 
 #define KiB		1024UL
 #define MiB		(1024 * KiB)
 #define PG		4096UL
 #define END_WAIT	30.0	/* s after the removal a process may take to notice */
+#define TEST_TIMEOUT_S	600	/* the removal sets its own, from --wait */
 
 /* ------------------------------------------------------------ state */
 
@@ -69,6 +70,7 @@ struct shared {
 };
 
 static struct shared *sh;
+static int wait_s = 120;		/* --wait: for GONE to go */
 static const char *gone_path, *keep_path;
 static char gone_name[64], keep_name[64];
 static char gone_vdev[PATH_MAX];	/* sysfs path of GONE's virtio device */
@@ -110,28 +112,6 @@ static bool wait_gone(double secs)
 }
 
 /* ------------------------------------------------------------ helpers */
-
-static int export_buf(int fd, uint32_t handle, struct cxl_accel_dmabuf_export *e)
-{
-	memset(e, 0, sizeof(*e));
-	e->handle = handle;
-	e->flags = CXL_ACCEL_DMABUF_CLOEXEC;
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_EXPORT_DMABUF, e);
-}
-
-static int import_buf(int fd, int dmabuf, struct cxl_accel_dmabuf_import *im)
-{
-	memset(im, 0, sizeof(*im));
-	im->fd = dmabuf;
-	return cxla_ioctl(fd, CXL_ACCEL_IOC_IMPORT_DMABUF, im);
-}
-
-static int sync_buf(int fd, uint64_t flags)
-{
-	struct dma_buf_sync s = { .flags = flags };
-
-	return ioctl(fd, DMA_BUF_IOCTL_SYNC, &s) ? -errno : 0;
-}
 
 /* pages of [p, p + len) with any of the flags in mask, per SNAPSHOT */
 static long snap_count(int fd, const void *p, size_t len, uint8_t mask)
@@ -182,42 +162,32 @@ static long check_pat(const volatile uint32_t *q, size_t len, uint64_t seed)
 	return check_pat_at(q, 0, len, seed);
 }
 
-/* SIGBUS on a revoked mapping: back to the loop's sigsetjmp */
-static sigjmp_buf bus_jmp;
-
-static void on_sigbus(int sig)
-{
-	siglongjmp(bus_jmp, 1);
-}
-
-static void catch_sigbus(bool on)
-{
-	struct sigaction sa = { .sa_handler = on ? on_sigbus : SIG_DFL };
-
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGBUS, &sa, NULL);
-}
-
-/* Does reading p raise SIGBUS? */
-static bool read_sigbus(const volatile uint8_t *p)
-{
-	volatile bool bus = false;
-
-	catch_sigbus(true);
-	if (!sigsetjmp(bus_jmp, 1))
-		(void)*p;
-	else
-		bus = true;
-	catch_sigbus(false);
-	return bus;
-}
-
-static int open_dev(const char *path)
-{
-	return open(path, O_RDWR | O_CLOEXEC);
-}
-
 /* ------------------------------------------------------------ workers */
+
+/* mmap's CPU loop: a word per page written and read back, round after round */
+struct cpu_rounds {
+	struct worker *w;
+	volatile uint32_t *map;
+	size_t len;
+	long bad;		/* the word that read back wrong, or -1 */
+};
+
+static void cpu_rounds(void *arg)
+{
+	struct cpu_rounds *l = arg;
+	size_t i;
+
+	for (;;) {
+		for (i = 0; i < l->len / 4; i += PG / 4) {
+			l->map[i] = (uint32_t)l->w->ops;
+			if (l->map[i] != (uint32_t)l->w->ops) {
+				l->bad = (long)i;
+				return;
+			}
+		}
+		l->w->ops++;
+	}
+}
 
 /*
  * mmap: the CPU writes and reads a mapped 2 MiB buffer of GONE until the
@@ -229,11 +199,12 @@ static int w_mmap(struct worker *w)
 	const size_t len = 2 * MiB;
 	struct cxl_accel_identify id;
 	struct cxl_accel_alloc a;
+	struct cpu_rounds l = { .w = w, .len = len, .bad = -1 };
 	volatile uint32_t *map;
 	uint32_t crc;
-	size_t i;
+	uint8_t v;
 	void *p;
-	int fd = open_dev(gone_path);
+	int fd = cxla_open_dev(gone_path), sig;
 
 	WCHECK(fd >= 0, "open %s: %s", gone_path, strerror(errno));
 	WCHECK(!cxla_alloc(fd, len, 0, &a), "alloc");
@@ -245,28 +216,18 @@ static int w_mmap(struct worker *w)
 	       "device checksum of the CPU's writes differs");
 	w->ready = 1;
 
-	catch_sigbus(true);
-	if (!sigsetjmp(bus_jmp, 1)) {
-		for (;;) {
-			for (i = 0; i < len / 4; i += PG / 4) {
-				map[i] = (uint32_t)w->ops;
-				if (map[i] != (uint32_t)w->ops)
-					break;
-			}
-			if (i < len / 4) {
-				catch_sigbus(false);
-				loop_ended(w, -EIO);
-				WFAIL("read back a different word at %zu", i * 4);
-			}
-			w->ops++;
-		}
+	l.map = map;
+	sig = cxla_catch_fault(cpu_rounds, &l, NULL);
+	if (!sig) {
+		loop_ended(w, -EIO);
+		WFAIL("read back a different word at %ld", l.bad * 4);
 	}
-	catch_sigbus(false);
-	w->sigbus = 1;
+	w->sigbus = sig == SIGBUS;
 	loop_ended(w, 0);
+	WCHECK(sig == SIGBUS, "the CPU loop ended with signal %d, not SIGBUS", sig);
 
 	WCHECK(wait_gone(60), "SIGBUS, but the device did not go away");
-	WCHECK(read_sigbus((volatile uint8_t *)map + len - 1),
+	WCHECK(cxla_probe_read((volatile uint8_t *)map + len - 1, &v, NULL) == SIGBUS,
 	       "the mapping is readable again after the SIGBUS");
 	WCHECK(cxla_identify(fd, &id) == -ENODEV, "IDENTIFY after removal: %d",
 	       cxla_identify(fd, &id));
@@ -287,7 +248,7 @@ static int w_cmdloop(struct worker *w)
 	struct cxl_accel_alloc a;
 	uint8_t *ram = malloc(len);
 	uint32_t crc, want;
-	int fd = open_dev(gone_path), r;
+	int fd = cxla_open_dev(gone_path), r;
 
 	WCHECK(fd >= 0 && ram, "open %s: %s", gone_path, strerror(errno));
 	WCHECK(!cxla_alloc(fd, len, 0, &a), "alloc");
@@ -332,17 +293,18 @@ static int w_dmabuf(struct worker *w)
 	struct cxl_accel_alloc a, b;
 	volatile uint8_t *map;
 	uint32_t crc, want;
+	uint8_t v;
 	void *p;
-	int g = open_dev(gone_path), k = open_dev(keep_path), r;
+	int g = cxla_open_dev(gone_path), k = cxla_open_dev(keep_path), r;
 
 	WCHECK(g >= 0 && k >= 0, "open: %s", strerror(errno));
 	WCHECK(!cxla_alloc(g, len, 0, &a), "alloc on %s", gone_name);
-	WCHECK(!export_buf(g, a.handle, &e), "export");
+	WCHECK(!cxla_export_dmabuf(g, a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e), "export");
 	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, e.fd, 0);
 	WCHECK(p != MAP_FAILED, "mmap of the DMA-BUF: %s", strerror(errno));
 	map = p;
 	WCHECK(!close(g), "close %s", gone_name);	/* the DMA-BUF holds it */
-	WCHECK(!import_buf(k, e.fd, &im), "import into %s", keep_name);
+	WCHECK(!cxla_import_dmabuf(k, e.fd, &im), "import into %s", keep_name);
 	WCHECK(im.kind == CXL_ACCEL_IMPORT_PEER &&
 	       (im.attach_flags & CXL_ACCEL_IMPORT_DYNAMIC),
 	       "import kind %u flags %#x", im.kind, im.attach_flags);
@@ -367,14 +329,15 @@ static int w_dmabuf(struct worker *w)
 	WCHECK(r == -ENODEV, "peer-to-peer loop ended with %d (%s), expected -ENODEV",
 	       r, strerror(-r));
 	WCHECK(wait_gone(60), "-ENODEV, but the device did not go away");
-	WCHECK(read_sigbus(map), "the DMA-BUF mapping is still readable");
-	WCHECK(sync_buf(e.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW) == -ENODEV,
+	WCHECK(cxla_probe_read(map, &v, NULL) == SIGBUS,
+	       "the DMA-BUF mapping is still readable");
+	WCHECK(cxla_sync_dmabuf(e.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_RW) == -ENODEV,
 	       "DMA_BUF_IOCTL_SYNC on the revoked buffer");
 	p = mmap(NULL, len, PROT_READ, MAP_SHARED, e.fd, 0);
 	WCHECK(p == MAP_FAILED && errno == ENODEV, "new mmap of the revoked DMA-BUF: %s",
 	       p == MAP_FAILED ? strerror(errno) : "mapped");
 	WCHECK(lseek(e.fd, 0, SEEK_END) == (off_t)len, "lseek on the revoked DMA-BUF");
-	WCHECK(import_buf(k, e.fd, &im2) == -ENODEV, "new import of the revoked DMA-BUF");
+	WCHECK(cxla_import_dmabuf(k, e.fd, &im2) == -ENODEV, "new import of the revoked DMA-BUF");
 	WCHECK(cxla_fill(k, cxla_dev(im.handle, 0), 4096, 0, 0) == -ENODEV,
 	       "FILL on the revoked import");
 	/* KEEP's own buffer still works */
@@ -402,17 +365,17 @@ static int w_import(struct worker *w)
 	volatile uint8_t *map;
 	uint32_t crc, want;
 	long att;
-	int g = open_dev(gone_path), k = open_dev(keep_path), r;
+	int g = cxla_open_dev(gone_path), k = cxla_open_dev(keep_path), r;
 
 	WCHECK(g >= 0 && k >= 0, "open: %s", strerror(errno));
 	WCHECK(!cxla_alloc(k, len, 0, &a), "alloc on %s", keep_name);
 	WCHECK(!cxla_fill(k, cxla_dev(a.handle, 0), len, 0x0123456789abcdefULL, 0),
 	       "fill");
 	WCHECK(!cxla_checksum(k, cxla_dev(a.handle, 0), len, 0, &want), "checksum");
-	WCHECK(!export_buf(k, a.handle, &e), "export");
+	WCHECK(!cxla_export_dmabuf(k, a.handle, CXL_ACCEL_DMABUF_CLOEXEC, &e), "export");
 	map = mmap(NULL, len, PROT_READ, MAP_SHARED, e.fd, 0);
 	WCHECK(map != MAP_FAILED, "mmap of the DMA-BUF: %s", strerror(errno));
-	WCHECK(!import_buf(g, e.fd, &im), "import into %s", gone_name);
+	WCHECK(!cxla_import_dmabuf(g, e.fd, &im), "import into %s", gone_name);
 	WCHECK(im.kind == CXL_ACCEL_IMPORT_PEER, "import kind %u", im.kind);
 	w->ready = 1;
 	for (;;) {
@@ -457,7 +420,7 @@ static int w_migrated(struct worker *w)
 	struct cxl_accel_migrate m;
 	struct cxl_accel_hmm_info h;
 	uint32_t *pg = map_anon(lg), *pk = map_anon(lk);
-	int g = open_dev(gone_path), k = open_dev(keep_path), r;
+	int g = cxla_open_dev(gone_path), k = cxla_open_dev(keep_path), r;
 	long bad, on;
 
 	WCHECK(g >= 0 && k >= 0 && pg && pk, "open/mmap: %s", strerror(errno));
@@ -521,7 +484,7 @@ static int w_survivor(struct worker *w)
 	struct cxl_accel_alloc a, b;
 	uint8_t *ram = malloc(len);
 	uint32_t crc = 0, want;
-	int k = open_dev(keep_path), r = 0;
+	int k = cxla_open_dev(keep_path), r = 0;
 
 	WCHECK(k >= 0 && ram, "open %s: %s", keep_path, strerror(errno));
 	WCHECK(!cxla_alloc(k, len, 0, &a), "alloc");
@@ -558,22 +521,6 @@ static int (*const wfn[W_COUNT])(struct worker *) = {
 
 /* ------------------------------------------------------------ parent */
 
-static int failures;
-
-static void result(const char *name, bool pass, const char *fmt, ...)
-{
-	char detail[DETAIL_LEN];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(detail, sizeof(detail), fmt, ap);
-	va_end(ap);
-	printf("RESULT unplug_%s %s %s\n", name, pass ? "PASS" : "FAIL", detail);
-	fflush(stdout);
-	if (!pass)
-		failures++;
-}
-
 static bool dev_present(const char *name)
 {
 	char p[256];
@@ -582,27 +529,12 @@ static bool dev_present(const char *name)
 	return !access(p, F_OK);
 }
 
-/* DMA-BUFs in the kernel's list exported by this driver */
-static int bufinfo_ours(void)
-{
-	FILE *f = fopen("/sys/kernel/debug/dma_buf/bufinfo", "r");
-	char line[512];
-	int n = 0;
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		n += !!strstr(line, "cxl_accel");
-	fclose(f);
-	return n;
-}
-
 /*
  * After every process closed everything: nothing left on KEEP or in the
  * module (removed devices included). Pool pages and buffer frees are
- * deferred, so wait a little for them.
+ * deferred, so wait a little for them. The verdict of the check.
  */
-static void check_leaks(int k, uint64_t size)
+static int check_leaks(int k, uint64_t size)
 {
 	static const char *const zero[] = {
 		"buffers", "quarantined", "timeouts", "dmabuf/exports",
@@ -612,9 +544,8 @@ static void check_leaks(int k, uint64_t size)
 	char bad[DETAIL_LEN] = "";
 	struct cxl_accel_identify id;
 	struct cxl_accel_hmm_info h;
-	long e = -1, a = -1, im = -1, v;
+	long live[3] = { -1, -1, -1 }, v;
 	int i, t, bi = -1;
-	FILE *f;
 
 	for (t = 0; t < 50; t++) {
 		bad[0] = 0;
@@ -630,60 +561,113 @@ static void check_leaks(int k, uint64_t size)
 		if (!bad[0] && (cxla_identify(k, &id) || id.devmem_free != size))
 			snprintf(bad, sizeof(bad), "%s: %llu of %llu bytes free", keep_name,
 				 (unsigned long long)id.devmem_free, (unsigned long long)size);
-		if (!bad[0]) {
-			char p[256];
-
-			snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/dmabuf/module_live",
-				 keep_name);
-			f = fopen(p, "r");
-			if (!f || fscanf(f, "%ld %ld %ld", &e, &a, &im) != 3 || e || a || im)
-				snprintf(bad, sizeof(bad),
-					 "module-wide live exports %ld attachments %ld imports %ld",
-					 e, a, im);
-			if (f)
-				fclose(f);
-		}
-		bi = bufinfo_ours();
+		if (!bad[0] && (cxla_dmabuf_module_live(keep_name, live) ||
+				live[0] || live[1] || live[2]))
+			snprintf(bad, sizeof(bad),
+				 "module-wide live exports %ld attachments %ld imports %ld",
+				 live[0], live[1], live[2]);
+		bi = cxla_debugfs_dmabufs();
 		if (!bad[0] && bi)
 			snprintf(bad, sizeof(bad), "%d cxl_accel DMA-BUFs in debugfs bufinfo", bi);
 		if (!bad[0])
 			break;
 		usleep(100000);
 	}
-	result("no_leaks", !bad[0], "%s", bad[0] ? bad :
-	       "KEEP: no buffers, pool pages, quarantined requests or DMA-BUF objects, all memory free; module-wide 0 exports/attachments/imports; debugfs bufinfo clean");
+	if (bad[0]) {
+		cxla_result("no_leaks", FAIL, "%s", bad);
+		return FAIL;
+	}
+	cxla_result("no_leaks", PASS, "KEEP: no buffers, pool pages, quarantined requests or DMA-BUF objects, all memory free; module-wide 0 exports/attachments/imports; debugfs bufinfo clean");
+	return PASS;
 }
 
-static int run(int wait_s)
+static void base_name(const char *path, char *out, size_t len)
 {
-	struct cxl_accel_identify id;
-	double t0, t_req, t_cdev;
-	pid_t pid[W_COUNT];
-	char link[300];
-	int i, k, status;
+	const char *s = strrchr(path, '/');
 
+	snprintf(out, len, "%s", s ? s + 1 : path);
+}
+
+/* -d GONE -P KEEP: KEEP stays open here (the workers open their own files) */
+FIXTURE(removal) {
+	int keep;
+	struct cxl_accel_identify keep_id;
+};
+
+FIXTURE_PEER(removal);
+
+/* A set-up that fails is the result "setup". */
+FIXTURE_SETUP(removal)
+{
+	char link[300];
+
+	c->keep = -1;
+	gone_path = cxla_opt.dev;
+	keep_path = cxla_opt.peer;
+	if (!keep_path) {
+		cxla_result("setup", FAIL, "two devices are needed: -d GONE -P KEEP");
+		return FAIL;
+	}
+	base_name(gone_path, gone_name, sizeof(gone_name));
+	base_name(keep_path, keep_name, sizeof(keep_name));
+	if (!dev_present(gone_name) || !dev_present(keep_name) ||
+	    !strcmp(gone_name, keep_name)) {
+		cxla_result("setup", FAIL, "%s and %s are not two cxl-accel devices",
+			    gone_path, keep_path);
+		return FAIL;
+	}
 	snprintf(link, sizeof(link), "/sys/class/cxl-accel/%s/device", gone_name);
 	if (!realpath(link, gone_vdev)) {
-		result("setup", false, "no virtio device for %s", gone_name);
-		return 1;
+		cxla_result("setup", FAIL, "no virtio device for %s", gone_name);
+		return FAIL;
 	}
-	k = open_dev(keep_path);
-	if (k < 0 || cxla_identify(k, &id)) {
-		result("setup", false, "open %s: %s", keep_path, strerror(errno));
-		return 1;
+	c->keep = cxla_open_dev(keep_path);
+	if (c->keep < 0 || cxla_identify(c->keep, &c->keep_id)) {
+		cxla_result("setup", FAIL, "open %s: %s", keep_path, strerror(errno));
+		return FAIL;
 	}
+	return PASS;
+}
+
+FIXTURE_TEARDOWN(removal)
+{
+	close(c->keep);
+	return verdict;
+}
+
+static void kill_workers(const pid_t *pid)
+{
+	int i;
+
+	for (i = 0; i < W_COUNT; i++)
+		kill(pid[i], SIGKILL);
+	while (wait(NULL) > 0)
+		;
+}
+
+/*
+ * The removal, one result per check: setup (only when it fails), removed,
+ * each process's own (mmap ... survivor), no_leaks.
+ */
+CXLA_TEST_F(removal, removal)
+{
+	double t0, t_req, t_cdev;
+	pid_t pid[W_COUNT];
+	int i, status, verdict = PASS;
+
+	alarm(wait_s + 300);
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED) {
-		result("setup", false, "mmap");
-		return 1;
+		cxla_result("setup", FAIL, "mmap");
+		return FAIL;
 	}
 	memset((void *)sh, 0, sizeof(*sh));
 	for (i = 0; i < W_COUNT; i++) {
 		fflush(stdout);
 		pid[i] = fork();
 		if (!pid[i]) {
-			close(k);
+			close(c->keep);
 			_exit(wfn[i](&sh->w[i]) == PASS ? 0 : 1);
 		}
 	}
@@ -701,13 +685,10 @@ static int run(int wait_s)
 		if (ready == W_COUNT)
 			break;
 		if (bad >= 0 || now_sec() - t0 > 60) {
-			result("setup", false, "%s: %s", bad >= 0 ? wname[bad] : "timeout",
-			       bad >= 0 ? sh->w[bad].detail : "processes not ready in 60 s");
-			for (i = 0; i < W_COUNT; i++)
-				kill(pid[i], SIGKILL);
-			while (wait(NULL) > 0)
-				;
-			return 1;
+			cxla_result("setup", FAIL, "%s: %s", bad >= 0 ? wname[bad] : "timeout",
+				    bad >= 0 ? sh->w[bad].detail : "processes not ready in 60 s");
+			kill_workers(pid);
+			return FAIL;
 		}
 		usleep(20000);
 	}
@@ -725,19 +706,16 @@ static int run(int wait_s)
 	while (!access(gone_vdev, F_OK) && now_sec() - t_req < wait_s)
 		usleep(20000);
 	if (!access(gone_vdev, F_OK)) {
-		result("removed", false, "%s still there %d s after UNPLUG-READY",
-		       dev_present(gone_name) ? gone_name : gone_vdev, wait_s);
+		cxla_result("removed", FAIL, "%s still there %d s after UNPLUG-READY",
+			    dev_present(gone_name) ? gone_name : gone_vdev, wait_s);
 		sh->stop = 1;
-		for (i = 0; i < W_COUNT; i++)
-			kill(pid[i], SIGKILL);
-		while (wait(NULL) > 0)
-			;
-		return 1;
+		kill_workers(pid);
+		return FAIL;
 	}
 	sh->t_gone = now_sec();
 	sh->gone = 1;
-	result("removed", true, "%s gone %.1f s after UNPLUG-READY, its virtio device %.1f s later",
-	       gone_name, t_cdev - t_req, sh->t_gone - t_cdev);
+	cxla_result("removed", PASS, "%s gone %.1f s after UNPLUG-READY, its virtio device %.1f s later",
+		    gone_name, t_cdev - t_req, sh->t_gone - t_cdev);
 
 	/* the survivor keeps going a little after the removal */
 	{
@@ -756,90 +734,78 @@ static int run(int wait_s)
 		while (!w->done && now_sec() - sh->t_gone < END_WAIT + 30)
 			usleep(20000);
 		if (!w->done) {
-			result(wname[i], false, "%s after the removal (%ld rounds, loop %s)",
-			       "hangs 60 s", w->ops, w->ended ? "ended" : "still running");
+			cxla_result(wname[i], FAIL, "%s after the removal (%ld rounds, loop %s)",
+				    "hangs 60 s", w->ops, w->ended ? "ended" : "still running");
 			kill(pid[i], SIGKILL);
+			verdict = FAIL;
 			continue;
 		}
-		if (w->verdict == PASS && w->ended && w->t_end - sh->t_gone > END_WAIT)
-			result(wname[i], false, "ended %.1f s after the removal: %s",
-			       w->t_end - sh->t_gone, w->detail);
-		else
-			result(wname[i], w->verdict == PASS, "%s (ended %+.2f s from removal)",
-			       w->detail, w->t_end - sh->t_gone);
+		if (w->verdict == PASS && w->ended && w->t_end - sh->t_gone > END_WAIT) {
+			cxla_result(wname[i], FAIL, "ended %.1f s after the removal: %s",
+				    w->t_end - sh->t_gone, w->detail);
+			verdict = FAIL;
+		} else {
+			cxla_result(wname[i], w->verdict, "%s (ended %+.2f s from removal)",
+				    w->detail, w->t_end - sh->t_gone);
+			if (w->verdict != PASS)
+				verdict = FAIL;
+		}
 	}
 	for (i = 0; i < W_COUNT; i++) {
 		waitpid(pid[i], &status, 0);
 		if (sh->w[i].done && sh->w[i].verdict == PASS &&
-		    !(WIFEXITED(status) && !WEXITSTATUS(status)))
-			result(wname[i], false, "process status %#x", status);
+		    !(WIFEXITED(status) && !WEXITSTATUS(status))) {
+			cxla_result(wname[i], FAIL, "process status %#x", status);
+			verdict = FAIL;
+		}
 	}
-	check_leaks(k, id.devmem_size);
-	close(k);
-	return failures ? 1 : 0;
+	if (check_leaks(c->keep, c->keep_id.devmem_size) != PASS)
+		verdict = FAIL;
+	return verdict;
+}
+
+/* -d DEV -t reload: the check after a reload, only when named */
+FIXTURE(one) {
+	CXLA_DEVS;
+};
+
+FIXTURE_SETUP(one)
+{
+	return cxla_open_devs(&c->devs, CXLA_NO_PEER);
+}
+
+FIXTURE_APPLIES(one)
+{
+	return false;
 }
 
 /* After a reload: all memory free, alloc, fill, checksum. */
-static int check(const char *path)
+CXLA_TEST_F(one, reload)
 {
 	const size_t len = 8 * MiB;
-	struct cxl_accel_identify id;
 	struct cxl_accel_alloc a;
 	uint8_t *ram = malloc(len);
 	uint32_t crc;
-	int fd = open_dev(path);
 
-	if (fd < 0 || !ram || cxla_identify(fd, &id)) {
-		result("reload", false, "open %s: %s", path, strerror(errno));
-		return 1;
-	}
+	CHECK(ram, "malloc");
 	memset(ram, 0x77, len);
-	if (id.devmem_free != id.devmem_size || id.buffers ||
-	    cxla_alloc(fd, len, 0, &a) ||
-	    cxla_fill(fd, cxla_dev(a.handle, 0), len, 0x7777777777777777ULL, 0) ||
-	    cxla_checksum(fd, cxla_dev(a.handle, 0), len, 0, &crc) ||
-	    crc != crc32c(0, ram, len) || cxla_free(fd, a.handle)) {
-		result("reload", false, "%s: %llu of %llu bytes free, %u buffers, or alloc/fill/checksum failed",
-		       path, (unsigned long long)id.devmem_free,
-		       (unsigned long long)id.devmem_size, id.buffers);
-		return 1;
-	}
-	result("reload", true, "%s (device index %u): all %llu MiB free, alloc/fill/checksum right",
-	       path, id.device_index, (unsigned long long)id.devmem_size >> 20);
-	close(fd);
-	return 0;
+	CHECK(c->id.devmem_free == c->id.devmem_size && !c->id.buffers,
+	      "%s: %llu of %llu bytes free, %u buffers", c->path,
+	      (unsigned long long)c->id.devmem_free,
+	      (unsigned long long)c->id.devmem_size, c->id.buffers);
+	CHECK(!cxla_alloc(c->fd, len, 0, &a) &&
+	      !cxla_fill(c->fd, cxla_dev(a.handle, 0), len, 0x7777777777777777ULL, 0) &&
+	      !cxla_checksum(c->fd, cxla_dev(a.handle, 0), len, 0, &crc) &&
+	      crc == crc32c(0, ram, len) && !cxla_free(c->fd, a.handle),
+	      "%s: alloc/fill/checksum failed", c->path);
+	DETAIL("%s (device index %u): all %llu MiB free, alloc/fill/checksum right",
+	       c->path, c->id.device_index, (unsigned long long)c->id.devmem_size >> 20);
+	return PASS;
 }
 
-static void base_name(const char *path, char *out, size_t len)
+CXLA_OPTION(wait, "--wait", "SECS")
 {
-	const char *s = strrchr(path, '/');
-
-	snprintf(out, len, "%s", s ? s + 1 : path);
+	wait_s = atoi(arg);
 }
 
-int main(int argc, char **argv)
-{
-	int wait_s = 120;
-
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 3 && !strcmp(argv[1], "--check"))
-		return check(argv[2]);
-	if (argc == 5 && !strcmp(argv[3], "--wait"))
-		wait_s = atoi(argv[4]);
-	else if (argc != 3)
-		goto usage;
-	gone_path = argv[1];
-	keep_path = argv[2];
-	base_name(gone_path, gone_name, sizeof(gone_name));
-	base_name(keep_path, keep_name, sizeof(keep_name));
-	if (!dev_present(gone_name) || !dev_present(keep_name) ||
-	    !strcmp(gone_name, keep_name))
-		goto usage;
-	return run(wait_s);
-
-usage:
-	fprintf(stderr, "usage: %s GONE KEEP [--wait SECS] | --check DEV\n"
-		"  GONE, KEEP: two different /dev/cxl-accelN; the host removes GONE\n",
-		argv[0]);
-	return 2;
-}
+CXLA_PROGRAM(.name = "unplug-tests", .prefix = "unplug_", .timeout_s = TEST_TIMEOUT_S);
