@@ -334,9 +334,9 @@ void cxla_poison_free(struct cxla_dev *cd);
 bool cxla_poison_hit(struct cxla_dev *cd, u64 off, u64 len);
 extern const struct attribute_group cxla_poison_group;
 
-/* hmm_compat.c: the test_hmm interface */
-int cxla_hmm_compat_init(void);
-void cxla_hmm_compat_exit(void);
+/* test_hmm.c: the test_hmm interface (/dev/hmm_dmirror*) */
+int cxla_test_hmm_init(void);
+void cxla_test_hmm_exit(void);
 
 /* sysfs.c */
 extern const struct attribute_group *cxla_groups[];

@@ -364,7 +364,7 @@ static int __init cxla_init(void)
 	ret = register_virtio_driver(&cxla_driver);
 	if (ret)
 		goto err_notifier;
-	ret = cxla_hmm_compat_init();
+	ret = cxla_test_hmm_init();
 	if (ret)
 		goto err_driver;
 	return 0;
@@ -382,7 +382,7 @@ err_wq:
 
 static void __exit cxla_exit(void)
 {
-	cxla_hmm_compat_exit();
+	cxla_test_hmm_exit();
 	/* removals wait for their pages instead of leaving them behind */
 	WRITE_ONCE(cxla_unloading, true);
 	unregister_virtio_driver(&cxla_driver);

@@ -705,7 +705,7 @@ static const struct file_operations cxla_dmirror_fops = {
 	.llseek = default_llseek,
 };
 
-int cxla_hmm_compat_init(void)
+int cxla_test_hmm_init(void)
 {
 	int ret, i;
 
@@ -749,7 +749,7 @@ err_region:
 	return ret;
 }
 
-void cxla_hmm_compat_exit(void)
+void cxla_test_hmm_exit(void)
 {
 	int i;
 
