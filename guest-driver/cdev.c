@@ -28,9 +28,22 @@
 #include <linux/poll.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/virtio.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "evict.h"
+#include "migrate.h"
+#include "ops.h"
+#include "poison.h"
+#include "pool.h"
+#include "svm.h"
+#include "sysfs.h"
+#include "vq.h"
 
+#define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
 #define CXLA_MMAP_PGMASK	((1UL << CXLA_MMAP_PGSHIFT) - 1)
 
 static dev_t cxla_devt;

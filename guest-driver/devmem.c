@@ -41,6 +41,17 @@
 #include <linux/virtio_config.h>
 
 #include "cxl_accel.h"
+#include "compat.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "evict.h"
+#include "pool.h"
+#include "vq.h"
+
+/* ivshmem-plain, the function that carries the device memory BAR */
+#define CXLA_IVSHMEM_VENDOR	0x1af4
+#define CXLA_IVSHMEM_DEVICE	0x1110
+#define CXLA_IVSHMEM_BAR	2
 
 #define CXLA_SET_BASE_TRIES	100	/* x 20 ms while the BAR is not mapped */
 

@@ -64,6 +64,13 @@
 #include <linux/virtio_dma_buf.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "compat.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "poison.h"
+#include "sysfs.h"
+#include "vq.h"
 #ifdef CXLA_P2P_PROVIDER	/* compat.h decides */
 #include <linux/dma-buf-mapping.h>
 #include <linux/pci-p2pdma.h>

@@ -35,7 +35,14 @@
 #include <linux/uaccess.h>
 
 #include "cxl_accel.h"
+#include "compat.h"
+#include "devmem.h"
+#include "evict.h"
+#include "migrate.h"
+#include "pool.h"
+#include "private.h"
 
+#define CXLA_EVICT_SCAN		512UL	/* pages per look at page tables */
 #define CXLA_EVICT_RETRY_MS	3000	/* EVICT: retry busy pages this long */
 #define CXLA_EVICT_ALL_MS	500	/* retries: every process at most this often */
 #define CXLA_REMOVE_RETRY_MS	10000	/* removal: likewise, per phase */

@@ -16,6 +16,15 @@
 #include <linux/virtio_ring.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "evict.h"
+#include "poison.h"
+#include "pool.h"
+#include "private.h"
+#include "test_hmm.h"
+#include "vq.h"
 
 unsigned int cxla_cmd_timeout_ms = 5000;
 module_param_named(cmd_timeout_ms, cxla_cmd_timeout_ms, uint, 0644);

@@ -29,6 +29,13 @@
 #include <linux/uaccess.h>
 
 #include "cxl_accel.h"
+#include "compat.h"
+#include "devmem.h"
+#include "evict.h"
+#include "migrate.h"
+#include "pool.h"
+#include "private.h"
+#include "sysfs.h"
 
 /* ------------------------------------------------ migrate_vma ranges */
 

@@ -9,8 +9,13 @@
 #include <linux/delay.h>
 #include <linux/mm.h>
 #include <linux/nodemask.h>
+#include <linux/virtio.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "devmem.h"
+#include "pool.h"
+#include "vq.h"
 
 #define CXLA_NUMA_TRIES		100	/* x 20 ms until the device knows its memory */
 

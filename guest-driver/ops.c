@@ -18,9 +18,18 @@
 #include <linux/uaccess.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "compat.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "ops.h"
+#include "pool.h"
+#include "vq.h"
 
 #define CXLA_CHUNK		SZ_16M
 #define CXLA_PIPELINE		8
+/* data commands moving at most this much are polled for (the daemon runs them inline) */
+#define CXLA_POLL_BYTES		SZ_64K
 
 struct cxla_operand {
 	struct cxla_buf *buf;	/* NULL: user memory */

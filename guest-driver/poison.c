@@ -28,6 +28,12 @@
 #include <linux/sysfs.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "devmem.h"
+#include "dmabuf.h"
+#include "poison.h"
+#include "pool.h"
+#include "sysfs.h"
 
 /* Ranges the driver remembers; the device keeps at most as many (MAX_RULES) */
 #define CXLA_POISON_MAX		256

@@ -28,6 +28,13 @@
 #include <linux/slab.h>
 
 #include "cxl_accel.h"
+#include "compat.h"
+#include "devmem.h"
+#include "evict.h"
+#include "poison.h"
+#include "pool.h"
+#include "private.h"
+#include "vq.h"
 
 u8 cxla_pgmap_owner;
 

@@ -26,8 +26,12 @@
 #include <linux/slab.h>
 
 #include "cxl_accel.h"
+#include "compat.h"
+#include "migrate.h"
+#include "pool.h"
+#include "private.h"
 
-bool cxla_private_memory = true;
+static bool cxla_private_memory = true;
 module_param_named(private_memory, cxla_private_memory, bool, 0444);
 MODULE_PARM_DESC(private_memory,
 		 "Offer device memory as MEMORY_DEVICE_PRIVATE pages too, where the kernel has them (default on)");

@@ -46,6 +46,15 @@
 #include <linux/xarray.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "compat.h"
+#include "devmem.h"
+#include "migrate.h"
+#include "ops.h"
+#include "pool.h"
+#include "private.h"
+#include "svm.h"
+#include "vq.h"
 
 #define CXLA_SVM_WINDOW		240	/* pages per device command */
 #define CXLA_SVM_SNAP_WINDOW	512	/* pages per hmm_range_fault() of SNAPSHOT */

@@ -7,6 +7,9 @@
 #include <linux/sysfs.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "sysfs.h"
+#include "vq.h"
 
 /* a read-only attribute showing one field of struct cxla_dev */
 #define CXLA_FIELD_ATTR(_name, _fmt, _field)				\

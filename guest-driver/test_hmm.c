@@ -40,6 +40,15 @@
 #include <linux/xarray.h>
 
 #include "cxl_accel.h"
+#include "cdev.h"
+#include "compat.h"
+#include "devmem.h"
+#include "evict.h"
+#include "migrate.h"
+#include "pool.h"
+#include "private.h"
+#include "svm.h"
+#include "test_hmm.h"
 
 static bool cxla_test_hmm;
 module_param_named(test_hmm, cxla_test_hmm, bool, 0444);

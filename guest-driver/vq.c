@@ -35,11 +35,21 @@
 #include <linux/virtio_config.h>
 
 #include "cxl_accel.h"
+#include "devmem.h"
+#include "ops.h"
+#include "poison.h"
+#include "vq.h"
 
 #define CREATE_TRACE_POINTS
 #include "trace.h"
 
-unsigned int cxla_poll_us = 50;
+#define CXLA_EVENT_BUFS		32	/* buffers posted on the event queue */
+#define CXLA_REQ_CACHE		16	/* small requests kept per queue for reuse */
+#define CXLA_POLL_MAX_US	1000	/* poll_us is capped: preemption is off */
+/* the highest status the protocol defines: above it, a protocol error */
+#define CXLA_S_LAST		CXLA_S_MEDIA_ERROR
+
+static unsigned int cxla_poll_us = 50;
 module_param_named(poll_us, cxla_poll_us, uint, 0644);
 MODULE_PARM_DESC(poll_us,
 		 "How long a waiter polls for the answer to a fast command before it sleeps (us, 0 = never, at most 1000)");
@@ -51,7 +61,7 @@ unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
 	return msecs_to_jiffies(max(timeout_ms, 1U));
 }
 
-int cxla_status_to_errno(u32 status)
+static int cxla_status_to_errno(u32 status)
 {
 	switch (status) {
 	case CXLA_S_OK:

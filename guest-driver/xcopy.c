@@ -12,6 +12,12 @@
 #include <linux/sort.h>
 
 #include "cxl_accel.h"
+#include "migrate.h"
+#include "pool.h"
+#include "vq.h"
+
+#define CXLA_COPY_MAX_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB pages at most */
+#define CXLA_MAX_NOINTR		(30 * HZ)
 
 /* ------------------------------------------------- page copy engine */
 
