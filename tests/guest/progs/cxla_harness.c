@@ -123,6 +123,8 @@ void cxla_result(const char *name, int verdict, const char *fmt, ...)
 	char detail[DETAIL_LEN];
 	va_list ap;
 
+	if (verdict != PASS && verdict != SKIP)
+		verdict = FAIL;
 	va_start(ap, fmt);
 	vsnprintf(detail, sizeof(detail), fmt, ap);
 	va_end(ap);
