@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #
-# The README's commands work: every fenced ```sh block of README.md runs, from
+# The README's commands work: every fenced ```sh block of README.md and of the
+# documents in docs/ runs, from
 # the repository, under bash -euo pipefail with no input and a time limit,
 # in a process group of its own that is killed afterwards (nothing it started
 # outlives it). A block that cannot run in CI says why in a comment on the
@@ -10,7 +11,7 @@
 # (tests/readme.rs checks that every skipped block gives a reason, and that the
 # files and flags the READMEs name exist.)
 #
-# Usage: ci/readme-check.sh [--list] [FILE]   (default README.md)
+# Usage: ci/readme-check.sh [--list] [FILE...]   (default README.md docs/*.md)
 #   --list   print the blocks and what would happen to each, run nothing
 # Needs the set-up of ci/setup.sh; run as root (blocks use /run).
 set -euo pipefail
@@ -22,7 +23,7 @@ ROOT=$(dirname "$HERE")
 cd "$ROOT"
 
 LIST=0
-FILE=README.md
+FILES=()
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help)
@@ -30,15 +31,21 @@ while [ $# -gt 0 ]; do
         exit 0
         ;;
     --list) LIST=1; shift ;;
-    *) FILE=$1; shift ;;
+    *) FILES+=("$1"); shift ;;
     esac
 done
-[ -f "$FILE" ] || die "readme-check: $FILE not found"
+[ "${#FILES[@]}" -gt 0 ] || FILES=(README.md docs/*.md)
+for FILE in "${FILES[@]}"; do
+    [ -f "$FILE" ] || die "readme-check: $FILE not found"
+done
 TIMEOUT=${CXL_ACCEL_README_TIMEOUT:-900}
 
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 
+PASSED=0 FAILED=0 SKIPPED=0
+for FILE in "${FILES[@]}"; do
+rm -f "$W"/*.sh "$W"/*.log
 # Blocks into $W/N.sh, an index line each: N LINE SKIP-REASON
 python3 - "$FILE" "$W" >"$W/index" <<'EOF'
 import re, sys
@@ -66,7 +73,6 @@ while i < len(lines):
     i += 1
 EOF
 
-PASSED=0 FAILED=0 SKIPPED=0
 while read -r n line reason; do
     first=$(grep -v '^\s*$' "$W/$n.sh" | head -n 1 | cut -c1-60)
     if [ "$reason" != - ]; then
@@ -94,6 +100,7 @@ while read -r n line reason; do
         tail -n 30 "$W/$n.log" | sed 's/^/  | /'
     fi
 done <"$W/index"
+done
 [ "$LIST" = 1 ] && exit 0
 echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 [ "$FAILED" = 0 ]

@@ -181,9 +181,16 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
 fi
 etc_apt_unchanged || FAILED_RUNS+=(etc-apt)
 
-log "timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, dkms ${T_DKMS}s, total $(elapsed "$T0")s"
+TIMINGS="timings: setup ${T_SETUP}s, cargo ${T_CARGO}s, fuzz ${T_FUZZ}s, guest ${T_GUEST}s, dkms ${T_DKMS}s, total $(elapsed "$T0")s"
+log "$TIMINGS"
 echo "guest runs (KTAP, JUnit and the logs of failed runs in $RESULTS):"
 printf '  %s\n' "${SUMMARY[@]}"
+# The run's figures, for CI to keep with the results (an artifact, never the README).
+{
+    echo "# ci/test.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "$TIMINGS"
+    printf '%s\n' "${SUMMARY[@]}"
+} >"$RESULTS/timings.txt"
 if [ "${#FAILED_RUNS[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED_RUNS[*]}"
     exit 1

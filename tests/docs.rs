@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The man page (`doc/cxl-accel.1`) and the shell completions (`doc/completions/`) are
+//! The man page (`docs/man/cxl-accel.1`) and the shell completions (`docs/completions/`) are
 //! generated from the daemon's clap definitions (`cxl_accel::cli::Args`); this test fails
 //! when they are stale. Regenerate them with
 //!
@@ -75,10 +75,10 @@ fn completion(shell: Shell) -> Vec<u8> {
 /// Every generated file: path in the repository, contents.
 fn generated() -> Vec<(&'static str, Vec<u8>)> {
     vec![
-        ("doc/cxl-accel.1", man_page()),
-        ("doc/completions/cxl-accel.bash", completion(Shell::Bash)),
-        ("doc/completions/_cxl-accel", completion(Shell::Zsh)),
-        ("doc/completions/cxl-accel.fish", completion(Shell::Fish)),
+        ("docs/man/cxl-accel.1", man_page()),
+        ("docs/completions/cxl-accel.bash", completion(Shell::Bash)),
+        ("docs/completions/_cxl-accel", completion(Shell::Zsh)),
+        ("docs/completions/cxl-accel.fish", completion(Shell::Fish)),
     ]
 }
 
@@ -129,7 +129,7 @@ fn generated_files_cover_every_flag() {
 /// groff, where installed, reads the page without a warning.
 #[test]
 fn man_page_renders() {
-    let page = repo().join("doc/cxl-accel.1");
+    let page = repo().join("docs/man/cxl-accel.1");
     if !Path::new("/usr/bin/groff").exists() || !page.exists() {
         eprintln!("groff or the page missing: not rendered");
         return;

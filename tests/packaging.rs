@@ -125,10 +125,10 @@ fn cargo_package_takes_the_daemon_and_its_documents() {
         "LICENSE-BSD-3-Clause",
         "src/main.rs",
         "src/cli.rs",
-        "doc/cxl-accel.1",
-        "doc/completions/cxl-accel.bash",
-        "doc/completions/_cxl-accel",
-        "doc/completions/cxl-accel.fish",
+        "docs/man/cxl-accel.1",
+        "docs/completions/cxl-accel.bash",
+        "docs/completions/_cxl-accel",
+        "docs/completions/cxl-accel.fish",
         "docs/device-spec.md",
         "systemd/cxl-accel@.service",
     ] {
@@ -173,10 +173,10 @@ fn dkms_package_is_the_crates_version() {
     );
     assert_eq!(field("BUILT_MODULE_NAME[0]"), "cxl_accel");
     assert_eq!(field("AUTOINSTALL"), "yes");
-    // What the README tells users to copy to.
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    // What the operations guide tells users to copy to.
+    let doc = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
     assert!(
-        readme.contains(&format!("/usr/src/cxl-accel-{version}")),
-        "README's DKMS section names /usr/src/cxl-accel-{version}"
+        doc.contains(&format!("/usr/src/cxl-accel-{version}")),
+        "docs/operations.md's DKMS section names /usr/src/cxl-accel-{version}"
     );
 }
