@@ -15,6 +15,7 @@ mod events;
 pub mod journal;
 mod requests;
 pub mod resume;
+pub mod serve;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +26,7 @@ pub use chain::{write_out, ChainRequest};
 pub use events::deliver as deliver_events;
 pub use journal::{Journal, Origin, MAX_QUEUE};
 pub use requests::{answer, publish, take, Answer, Taken};
+pub use serve::{Memory, Queues, Rings};
 
 use crate::protocol::{cmd_queue_index, cmd_queue_of};
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! vhost-user adapter: the session's state, the vhost-user messages (features, memory
-//! table, queue start and stop, backend channel, shared memory) and the glue that runs the
-//! ring layer ([`crate::ring`]) on the vring thread and the DMA engines. Everything
-//! guest-specific is validated in the ring layer or in the device model.
+//! vhost-user adapter: the vhost-user messages (features, memory table, queue start and
+//! stop, backend channel, shared memory) around the ring layer's queue serving
+//! ([`crate::ring::Queues`]), which runs on the vring thread and the DMA engines.
+//! Everything guest-specific is validated in the ring layer or in the device model.
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,10 +18,7 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{
-    ByteValued, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion,
-};
+use vm_memory::{ByteValued, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -29,17 +26,14 @@ use vmm_sys_util::event::{
 
 use crate::device::dispatch::Dispatcher;
 use crate::device::{Attach, Device};
-use crate::host::sigbus;
-use crate::protocol::{cmd_queue_of, QUEUE_EVENT, SHM_ID_DEVMEM};
+use crate::protocol::{QUEUE_EVENT, SHM_ID_DEVMEM};
 use crate::ring::journal::RingId;
 use crate::ring::resume;
-use crate::ring::{self, CmdQueue, Journal};
+use crate::ring::{self, Journal, Memory, Queues, Rings};
 use crate::vhost::announcer::Announcer;
 
 pub mod announcer;
-mod queues;
 pub mod server;
-use queues::{busy_poll, deliver_events, process_commands};
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -52,64 +46,9 @@ const MAP_RETRY: Duration = Duration::from_secs(1);
 /// steps of at most 1 MiB or 4096 atomic operations).
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A memory table as the session uses it: its mappings are registered for SIGBUS recovery
-/// (see `sigbus.rs`) for as long as anything, such as a running command, holds it. All
-/// guest-memory access, rings included, goes through one of these, never through the
-/// vhost crate's current table, which it replaces before we have seen (and registered) it.
-pub struct Table {
-    _guards: Vec<sigbus::Guard>,
-    mem: Arc<GuestMemoryMmap>,
-}
-
-impl Table {
-    fn new(mem: Arc<GuestMemoryMmap>) -> io::Result<Table> {
-        let mut guards = Vec::new();
-        for region in mem.iter() {
-            let Some(fo) = region.file_offset() else {
-                continue;
-            };
-            let g = sigbus::register(
-                region.as_ptr(),
-                region.len() as usize,
-                fo.file().as_raw_fd(),
-            )
-            .map_err(io::Error::other)?;
-            guards.push(g);
-        }
-        Ok(Table {
-            _guards: guards,
-            mem,
-        })
-    }
-}
-
-/// State shared by a session's vhost-user handler and the jobs it hands to the DMA engines.
+/// A session's vhost-user state, beside the serving state of its queues.
 struct Session {
-    device: Arc<Device>,
-    dispatcher: Arc<Dispatcher>,
-    /// The current memory table (also when refused: the vhost crate still holds it).
-    mem: Mutex<Option<Arc<Table>>>,
-    /// The most requests held at once (`--queue-size`); rings may be larger.
-    queue_size: u16,
-    event_idx: AtomicBool,
-    /// Per command queue: requests taken and not yet returned, never more than the queue
-    /// size, so a guest cannot make the daemon buffer without bound.
-    in_flight: Vec<AtomicUsize>,
-    /// Per command queue: bumped when the front-end stops it, so completions of requests
-    /// taken before that are not written to a ring that may have been reset or moved.
-    generation: Vec<AtomicU64>,
-    /// Busy-poll: how long the next poll of the command queues may last (microseconds);
-    /// a kick sets it to the configured time, a poll that finds nothing halves it.
-    poll_window: AtomicU64,
-    /// Set while the front-end stops the command queue (and once the session ended):
-    /// commands running or queued end early with INTERRUPTED, so a stop that QEMU waits
-    /// for under its global lock takes milliseconds, not as long as 256 1-GiB copies.
-    cancel: AtomicBool,
-    /// The memory table was refused: guest memory is not touched again in this session.
-    poisoned: AtomicBool,
-    /// The session is over: no ring is served or written any more (a successor may be
-    /// serving the same rings already).
-    ended: AtomicBool,
+    q: Arc<Queues>,
     /// This session continues a connection whose previous daemon died: the rings carry on
     /// from the journal instead of from the front-end's set-up.
     resume: AtomicBool,
@@ -125,6 +64,31 @@ struct Session {
     /// Shared-memory attach: when the front-end was last asked to map device memory since
     /// the queues started.
     map_requested: Mutex<Option<Instant>>,
+}
+
+/// The vrings of a session, as the ring layer serves them.
+#[derive(Clone)]
+struct VhostRings {
+    vrings: Vec<VringRwLock>,
+    s: Arc<Session>,
+}
+
+impl Rings for VhostRings {
+    fn locked<T>(&self, vq: usize, f: impl FnOnce(&mut virtio_queue::Queue) -> T) -> Option<T> {
+        let vring = self.vrings.get(vq)?;
+        let mut state = vring.get_mut();
+        Some(f(state.get_queue_mut()))
+    }
+
+    fn signal(&self, vq: usize) {
+        if let Some(vring) = self.vrings.get(vq) {
+            let _ = vring.signal_used_queue();
+        }
+    }
+
+    fn first_use(&self, vq: usize, queue: &mut virtio_queue::Queue, mem: &GuestMemoryMmap) -> bool {
+        self.s.adopt_ring(vq, queue, mem)
+    }
 }
 
 pub struct CxlBackend {
@@ -154,11 +118,7 @@ impl CxlBackend {
     /// The session is over: commands still running or queued end early (INTERRUPTED),
     /// nothing more is taken from the rings and no answer is written to them.
     pub fn stop_commands(&self) {
-        self.s.ended.store(true, Ordering::Release);
-        self.s.cancel.store(true, Ordering::Release);
-        for g in &self.s.generation {
-            g.fetch_add(1, Ordering::AcqRel);
-        }
+        self.s.q.end();
     }
 
     pub fn new(
@@ -187,20 +147,9 @@ impl CxlBackend {
                 device.state().journal().clear_ring(q);
             }
         }
-        let per_cmd_queue = device.cmd_queues();
         CxlBackend {
             s: Arc::new(Session {
-                device,
-                dispatcher,
-                mem: Mutex::new(None),
-                queue_size,
-                event_idx: AtomicBool::new(false),
-                in_flight: (0..per_cmd_queue).map(|_| AtomicUsize::new(0)).collect(),
-                generation: (0..per_cmd_queue).map(|_| AtomicU64::new(0)).collect(),
-                poll_window: AtomicU64::new(0),
-                cancel: AtomicBool::new(false),
-                poisoned: AtomicBool::new(false),
-                ended: AtomicBool::new(false),
+                q: Arc::new(Queues::new(device, dispatcher, queue_size)),
                 resume: AtomicBool::new(resume),
                 announcer,
                 rings: Mutex::new(vec![None; queues]),
@@ -214,57 +163,25 @@ impl CxlBackend {
 
 impl Session {
     fn journal(&self) -> Journal<'_> {
-        self.device.state().journal()
+        self.q.device.state().journal()
     }
 
     /// First use of ring `q` since it started: see [`resume::adopt`]. Called with the ring
-    /// locked.
-    fn adopt_ring(
-        &self,
-        q: usize,
-        state: &mut vhost_user_backend::VringState,
-        mem: &GuestMemoryMmap,
-    ) {
-        let ring = resume::ring_id(state.get_queue());
+    /// locked; whether to interrupt the driver.
+    fn adopt_ring(&self, q: usize, queue: &mut virtio_queue::Queue, mem: &GuestMemoryMmap) -> bool {
+        let ring = resume::ring_id(queue);
         let Ok(mut rings) = self.rings.lock() else {
-            return;
+            return false;
         };
         let Some(slot) = rings.get_mut(q) else {
-            return;
+            return false;
         };
         if *slot == Some(ring) {
-            return;
+            return false;
         }
         *slot = Some(ring);
         let resuming = self.resume.load(Ordering::Acquire);
-        if resume::adopt(q, state.get_queue_mut(), mem, self.journal(), resuming) {
-            let _ = state.signal_used_queue();
-        }
-    }
-}
-
-impl Session {
-    /// Waits until command queue `k` has no request taken and unanswered (the other
-    /// queues may stay busy), up to `timeout`; true when it is idle.
-    fn wait_queue_idle(&self, k: usize, timeout: Duration) -> bool {
-        let Some(n) = self.in_flight.get(k) else {
-            return true;
-        };
-        let end = Instant::now() + timeout;
-        while n.load(Ordering::Acquire) > 0 {
-            if Instant::now() >= end {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        true
-    }
-
-    fn memory(&self) -> Option<Arc<Table>> {
-        if self.poisoned.load(Ordering::Acquire) {
-            return None;
-        }
-        self.mem.lock().ok()?.clone()
+        resume::adopt(q, queue, mem, self.journal(), resuming)
     }
 
     /// Shared-memory attach: the front-end drops its mapping of device memory at every
@@ -272,12 +189,12 @@ impl Session {
     /// not show our memory, ask for it; the backend-channel thread sends the request, as
     /// the front-end answers it only after this vhost-user message.
     fn ensure_mapped(&self) {
-        if self.device.attach() != Attach::Shmem {
+        if self.q.device.attach() != Attach::Shmem {
             return;
         }
         self.started.store(true, Ordering::Release);
-        let size = self.device.devmem().size();
-        if self.device.layout().devmem_gpa.is_some() {
+        let size = self.q.device.devmem().size();
+        if self.q.device.layout().devmem_gpa.is_some() {
             self.announcer.unmap_at_exit(size);
             return;
         }
@@ -288,7 +205,7 @@ impl Session {
             return;
         }
         *last = Some(Instant::now());
-        match self.device.devmem().file() {
+        match self.q.device.devmem().file() {
             Ok(file) => self.announcer.map(file, size),
             Err(e) => log::error!("cannot hand device memory to the front-end: {e}"),
         }
@@ -301,7 +218,7 @@ impl VhostUserBackend for CxlBackend {
 
     /// The command queues and the event queue (virtqueue 1).
     fn num_queues(&self) -> usize {
-        self.s.device.cmd_queues() + 1
+        self.s.q.device.cmd_queues() + 1
     }
 
     /// Any ring size the virtio specification allows (QEMU lets a guest choose up to 1024
@@ -326,7 +243,7 @@ impl VhostUserBackend for CxlBackend {
             | VhostUserProtocolFeatures::BACKEND_REQ
             | VhostUserProtocolFeatures::SHARED_OBJECT;
         // Offered only in shmem mode: a front-end that takes it gives the device a BAR.
-        match self.s.device.attach() {
+        match self.s.q.device.attach() {
             Attach::Shmem => common | VhostUserProtocolFeatures::SHMEM,
             _ => common,
         }
@@ -334,14 +251,14 @@ impl VhostUserBackend for CxlBackend {
 
     /// One region, device memory, as shared memory region 0 (shmem mode only).
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        if self.s.device.attach() != Attach::Shmem {
+        if self.s.q.device.attach() != Attach::Shmem {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "no shared memory regions: the daemon runs with --attach bar or numa",
             ));
         }
         let mut sizes = [0u64; SHM_ID_DEVMEM as usize + 1];
-        sizes[SHM_ID_DEVMEM as usize] = self.s.device.devmem().size();
+        sizes[SHM_ID_DEVMEM as usize] = self.s.q.device.devmem().size();
         Ok(VhostUserShMemConfig::new(1, &sizes))
     }
 
@@ -352,9 +269,9 @@ impl VhostUserBackend for CxlBackend {
         // Never wait for the front-end's answer (see Announcer).
         backend.set_reply_ack_flag(false);
         // The old sink goes (and with it the old channel) before the new one comes.
-        self.s.device.set_export_sink(None, false);
+        self.s.q.device.set_export_sink(None, false);
         let sink = announcer.channel(backend);
-        self.s.device.set_export_sink(Some(sink), announce);
+        self.s.q.device.set_export_sink(Some(sink), announce);
     }
 
     fn get_shared_object(&self, msg: VhostUserSharedMsg) -> io::Result<std::fs::File> {
@@ -362,6 +279,7 @@ impl VhostUserBackend for CxlBackend {
         uuid.copy_from_slice(msg.as_slice());
         let Some((buf, _)) = self
             .s
+            .q
             .device
             .exports()
             .into_iter()
@@ -374,7 +292,7 @@ impl VhostUserBackend for CxlBackend {
         };
         // An fd covering exactly the buffer needs a host udmabuf over a sealed memfd; the
         // device memory is one named file, so there is none to give.
-        self.s.device.reject(format_args!(
+        self.s.q.device.reject(format_args!(
             "GET_SHARED_OBJECT for buffer {} ({} bytes at {:#x}): not supported, device \
              memory is a named file and cannot be sliced into a host dma-buf",
             buf.id, buf.size, buf.offset
@@ -386,11 +304,11 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        self.s.event_idx.store(enabled, Ordering::Relaxed);
+        self.s.q.event_idx.store(enabled, Ordering::Relaxed);
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let cfg = self.s.device.config();
+        let cfg = self.s.q.device.config();
         let bytes = cfg.as_slice();
         let start = (offset as usize).min(bytes.len());
         let end = start.saturating_add(size as usize).min(bytes.len());
@@ -407,15 +325,15 @@ impl VhostUserBackend for CxlBackend {
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         // Registered first: the vhost crate may touch a table even after we refused it.
-        let table = Arc::new(Table::new(mem.memory().into_inner())?);
-        if let Ok(mut m) = self.s.mem.lock() {
-            *m = Some(table);
-        }
+        self.s
+            .q
+            .set_memory(Arc::new(Memory::new(mem.memory().into_inner())?));
         // A refused table (a region past the end of its file would raise SIGBUS) ends
         // guest-memory access for this session.
-        if let Err(e) = self.s.device.update_memory(&mem.memory()) {
-            self.s.poisoned.store(true, Ordering::Release);
+        if let Err(e) = self.s.q.device.update_memory(&mem.memory()) {
+            self.s.q.refuse_memory();
             self.s
+                .q
                 .device
                 .reject(format_args!("memory table refused: {e}"));
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
@@ -432,23 +350,10 @@ impl VhostUserBackend for CxlBackend {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        let stopped_cmd = cmd_queue_of(queue_index as usize)
-            .and_then(|k| self.s.generation.get(k).map(|g| (k, g)));
-        if let Some((k, generation)) = stopped_cmd {
-            // What runs is cut short and returned INTERRUPTED before the stop is answered
-            // (on every command queue: the engines are shared; the others' rings still run
-            // and take their answers).
-            self.s.cancel.store(true, Ordering::Release);
-            if !self.s.wait_queue_idle(k, STOP_DRAIN_TIMEOUT) {
-                log::warn!(
-                    "{} commands of queue {queue_index} still running when the front-end \
-                     stopped it; their answers are dropped",
-                    self.s.in_flight[k].load(Ordering::Acquire)
-                );
-            }
-            // Whatever still finishes must not write to the stopped (maybe reused) ring.
-            generation.fetch_add(1, Ordering::AcqRel);
-            self.s.cancel.store(false, Ordering::Release);
+        if let Some(cq) = self.s.q.cmd_queue(queue_index as usize) {
+            // What runs is cut short and returned INTERRUPTED before the stop is answered;
+            // whatever still finishes is not written to the stopped (maybe reused) ring.
+            self.s.q.stop(cq, STOP_DRAIN_TIMEOUT);
             // A stop may be a reset, which drops shared memory: map again once started.
             self.s.started.store(false, Ordering::Release);
             self.s.announcer.unmap_at_exit(0);
@@ -478,25 +383,18 @@ impl VhostUserBackend for CxlBackend {
         if evset != EventSet::IN {
             return Ok(());
         }
-        let kicked = Instant::now();
         self.s.ensure_mapped();
-        let poll_us = self.s.device.settings().poll_us as u64;
+        let rings = VhostRings {
+            vrings: vrings.to_vec(),
+            s: self.s.clone(),
+        };
         match device_event as usize {
             QUEUE_EVENT => {
-                if let Some(table) = self.s.memory() {
-                    let snapshot: &GuestMemoryMmap = &table.mem;
-                    {
-                        let _ = vrings[QUEUE_EVENT]
-                            .get_mut()
-                            .get_queue_mut()
-                            .disable_notification(snapshot);
-                    }
-                    deliver_events(
-                        &self.s,
-                        vrings,
-                        snapshot,
-                        self.s.event_idx.load(Ordering::Relaxed),
-                    );
+                if let Some(table) = self.s.q.memory() {
+                    rings.locked(QUEUE_EVENT, |queue| {
+                        let _ = queue.disable_notification(&*table.mem);
+                    });
+                    self.s.q.deliver_events(&rings, &table.mem);
                 }
             }
             // Events posted outside a command: delivered once the event queue runs.
@@ -504,30 +402,16 @@ impl VhostUserBackend for CxlBackend {
                 if let Some(w) = &self.wake {
                     let _ = w.read();
                 }
-                let ready = vrings
-                    .get(QUEUE_EVENT)
-                    .is_some_and(|v| v.get_ref().get_queue().ready());
-                if let (true, Some(table)) = (ready, self.s.memory()) {
-                    deliver_events(
-                        &self.s,
-                        vrings,
-                        &table.mem,
-                        self.s.event_idx.load(Ordering::Relaxed),
-                    );
+                if let Some(table) = self.s.q.memory() {
+                    self.s.q.deliver_events(&rings, &table.mem);
                 }
             }
-            q if q < vrings.len() => {
-                let Some(cq) = CmdQueue::of(q, self.s.in_flight.len()) else {
-                    return Ok(());
-                };
-                process_commands(&self.s, vrings, cq, Some(kicked));
-                if poll_us > 0 {
-                    self.s.poll_window.store(poll_us, Ordering::Relaxed);
-                    busy_poll(&self.s, vrings);
+            q => {
+                if let Some(cq) = self.s.q.cmd_queue(q) {
+                    let poll_us = self.s.q.device.settings().poll_us as u64;
+                    self.s.q.kicked(&rings, cq, poll_us);
                 }
             }
-            // Spurious or unknown events are harmless.
-            _ => {}
         }
         Ok(())
     }
