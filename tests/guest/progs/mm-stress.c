@@ -65,6 +65,7 @@ enum {
 	OP_SVM_FILL_SHORT, OP_SVM_CRC, OP_PIN_CRC, OP_EVICT, OP_REMAP,
 	OP_DONTNEED, OP_MPROTECT, OP_SPLICE, OP_UNSPLICE, OP_FORK, OP_KILL,
 	OP_KILL_PARENT, OP_BUF_NEW, OP_BUF_WORK, OP_BUF_FREE, OP_BUF_DMABUF,
+	OP_IMPORT_WORK,
 	OP_COUNT
 };
 
@@ -72,12 +73,12 @@ static const char *const op_names[OP_COUNT] = {
 	"cpu_write", "to_dev", "to_peer", "to_ram", "svm_fill",
 	"svm_fill_1ms", "svm_crc", "pin_crc", "evict", "remap", "dontneed",
 	"mprotect", "splice", "unsplice", "fork", "kill", "kill_parent",
-	"buf_new", "buf_work", "buf_free", "buf_dmabuf",
+	"buf_new", "buf_work", "buf_free", "buf_dmabuf", "import_work",
 };
 
 /* relative weights (-x sets some to 0) */
 static unsigned int op_weight[OP_COUNT] = {
-	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1,
+	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1, 2,
 };
 
 /* shared by every process of the run */
@@ -105,6 +106,20 @@ struct dbuf {
 	uint8_t shadow[BUF_PAGES * PG];	/* what map must hold */
 };
 
+/*
+ * An import kept after its exporter freed the buffer: the DMA-BUF alone
+ * keeps the memory, which the importer fills and everyone reads.
+ */
+#define MAX_KEPT	2
+struct kept {
+	int ifd;			/* the importing device's file */
+	uint32_t handle;		/* the import */
+	int dmabuf;
+	size_t pages;
+	uint8_t *map;			/* the DMA-BUF's own mapping */
+	uint8_t shadow[BUF_PAGES * PG];
+};
+
 struct proc {
 	uint32_t slot;			/* unique id: writer of its pages */
 	uint64_t rng;
@@ -124,6 +139,8 @@ struct proc {
 	bool cpu_only;			/* the device never writes the region */
 	bool helper;			/* the helper thread's view of a process */
 	struct dbuf bufs[MAX_BUFS];
+	struct kept kept[MAX_KEPT];	/* imports that outlive their buffer */
+	int nkept;
 	int nbufs;
 	uint32_t buf_gen;		/* writer ids of buffer contents */
 };
@@ -136,6 +153,8 @@ static int nprocs = 4;		/* -n: process trees */
 static double deadline;
 static bool verbose;		/* -v */
 static bool with_helper;	/* -T: a second thread per process */
+static bool own_files;		/* -F: every process opens the devices itself */
+static const char *dev_path, *peer_path;
 
 static uint64_t splitmix(uint64_t x)
 {
@@ -577,6 +596,22 @@ static void do_buf_dmabuf(struct proc *p, int op)
 	munmap(m, b->pages * PG);
 	ifd = b->fd == p->fd && p->pfd >= 0 ? p->pfd : p->fd;
 	r = cxla_import_dmabuf(ifd, e.fd, &im);
+	if (!r && p->nkept < MAX_KEPT && !rnd_below(p, 3)) {
+		/* kept: the buffer goes, the import and the DMA-BUF stay */
+		struct kept *k = &p->kept[p->nkept];
+
+		k->map = mmap(NULL, b->pages * PG, PROT_READ, MAP_SHARED, e.fd, 0);
+		if (k->map == MAP_FAILED)
+			fail_op(p, op, -errno);
+		k->ifd = ifd;
+		k->handle = im.handle;
+		k->dmabuf = e.fd;
+		k->pages = b->pages;
+		memcpy(k->shadow, b->shadow, b->pages * PG);
+		p->nkept++;
+		buf_forget(p, op, b);
+		return;
+	}
 	if (!r) {
 		r = cxla_checksum(ifd, cxla_dev(im.handle, 0), b->pages * PG, 0,
 				  &got);
@@ -590,6 +625,60 @@ static void do_buf_dmabuf(struct proc *p, int op)
 	if (r && !benign(r) && r != -EOPNOTSUPP)
 		fail_op(p, op, r);
 	close(e.fd);
+}
+
+/* An import that lost its exporter's buffer: gone for good. */
+static void kept_drop(struct proc *p, int op, struct kept *k)
+{
+	int r;
+
+	munmap(k->map, k->pages * PG);
+	r = cxla_free(k->ifd, k->handle);
+	if (r && !benign(r))
+		fail_op(p, op, r);
+	close(k->dmabuf);
+	*k = p->kept[--p->nkept];
+}
+
+/*
+ * A kept import: the importer fills some of it (its only writer now), and
+ * the DMA-BUF's mapping and the importer's checksum must show it; or it goes.
+ */
+static void do_import_work(struct proc *p, int op)
+{
+	struct kept *k;
+	size_t first, n, i;
+	uint32_t got;
+	uint64_t pat;
+	int r;
+
+	if (!p->nkept)
+		return;
+	k = &p->kept[rnd_below(p, p->nkept)];
+	if (!rnd_below(p, 3)) {
+		kept_drop(p, op, k);
+		return;
+	}
+	first = rnd_below(p, k->pages);
+	n = 1 + rnd_below(p, k->pages - first);
+	pat = rnd(p) | 1;
+	r = cxla_fill(k->ifd, cxla_dev(k->handle, first * PG), n * PG, pat, 0);
+	if (r) {
+		if (!benign(r) && r != -EOPNOTSUPP)
+			fail_op(p, op, r);
+		kept_drop(p, op, k);	/* it may still land */
+		return;
+	}
+	for (i = first * PG; i < (first + n) * PG; i += 8)
+		memcpy(k->shadow + i, &pat, 8);
+	if (memcmp(k->map, k->shadow, k->pages * PG))
+		report(p, op, "an import whose exporter freed the buffer does not hold what its importer wrote (DMA-BUF mapping)");
+	r = cxla_checksum(k->ifd, cxla_dev(k->handle, 0), k->pages * PG, 0, &got);
+	if (!r && got != crc32c(0, k->shadow, k->pages * PG))
+		report(p, op, "the importer's crc32c of a kept import is %#x, its contents give %#x",
+		       got, crc32c(0, k->shadow, k->pages * PG));
+	if (r && !benign(r) && r != -EOPNOTSUPP)
+		fail_op(p, op, r);
 }
 
 /*
@@ -702,7 +791,7 @@ static void *helper_main(void *arg)
 	int op;
 
 	while (now_sec() < deadline) {
-		switch (rnd_below(h, 9)) {
+		switch (rnd_below(h, 10)) {
 		case 0:
 			op = OP_BUF_NEW;
 			do_buf_new(h, op);
@@ -719,6 +808,10 @@ static void *helper_main(void *arg)
 		case 4:
 			op = OP_BUF_DMABUF;
 			do_buf_dmabuf(h, op);
+			break;
+		case 9:
+			op = OP_IMPORT_WORK;
+			do_import_work(h, op);
 			break;
 		case 5:
 			op = OP_SPLICE;
@@ -761,6 +854,7 @@ static void helper_start(struct proc *p)
 	h->helper = true;
 	h->rng = splitmix(p->rng ^ 0x68656c70ULL) | 1;
 	h->nbufs = 0;
+	h->nkept = 0;
 	h->npipes = 0;
 	h->nchildren = 0;
 	if (pthread_create(&t, NULL, helper_main, h)) {
@@ -798,6 +892,22 @@ static void do_fork(struct proc *p)
 		for (; p->nbufs; p->nbufs--)
 			munmap(p->bufs[p->nbufs - 1].map,
 			       p->bufs[p->nbufs - 1].pages * PG);
+		/* and so are its kept imports: our copies of the fds go */
+		for (; p->nkept; p->nkept--) {
+			munmap(p->kept[p->nkept - 1].map,
+			       p->kept[p->nkept - 1].pages * PG);
+			close(p->kept[p->nkept - 1].dmabuf);
+		}
+		if (own_files) {
+			/* files of its own: its own mirrors, buffers, releases */
+			close(p->fd);
+			if (p->pfd >= 0)
+				close(p->pfd);
+			p->fd = open(dev_path, O_RDWR);
+			p->pfd = peer_path ? open(peer_path, O_RDWR) : -1;
+			if (p->fd < 0 || (peer_path && p->pfd < 0))
+				_exit(2);
+		}
 		worker(p);		/* does not return */
 	}
 	__sync_fetch_and_add(&sh->forks, 1);
@@ -939,6 +1049,9 @@ static void worker(struct proc *p)
 		case OP_BUF_FREE:
 			do_buf_free(p, op);
 			break;
+		case OP_IMPORT_WORK:
+			do_import_work(p, op);
+			break;
 		case OP_BUF_DMABUF:
 			do_buf_dmabuf(p, op);
 			break;
@@ -1034,6 +1147,9 @@ FIXTURE_TEARDOWN(devs)
 CXLA_TEST_F(devs, mm_stress)
 {
 	const char *dev = c->path, *peer = c->peer_path;
+
+	dev_path = dev;
+	peer_path = peer;
 	int i, status, bad = 0, errors = 0;
 	uint64_t total = 0;
 	double t0;
@@ -1167,6 +1283,11 @@ CXLA_OPTION(verbose, "-v", NULL)
 CXLA_OPTION(helper, "-T", NULL)
 {
 	with_helper = true;
+}
+
+CXLA_OPTION(own_files, "-F", NULL)
+{
+	own_files = true;
 }
 
 /* no alarm from the runner: the test sets its own from -t */
