@@ -23,8 +23,8 @@ set -euo pipefail
 VER=${GUEST_KVER%%[+-]*}
 SERIES=$(echo "$VER" | cut -d. -f1-2)
 case "$SERIES" in
-6.12) run_setup --linux-source ;;
-*) run_setup --kernel "$SERIES" --linux-source ;;
+7.3) run_setup --kernel 7.3 --linux-source ;;
+*) run_setup --linux-source ;;
 esac
 SRC=$CACHE/linux-src/linux-$VER
 if [ ! -e "$SRC/.parts" ]; then
