@@ -14,8 +14,11 @@
 #     its headers and compiler in the trixie root (its modules build there);
 #   - with --qemu-floor: QEMU 10.2 built from Debian's source package, the
 #     documented minimum (about 10 minutes, once);
-#   - with --linux-source: Debian's Linux 6.12 source tarball (the kernel's own
-#     HMM selftests are built from it);
+#   - with --linux-source: the Linux source of each guest kernel, for the
+#     kernel's own HMM selftests: Debian's 6.12 source tarball (bookworm-
+#     backports) and, with --kernel 7.3, the linux-source-7.3 package
+#     (trixie-backports); both kept packed in the cache, with only the
+#     selftests' part unpacked;
 #   - with --peer-rng: rust-vmm's vhost-device-rng from crates.io (cargo
 #     install, into $CACHE/bin): the virtio peer of the latency benchmark
 #     (ci/test.sh asks for it; the demo does not).
@@ -553,25 +556,108 @@ step_qemu_floor() {
 
 # ------------------------------------------------------------ Linux source
 
-# Debian's Linux source tarball of the 6.12 series (the kernel's own
-# selftests are built from it); the newest that downloads.
-step_linux_source() {
-    local dir=$CACHE/linux-src v
-    mkdir -p "$dir"
-    if compgen -G "$dir/linux_6.12.*.orig.tar.xz" >/dev/null; then
-        log "Linux source: $(basename "$(printf '%s\n' "$dir"/linux_6.12.*.orig.tar.xz | sort -V | tail -n 1)")"
+LINUX_SRC=$CACHE/linux-src
+# What the kernel's own HMM selftests (tests/kernel/run-hmm-tests.sh) need of
+# a Linux source, unpacked into $LINUX_SRC/linux-<version>/; the rest stays
+# packed (ci/debug-kernel.sh unpacks the whole 6.12 tree itself).
+SRC_PARTS=(
+    tools/testing/selftests/mm tools/testing/selftests/kselftest.h
+    tools/testing/selftests/kselftest_harness.h tools/include
+    'lib/test_hmm*' mm/gup_test.h
+)
+
+# SRC_PARTS of the tar.xz that COMMAND writes to its stdout (members under
+# TOP/) into DIR.
+extract_parts() { # dir top command...
+    local dir=$1 top=$2 parts=() p
+    shift 2
+    for p in "${SRC_PARTS[@]}"; do parts+=("$top/$p"); done
+    "$@" | tar -xJf - -C "$dir" --strip-components=1 --wildcards "${parts[@]}"
+}
+
+# Unpack SRC_PARTS into DEST (see extract_parts), unless it holds them.
+unpack_source_parts() { # dest top command...
+    local dest=$1
+    shift
+    if [ -e "$dest/.parts" ] && [ "$(cat "$dest/.parts")" = "${SRC_PARTS[*]}" ]; then
+        log "Linux source: $dest"
         return 0
     fi
-    bpo_apt
-    for v in $(papt_cache "$BPO" madison linux | awk -F'|' '{gsub(/ /, "", $2); print $2}' | grep '^6\.12\.' | sort -rV); do
-        if (cd "$dir" && with_progress "downloading the Linux $v source" "$dir/download.log" \
-            papt "$BPO" source --download-only --tar-only "linux=$v"); then
-            rm -f "$dir"/*.dsc "$dir"/*.debian.tar.*
-            return 0
-        fi
-        log "linux source $v is listed but not downloadable; trying another"
-    done
-    die "cxl-accel setup: cannot download a Linux 6.12 source tarball from bookworm-backports"
+    rm -rf "$dest.tmp"
+    mkdir -p "$dest.tmp"
+    if ! with_progress "unpacking the selftests' part of $(basename "$dest")" "$dest.log" \
+        extract_parts "$dest.tmp" "$@"; then
+        tail -n 5 "$dest.log" >&2
+        rm -rf "$dest.tmp"
+        die "cxl-accel setup: cannot unpack the Linux source into $dest (see $dest.log)"
+    fi
+    echo "${SRC_PARTS[*]}" >"$dest.tmp/.parts"
+    rm -rf "$dest"
+    mv "$dest.tmp" "$dest"
+    log "Linux source: $dest"
+}
+
+# Debian's Linux source tarball of the 6.12 series, the version of the 6.12
+# guest kernel when bookworm-backports still serves it, else the newest that
+# downloads (ci/debug-kernel.sh builds its kernel from it).
+step_linux_source_612() {
+    local dir=$LINUX_SRC want=${GUEST_KVER%%[+-]*} v tarball
+    mkdir -p "$dir"
+    if ! compgen -G "$dir/linux_6.12.*.orig.tar.xz" >/dev/null; then
+        bpo_apt
+        local ok=0 vers
+        vers=$(papt_cache "$BPO" madison linux | awk -F'|' '{gsub(/ /, "", $2); print $2}' |
+            grep '^6\.12\.' | sort -rV || true)
+        # shellcheck disable=SC2046 # versions are words
+        for v in $(grep "^$want-" <<<"$vers") $(grep -v "^$want-" <<<"$vers"); do
+            if (cd "$dir" && with_progress "downloading the Linux $v source" "$dir/download.log" \
+                papt "$BPO" source --download-only --tar-only "linux=$v"); then
+                rm -f "$dir"/*.dsc "$dir"/*.debian.tar.*
+                ok=1
+                break
+            fi
+            log "linux source $v is listed but not downloadable; trying another"
+        done
+        [ "$ok" = 1 ] || die "cxl-accel setup: cannot download a Linux 6.12 source tarball from bookworm-backports"
+    fi
+    # the guest kernel's version if there, else the newest
+    tarball=$dir/linux_$want.orig.tar.xz
+    [ -f "$tarball" ] || tarball=$(printf '%s\n' "$dir"/linux_6.12.*.orig.tar.xz | sort -V | tail -n 1)
+    v=$(basename "$tarball" | sed -E 's/^linux_([0-9.]+)\.orig.*/\1/')
+    log "Linux source: $(basename "$tarball")"
+    unpack_source_parts "$dir/linux-$v" "linux-$v" cat "$tarball"
+}
+
+# Debian's Linux 7.3 source: the binary package linux-source-7.3 of the 7.3
+# guest kernel's version (trixie-backports, through the trixie root's apt: a
+# 166 MB .deb with /usr/src/linux-source-7.3.tar.xz), downloaded, never
+# installed.
+step_linux_source_73() {
+    local dir=$LINUX_SRC ver deb
+    ver=$(dpkg-deb -f "$CACHE/kernel/debs/$K73_KVER/linux-binary-${K73_KVER}_"*.deb Version 2>/dev/null) ||
+        die "cxl-accel setup: no linux-binary-$K73_KVER package in $CACHE/kernel/debs/$K73_KVER"
+    deb=$dir/linux-source-7.3_${ver}_all.deb
+    mkdir -p "$dir"
+    if [ ! -f "$deb" ]; then
+        # into a directory of its own: an interrupted download leaves no .deb
+        rm -rf "$dir/download-7.3"
+        mkdir -p "$dir/download-7.3"
+        (cd "$dir/download-7.3" && with_progress "downloading linux-source-7.3 $ver (166 MB)" \
+            "$dir/download-7.3.log" \
+            "$TRIXIE/run" apt-get download -q -o APT::Sandbox::User=root "linux-source-7.3=$ver") ||
+            { tail -n 5 "$dir/download-7.3.log" >&2; die "cxl-accel setup: cannot download linux-source-7.3=$ver from trixie-backports"; }
+        mv "$dir/download-7.3/$(basename "$deb")" "$deb" ||
+            die "cxl-accel setup: apt-get download left no $(basename "$deb")"
+        rm -rf "$dir/download-7.3"
+    fi
+    log "Linux source: $(basename "$deb")"
+    unpack_source_parts "$dir/linux-${K73_KVER%%[+-]*}" linux-source-7.3 \
+        sh -c 'dpkg-deb --fsys-tarfile "$1" | tar -xOf - ./usr/src/linux-source-7.3.tar.xz' sh "$deb"
+}
+
+step_linux_source() {
+    step_linux_source_612
+    [ "$WANT_73" = 0 ] || step_linux_source_73
 }
 
 # ------------------------------------------------------- the virtio peer

@@ -43,13 +43,12 @@
  * pages. The folio is 2 MiB aligned: each entry's page follows from its
  * address.
  */
-static inline int cxla_hmm_range_fault(struct hmm_range *range)
+static inline void cxla_hmm_fix_private_pmd(struct hmm_range *range)
 {
-	int ret = hmm_range_fault(range);
 #ifdef CXLA_PRIVATE_THP
 	unsigned long i, h, pfn, n = (range->end - range->start) >> PAGE_SHIFT;
 
-	for (i = 0; !ret && i < n; i++) {
+	for (i = 0; i < n; i++) {
 		h = range->hmm_pfns[i];
 		if (!(h & HMM_PFN_VALID) ||
 		    hmm_pfn_to_map_order(h) < HPAGE_PMD_ORDER)
@@ -62,8 +61,34 @@ static inline int cxla_hmm_range_fault(struct hmm_range *range)
 		range->hmm_pfns[i] = (h & HMM_PFN_FLAGS) | pfn;
 	}
 #endif
+}
+
+static inline int cxla_hmm_range_fault(struct hmm_range *range)
+{
+	int ret = hmm_range_fault(range);
+
+	if (!ret)
+		cxla_hmm_fix_private_pmd(range);
 	return ret;
 }
+
+/*
+ * hmm_range_fault_unlocked_timeout() (7.3): takes the mmap_lock itself and
+ * lets a fault handler drop it (userfaultfd), refreshing the notifier
+ * sequence when it does; corrected as above.
+ */
+#ifdef CXLA_HAVE_HMM_FAULT_UNLOCKED
+#define CXLA_HMM_FAULT_UNLOCKED
+static inline int cxla_hmm_range_fault_unlocked(struct hmm_range *range,
+						unsigned long timeout)
+{
+	int ret = hmm_range_fault_unlocked_timeout(range, timeout);
+
+	if (!ret)
+		cxla_hmm_fix_private_pmd(range);
+	return ret;
+}
+#endif
 
 /* symbol namespaces are string literals from 6.13 */
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 13, 0)

@@ -319,6 +319,19 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 					unsigned long start, unsigned long nx,
 					int *err);
 
+/*
+ * Whether this destination allocation fails on purpose: the next one after
+ * test_hmm's FAIL_ALLOC, once. It fails as a real one would, so the caller
+ * takes its usual way out (a 2 MiB group falls back to single pages).
+ */
+static bool cxla_mig_alloc_fails(struct cxla_mig_ctx *x)
+{
+	bool fail = x->fail_alloc;
+
+	x->fail_alloc = false;
+	return fail;
+}
+
 #ifdef CXLA_PRIVATE_THP
 /*
  * Destination of a 2 MiB group: one folio (a private 2 MiB folio backed by
@@ -337,7 +350,8 @@ static unsigned long cxla_mig_dst_huge(struct cxla_mig_ctx *x,
 
 	x->huge_dst = NULL;
 	if (x->mode == CXLA_MIG_TO_DEV) {
-		head = cxla_priv_get_huge(cd, &first);
+		head = cxla_mig_alloc_fails(x) ? NULL :
+		       cxla_priv_get_huge(cd, &first);
 		if (head) {
 			folio = page_folio(head);
 			for (j = 0; j < nx; j++) {
@@ -348,7 +362,7 @@ static unsigned long cxla_mig_dst_huge(struct cxla_mig_ctx *x,
 				e->dst = page_to_phys(e->dstore) - cd->devmem_gpa;
 			}
 		}
-	} else {
+	} else if (!cxla_mig_alloc_fails(x)) {
 		folio = vma_alloc_folio(GFP_TRANSHUGE_LIGHT | __GFP_NOWARN,
 					HPAGE_PMD_ORDER, vma, start);
 		if (folio) {
@@ -397,6 +411,16 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 	struct cxla_ram_block blk = { };
 	unsigned long i, got;
 
+	/*
+	 * The first page's destination fails (FAIL_ALLOC): it stays for now,
+	 * busy as after any failed allocation, and a later pass moves it.
+	 */
+	if (nx && cxla_mig_alloc_fails(x)) {
+		res->busy++;
+		*err = -ENOMEM;
+		nx--;
+		memmove(x->xp, x->xp + 1, nx * sizeof(*x->xp));
+	}
 	if (x->mode == CXLA_MIG_TO_DEV) {
 		/* private: x->pages get the backing pages, which the device writes */
 		struct page **privp = x->pages + x->cap;

@@ -65,6 +65,10 @@ struct cxla_mig_ctx {
 	bool system_only;	/* to the device: only from system RAM */
 	bool compound;		/* 2 MiB folios may move whole (private THP) */
 	bool huge;		/* this window is one 2 MiB folio or hole */
+	bool fail_alloc;	/* in/out: the next destination allocation
+				 * fails, then this clears (test_hmm's
+				 * FAIL_ALLOC)
+				 */
 	struct folio *huge_dst;	/* its destination folio, or NULL: 512 pages */
 	struct cxl_accel_migrate *res;	/* counters */
 	u64 cpu_copied;		/* pages the CPU copied */

@@ -23,6 +23,20 @@
  * handled; faults, the device page table misses that needed
  * hmm_range_fault().
  *
+ * Kernels with device-private huge pages (7.x): migrations of the private
+ * mirrors move 2 MiB folios whole, both ways, as test_hmm's do, and
+ * SNAPSHOT reports their PMD mappings. FLAGS sets the file's flags:
+ * FAIL_ALLOC makes the next destination allocation of its migrations fail
+ * (a huge page then falls back to single pages, the kernel splitting it; a
+ * single page is tried again, as after any failed allocation, where
+ * test_hmm leaves it behind). READ_UNLOCKED is READ with the mmap_lock
+ * taken inside the fault, which may drop it (a userfaultfd handler
+ * resolving the fault), where the kernel can do that
+ * (hmm_range_fault_unlocked_timeout(), 7.3); without it the ioctl is
+ * unknown, as in test_hmm of those kernels. test_hmm's FAIL_ALLOC also
+ * covers CPU faults on the pages a file migrated; here it covers the
+ * file's own migrations only (CPU faults are the device's, not a file's).
+ *
  * The UAPI (lib/test_hmm_uapi.h) is the kernel's: its structure and
  * numbers are written out here, as every user of an ioctl interface does.
  */
@@ -35,6 +49,7 @@
 #include <linux/module.h>
 #include <linux/rmap.h>
 #include <linux/sched/mm.h>
+#include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/xarray.h>
@@ -72,6 +87,8 @@ struct hmm_dmirror_cmd {
 #define HMM_DMIRROR_EXCLUSIVE		_IOWR('H', 0x05, struct hmm_dmirror_cmd)
 #define HMM_DMIRROR_CHECK_EXCLUSIVE	_IOWR('H', 0x06, struct hmm_dmirror_cmd)
 #define HMM_DMIRROR_RELEASE		_IOWR('H', 0x07, struct hmm_dmirror_cmd)
+#define HMM_DMIRROR_FLAGS		_IOWR('H', 0x08, struct hmm_dmirror_cmd)
+#define HMM_DMIRROR_READ_UNLOCKED	_IOWR('H', 0x09, struct hmm_dmirror_cmd)
 
 enum {
 	HMM_DMIRROR_PROT_ERROR			= 0xFF,
@@ -92,6 +109,7 @@ enum {
 #define CXLA_DMIRROR_TRIES	3	/* map-and-read rounds after a migration */
 #define CXLA_DPT_WRITE		1UL	/* xarray pointer tags */
 #define CXLA_DPT_ATOMIC		2UL
+#define CXLA_DMIRROR_FAIL_ALLOC_BIT	0	/* FLAGS: HMM_DMIRROR_FLAG_FAIL_ALLOC */
 
 /* One open file: a device mirror of the opening process */
 struct cxla_dmirror {
@@ -100,6 +118,7 @@ struct cxla_dmirror {
 	struct mmu_interval_notifier notifier;	/* the whole address space */
 	struct mutex mutex;		/* pt; the invalidation takes it */
 	struct xarray pt;		/* virtual page -> tagged page */
+	unsigned long flags;		/* FLAGS: HMM_DMIRROR_FLAG_*, as bits */
 };
 
 static dev_t cxla_dmirror_devt;
@@ -138,13 +157,43 @@ static void *cxla_dmirror_owner(struct cxla_dmirror *dm)
 	return dm->priv ? cxla_priv_owner(dm->cd) : NULL;
 }
 
+#ifdef CXLA_HMM_FAULT_UNLOCKED
+/*
+ * As cxla_hmm_fault_locked(), but the fault takes the mmap_lock itself and
+ * may drop it (a userfaultfd handler resolving the fault); its -EBUSY
+ * retries are bounded as READ's, counted afresh whenever a fault made
+ * progress. The mirror's lock stays held on success.
+ */
+static int cxla_dmirror_fault_unlocked(struct hmm_range *range,
+				       struct mutex *lock)
+{
+	unsigned long timeout = msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
+	int ret;
+
+	for (;;) {
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		ret = cxla_hmm_range_fault_unlocked(range, timeout);
+		if (ret)
+			return ret;
+		mutex_lock(lock);
+		if (!mmu_interval_read_retry(range->notifier,
+					     range->notifier_seq))
+			return 0;
+		mutex_unlock(lock);
+	}
+}
+#endif
+
 /*
  * Fill the table for [start, end) with hmm_range_fault(): faulting pages in
  * (one device page table miss), or, with only_ours, just looking and
- * taking the pages that are on this device.
+ * taking the pages that are on this device. With unlocked, the fault runs
+ * without the mmap_lock held around it (READ_UNLOCKED).
  */
 static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
-			     unsigned long end, bool write, bool only_ours)
+			     unsigned long end, bool write, bool only_ours,
+			     bool unlocked)
 {
 	struct mm_struct *mm = dm->notifier.mm;
 	unsigned long pfns[CXLA_DMIRROR_BATCH], addr, i;
@@ -162,8 +211,13 @@ static int cxla_dmirror_fill(struct cxla_dmirror *dm, unsigned long start,
 	for (addr = start; addr < end && !ret; addr = range.end) {
 		range.start = addr;
 		range.end = min(end, addr + (CXLA_DMIRROR_BATCH << PAGE_SHIFT));
-		ret = cxla_hmm_fault_locked(&range, mm, &dm->mutex,
-					    HMM_RANGE_DEFAULT_TIMEOUT);
+#ifdef CXLA_HMM_FAULT_UNLOCKED
+		if (unlocked)
+			ret = cxla_dmirror_fault_unlocked(&range, &dm->mutex);
+		else
+#endif
+			ret = cxla_hmm_fault_locked(&range, mm, &dm->mutex,
+						    HMM_RANGE_DEFAULT_TIMEOUT);
 		if (ret)
 			break;
 		for (i = 0; i < (range.end - range.start) >> PAGE_SHIFT; i++) {
@@ -315,10 +369,11 @@ static int cxla_bounce_user(struct page **b, unsigned long n, u64 uptr,
 
 /*
  * READ and WRITE: the device copies the range out of (into) the mirrored
- * pages; every miss in the device page table is one fault pass.
+ * pages; every miss in the device page table is one fault pass (for
+ * READ_UNLOCKED, without the mmap_lock held around it).
  */
 static int cxla_dmirror_rw(struct cxla_dmirror *dm, struct hmm_dmirror_cmd *cmd,
-			   bool write)
+			   bool write, bool unlocked)
 {
 	unsigned long start = cmd->addr, n = cmd->npages, done;
 	struct page **b;
@@ -340,7 +395,8 @@ static int cxla_dmirror_rw(struct cxla_dmirror *dm, struct hmm_dmirror_cmd *cmd,
 		if (ret != -ENOENT)
 			break;
 		ret = cxla_dmirror_fill(dm, start + (cmd->cpages << PAGE_SHIFT),
-					start + (n << PAGE_SHIFT), write, false);
+					start + (n << PAGE_SHIFT), write, false,
+					unlocked);
 		if (ret)
 			break;
 		cmd->faults++;
@@ -376,6 +432,9 @@ static int cxla_dmirror_migrate(struct cxla_dmirror *dm,
 
 	if (dm->priv && !dm->cd->priv)
 		return -EOPNOTSUPP;	/* no device-private memory here */
+#ifdef CXLA_PRIVATE_THP
+	x.compound = dm->priv;	/* as test_hmm: 2 MiB folios go whole */
+#endif
 	if (!mmget_not_zero(mm))
 		return -EINVAL;
 	/* as test_hmm: every page readable */
@@ -388,8 +447,14 @@ static int cxla_dmirror_migrate(struct cxla_dmirror *dm,
 	mmap_read_unlock(mm);
 	if (!ret)
 		ret = cxla_mig_ctx_alloc(&x, min(cmd->npages, CXLA_MIG_WINDOW));
-	if (!ret)
+	if (!ret) {
+		/* FAIL_ALLOC: the next allocation fails; unused, it stays set */
+		x.fail_alloc = test_and_clear_bit(CXLA_DMIRROR_FAIL_ALLOC_BIT,
+						  &dm->flags);
 		ret = cxla_migrate_range(&x, mm, cmd->addr, end);
+		if (x.fail_alloc)
+			set_bit(CXLA_DMIRROR_FAIL_ALLOC_BIT, &dm->flags);
+	}
 	cxla_mig_ctx_free(&x);
 	mmput(mm);
 	if (ret)
@@ -409,7 +474,7 @@ static int cxla_dmirror_migrate(struct cxla_dmirror *dm,
 	if (!b)
 		return -ENOMEM;
 	for (tries = 0; tries < CXLA_DMIRROR_TRIES; tries++) {
-		ret = cxla_dmirror_fill(dm, cmd->addr, end, false, true);
+		ret = cxla_dmirror_fill(dm, cmd->addr, end, false, true, false);
 		if (ret)
 			break;
 		ret = cxla_dmirror_copy(dm, cmd->addr, cmd->npages, b, true,
@@ -608,10 +673,10 @@ static long cxla_dmirror_ioctl(struct file *filp, unsigned int command,
 
 	switch (command) {
 	case HMM_DMIRROR_READ:
-		ret = cxla_dmirror_rw(dm, &cmd, false);
+		ret = cxla_dmirror_rw(dm, &cmd, false, false);
 		break;
 	case HMM_DMIRROR_WRITE:
-		ret = cxla_dmirror_rw(dm, &cmd, true);
+		ret = cxla_dmirror_rw(dm, &cmd, true, false);
 		break;
 	case HMM_DMIRROR_MIGRATE_TO_DEV:
 		ret = cxla_dmirror_migrate(dm, &cmd, true);
@@ -632,6 +697,16 @@ static long cxla_dmirror_ioctl(struct file *filp, unsigned int command,
 		/* test_hmm gives its device memory up: evict all of it */
 		ret = cxla_evict_device(dm->cd);
 		break;
+	case HMM_DMIRROR_FLAGS:
+		/* test_hmm's: npages carries the flags */
+		WRITE_ONCE(dm->flags, cmd.npages);
+		ret = 0;
+		break;
+#ifdef CXLA_HMM_FAULT_UNLOCKED
+	case HMM_DMIRROR_READ_UNLOCKED:
+		ret = cxla_dmirror_rw(dm, &cmd, false, true);
+		break;
+#endif
 	default:
 		return -EINVAL;
 	}

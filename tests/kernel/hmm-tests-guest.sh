@@ -7,9 +7,9 @@
 # log between HMM-KTAP-BEGIN and HMM-KTAP-END, and turns every test into one
 # line "RESULT kernel.<fixture>.<variant>.<test> PASS|FAIL|SKIP <detail>".
 # Tests of the skip list (hmm-tests.skip: a test name, or a variant) are
-# left out when their condition holds ("always", or "no-private" on kernels
-# without device-private memory) and reported SKIP with its reason; a test
-# that skips itself otherwise fails.
+# left out when their condition holds ("no-private" on kernels without
+# device-private memory, "no-gup-test" on kernels without gup_test) and
+# reported SKIP with its reason; a test that skips itself otherwise fails.
 D=$(cd "$(dirname "$0")" && pwd)
 HMM=$D/kernel-hmm-tests
 SKIPLIST=$D/hmm-tests.skip
@@ -21,6 +21,8 @@ if ! insmod /lib/modules/extra/cxl_accel.ko test_hmm=1; then
 fi
 private=no
 grep -q '^mode coherent private' /sys/class/cxl-accel/cxl-accel0/migration && private=yes
+gup=no
+[ -e /sys/kernel/debug/gup_test ] && gup=yes
 # hugetlbfs pages for anon_write_hugetlbfs
 echo 8 >/proc/sys/vm/nr_hugepages
 
@@ -49,8 +51,8 @@ args=
 while read -r name when reason; do
     case "$name" in '' | '#'*) continue ;; esac
     case "$when" in
-    always) ;;
     no-private) [ $private = no ] || continue ;;
+    no-gup-test) [ $gup = no ] || continue ;;
     *) continue ;;
     esac
     case "$name" in
@@ -60,7 +62,7 @@ while read -r name when reason; do
     echo "$name|$reason" >>/tmp/hmm-left-out
 done <"$SKIPLIST"
 
-echo "HMM-KTAP-BEGIN private=$private"
+echo "HMM-KTAP-BEGIN private=$private gup_test=$gup"
 # shellcheck disable=SC2086
 "$HMM" $args >/tmp/hmm-ktap 2>&1
 hmm_rc=$?
