@@ -4,7 +4,9 @@
 #
 # Usage: ci/mkinitramfs.sh OUT.cpio.gz [options]
 #   --add SRC:DEST     copy host file/dir SRC to guest path DEST (DEST ending
-#                      in / means "into that directory"); binaries must be static
+#                      in / means "into that directory"); binaries must be static;
+#                      for a .ko, the guest kernel modules it depends on are added
+#                      and loaded (the guest script insmods it)
 #   --insmod SRC:DEST  like --add for a .ko, and /init loads it (after the
 #                      guest kernel modules it depends on, which are added too)
 #   --module NAME      also include and load this guest kernel module (and its
@@ -149,7 +151,12 @@ copy_in() { # SRC DEST -> prints guest path
     echo "$dest"
 }
 
-for a in "${ADDS[@]}"; do copy_in "$a" >/dev/null; done
+for a in "${ADDS[@]}"; do
+    copy_in "$a" >/dev/null
+    case "${a%%:*}" in
+    *.ko) for dep in $(modinfo -F depends "${a%%:*}" 2>/dev/null | tr ',' ' '); do add_module "$dep"; done ;;
+    esac
+done
 for a in "${INSMODS[@]}"; do
     guest=$(copy_in "$a")
     # Pull in the guest kernel modules it needs (dma-buf helpers etc.).

@@ -11,8 +11,14 @@
 #                        the daemons connect: a restarted daemon reconnects)
 #   --attach MODE        how device memory reaches the guest: shmem (a BAR of the virtio
 #                        function itself; QEMU >= 11.1), bar (BAR2 of an ivshmem-plain
-#                        sibling; QEMU 10.2), numa (a CPU-less NUMA node) or auto
-#                        (default: shmem when the QEMU has it, else bar)
+#                        sibling; QEMU 10.2), numa (a CPU-less NUMA node), cxl (a PCIe
+#                        function of the daemon's own over vfio-user, a CXL Type-2
+#                        endpoint under a CXL host bridge; QEMU >= 11.1, the CXL
+#                        regions need Linux 7.3) or auto (default: shmem when the
+#                        QEMU has it, else bar)
+#   --cxl-host-bridges one|each
+#                        with --attach cxl: every device under one CXL host bridge
+#                        (default), or each under one of its own
 #   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm)
 #   --smp N              guest CPUs (default 2)
 #   --timeout SECS       wall-clock limit, QEMU is killed after it (default 300; 0 = none)
@@ -80,6 +86,7 @@ DEVICES=1
 DEVMEM=256M
 RAM=1G
 ATTACH=auto
+CXL_HBS=one
 SOCKET_MODE=server
 ACCEL=tcg
 SMP=2
@@ -112,6 +119,7 @@ while [ $# -gt 0 ]; do
     --devmem-size) need "$@"; DEVMEM=$2; shift 2 ;;
     --guest-ram) need "$@"; RAM=$2; shift 2 ;;
     --attach) need "$@"; ATTACH=$2; shift 2 ;;
+    --cxl-host-bridges) need "$@"; CXL_HBS=$2; shift 2 ;;
     --socket-mode) need "$@"; SOCKET_MODE=$2; shift 2 ;;
     --accel) need "$@"; ACCEL=$2; shift 2 ;;
     --smp) need "$@"; SMP=$2; shift 2 ;;
@@ -142,7 +150,8 @@ done
 [[ "$DEVICES" =~ ^[0-9]+$ ]] || die "run-guest: --devices wants a number"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "run-guest: --timeout wants seconds"
 [ "$HOTPLUG$SWITCH" != 11 ] || die "run-guest: --hotplug and --switch exclude each other"
-case "$ATTACH" in auto | shmem | bar | numa) ;; *) die "run-guest: --attach must be auto, shmem, bar or numa" ;; esac
+case "$ATTACH" in auto | shmem | bar | numa | cxl) ;; *) die "run-guest: --attach must be auto, shmem, bar, numa or cxl" ;; esac
+case "$CXL_HBS" in one | each) ;; *) die "run-guest: --cxl-host-bridges must be one or each" ;; esac
 case "$ACCEL" in
 tcg) CPU=max ;;
 kvm) CPU=host ;;
@@ -163,11 +172,17 @@ if [ "$DEVICES" -gt 0 ] && [ ! -x "$DAEMON" ]; then
     die "run-guest: daemon $DAEMON not found; build it (cargo build --release) or use --devices 0"
 fi
 [ "$ATTACH" != auto ] || ATTACH=$(default_attach "$QEMU")
-if [ "$ATTACH" = shmem ] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
-    die "run-guest: --attach shmem needs QEMU >= 11.1; $QEMU is $(qemu_version "$QEMU")"
+if [[ "$ATTACH" =~ ^(shmem|cxl)$ ]] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
+    die "run-guest: --attach $ATTACH needs QEMU >= 11.1; $QEMU is $(qemu_version "$QEMU")"
+fi
+# The root of the kernel's CXL topology, which nothing loads by itself.
+if [ "$ATTACH" = cxl ] && [ -f "${GUEST_MODULES:-}/modules.dep" ] &&
+    grep -q '/cxl_acpi\.ko' "$GUEST_MODULES/modules.dep"; then
+    MK_ARGS+=(--module cxl_acpi)
 fi
 # For guest scripts that check how the devices look.
 APPEND="$APPEND cxlaccel.attach=$ATTACH"
+[ "$ATTACH" != cxl ] || APPEND="$APPEND cxlaccel.hostbridges=$CXL_HBS"
 if [ -n "$ONLY" ]; then
     [[ "$ONLY" =~ ^[A-Za-z0-9_.,-]+$ ]] || die "run-guest: --only takes test names (letters, digits, . _ -)"
     APPEND="$APPEND cxlaccel.only=$ONLY"
@@ -253,6 +268,9 @@ start_daemon() {
     local i=$1 sock=$WORK/cxl$1.sock mem=$WORK/devmem$1 pid t
     local common=(--socket-path "$sock" --memory-path "$mem" --memory-size "$DEVMEM" --index "$i"
         --attach "$ATTACH" --socket-mode "$SOCKET_MODE")
+    if [ "$ATTACH" = cxl ]; then
+        common+=(--cxl-host-bridge "$([ "$CXL_HBS" = each ] && echo "$i" || echo 0)")
+    fi
     # Every other device's memory is a peer: copies to it count as peer-to-peer.
     local peers=() j
     for ((j = 0; j < DEVICES; j++)); do
@@ -284,10 +302,14 @@ start_daemon() {
     [ "$SOCKET_MODE" = client ] || [ -S "$sock" ] ||
         die "run-guest: daemon $i did not create $sock within 10 s"
 
-    # Only device 0 declares the (shared) guest RAM backend.
-    local ram=none out
+    # Only device 0 declares the (shared) guest RAM backend and the machine (with
+    # --attach cxl: the windows of every CXL host bridge).
+    local ram=none out machine=()
     [ "$i" = 0 ] && ram=$RAM
-    out=$("$DAEMON" "${common[@]}" "${mine[@]}" --guest-ram "$ram" --print-qemu-args) ||
+    if [ "$i" = 0 ] && [ "$ATTACH" = cxl ] && [ "$CXL_HBS" = each ]; then
+        machine=(--cxl-host-bridges "$DEVICES")
+    fi
+    out=$("$DAEMON" "${common[@]}" "${mine[@]}" "${machine[@]}" --guest-ram "$ram" --print-qemu-args) ||
         die "run-guest: '$DAEMON ... --print-qemu-args' failed"
     local args=()
     mapfile -d '' args < <(printf '%s' "$out" | split_args)

@@ -37,6 +37,11 @@ RUNS=(
     "libvirt|Debian's libvirt starts the libvirt/ examples (1 and 2 devices), the demo runs in them|ci/libvirt-demo.sh"
     "faults|every fault class injected through the control channel; its cost and tracing's|tests/guest/host/run-faults.sh"
     "faults-7.3|the fault classes on 7.3 (poisoned device-private pages too)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh"
+    "suite-cxl|main suite with --attach cxl on 7.3: each device a CXL Type-2 endpoint over vfio-user, under a host bridge of its own|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh ci/guest-suite.sh --attach cxl --cxl-host-bridges each"
+    "cxl-one|the CXL suite on 7.3: memdevs, locked decoders, regions, MSI-X per queue, re-probe; two devices under one host bridge|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh one"
+    "cxl-each|the CXL suite, each device under a host bridge of its own|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh each"
+    "hmm-cxl|the kernel's own hmm-tests on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh --attach cxl"
+    "faults-cxl|the fault classes on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh --attach cxl"
     "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/host/run-faults.sh --supervise"
     "latency|command round trips next to vhost-device-rng in the same boot, ATOMIC ops/s with 1, 2, 4 threads (quick form, 4 vCPUs)|tests/guest/host/run-latency.sh --quick --smp 4"
 )

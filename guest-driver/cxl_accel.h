@@ -16,6 +16,7 @@
 #include <linux/list.h>
 #include <linux/memremap.h>
 #include <linux/mutex.h>
+#include <linux/range.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
@@ -91,6 +92,9 @@ struct cxla_dev {
 	struct list_head mem_node;	/* cxla_mem_devs while mem_pdev is held */
 	phys_addr_t devmem_gpa;
 	u64 devmem_bus;			/* devmem_gpa as peers address it */
+	/* CXL Type-2 endpoint (cxl.c) */
+	struct range cxl_range;		/* the region's host-physical range */
+	int cxl_status;			/* 0: region attached, else why not */
 	void *p2p_provider;		/* PCI P2PDMA provider of the BAR, or NULL */
 	struct dev_pagemap pgmap;
 	bool pgmap_live;

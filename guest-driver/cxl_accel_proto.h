@@ -53,6 +53,7 @@ typedef uint64_t __le64;
 #define CXLA_F_EXPORT			(1ULL << 6)
 #define CXLA_F_NUMA			(1ULL << 7)	/* memory is a CPU-less NUMA node, not a BAR */
 #define CXLA_F_SHMEM			(1ULL << 8)	/* memory is virtio shared memory region CXLA_SHM_ID_DEVMEM */
+#define CXLA_F_CXL			(1ULL << 9)	/* a CXL Type-2 endpoint: CXL DVSECs, component registers */
 
 /* The virtio shared memory region id (shmid) of device memory (CXLA_F_SHMEM) */
 #define CXLA_SHM_ID_DEVMEM		0

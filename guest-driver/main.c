@@ -17,6 +17,7 @@
 
 #include "cxl_accel.h"
 #include "cdev.h"
+#include "cxl.h"
 #include "devmem.h"
 #include "dmabuf.h"
 #include "evict.h"
@@ -301,6 +302,9 @@ static int cxla_probe(struct virtio_device *vdev)
 		goto err_shutdown;
 	}
 
+	/* a CXL endpoint (7.3): the CXL core enumerates it and its region */
+	cxla_cxl_probe(cd);
+
 	ret = cxla_cdev_add(cd);
 	if (ret) {
 		dev_err(&vdev->dev, "cannot add character device: %d\n", ret);
@@ -370,6 +374,8 @@ static int __init cxla_init(void)
 	ret = cxla_devmem_notifier_register();
 	if (ret)
 		goto err_chrdev;
+	/* what platform firmware would have done for CXL functions (cxlfw.c) */
+	cxla_cxl_firmware();
 	ret = register_virtio_driver(&cxla_driver);
 	if (ret)
 		goto err_notifier;
@@ -395,6 +401,8 @@ static void __exit cxla_exit(void)
 	/* removals wait for their pages instead of leaving them behind */
 	WRITE_ONCE(cxla_unloading, true);
 	unregister_virtio_driver(&cxla_driver);
+	/* the CXL registrations outlive unbinds, not the module */
+	cxla_cxl_exit();
 	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */
 	destroy_workqueue(cxla_wq);

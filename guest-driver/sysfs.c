@@ -201,5 +201,6 @@ const struct attribute_group *cxla_groups[] = {
 	&cxla_dmabuf_group,	/* dmabuf/ (dmabuf.c) */
 	&cxla_mig_group,	/* numa_node, migration (migrate.c) */
 	&cxla_poison_group,	/* poison, poison_stats (poison.c) */
+	&cxla_cxl_group,	/* cxl: the CXL region (cxl.c) */
 	NULL,
 };

@@ -13,5 +13,6 @@ extern const struct attribute_group *cxla_groups[];
 extern const struct attribute_group cxla_dmabuf_group;	/* dmabuf.c */
 extern const struct attribute_group cxla_poison_group;	/* poison.c */
 extern const struct attribute_group cxla_mig_group;	/* migrate.c */
+extern const struct attribute_group cxla_cxl_group;	/* cxl.c */
 
 #endif /* CXL_ACCEL_SYSFS_H */

@@ -78,7 +78,8 @@ fn parse_attach(s: &str) -> Result<Attach, ValueError> {
         "shmem" => Ok(Attach::Shmem),
         "bar" => Ok(Attach::Bar),
         "numa" => Ok(Attach::Numa),
-        _ => Err(ValueError::NotOneOf(s.into(), "shmem, bar, numa")),
+        "cxl" => Ok(Attach::Cxl),
+        _ => Err(ValueError::NotOneOf(s.into(), "shmem, bar, numa, cxl")),
     }
 }
 
@@ -161,16 +162,36 @@ pub struct Args {
     pub index: u32,
 
     /// Memory file of a peer device (repeatable). Its BAR, seen in the memory table, counts
-    /// as peer-to-peer memory in the device statistics.
+    /// as peer-to-peer memory in the device statistics. With --attach cxl it is also how
+    /// copies reach the peer at all (QEMU maps another device's BAR without its file): the
+    /// daemon opens it when QEMU connects, and finds where the guest sees it in the peer's
+    /// state file (its path plus ".state"), or else by a size no other peer has.
     #[arg(long, value_name = "PATH")]
     pub peer_memory_path: Vec<PathBuf>,
 
     /// How the guest sees device memory: "shmem" (a VIRTIO shared memory region, i.e. a BAR
     /// of the virtio function itself: one PCI function; needs QEMU >= 11.1), "bar" (BAR2 of
-    /// an ivshmem-plain sibling function; QEMU >= 10.2) or "numa" (a CPU-less NUMA node of
-    /// guest RAM). With shmem and bar the driver manages it as coherent device pages.
-    #[arg(long, value_name = "shmem|bar|numa", default_value = "shmem", value_parser = parse_attach)]
+    /// an ivshmem-plain sibling function; QEMU >= 10.2), "numa" (a CPU-less NUMA node of
+    /// guest RAM) or "cxl" (the daemon serves a PCIe function of its own over vfio-user, a
+    /// CXL Type-2 endpoint under a CXL host bridge and root port; QEMU >= 11.1). With shmem,
+    /// bar and cxl the driver manages it as coherent device pages.
+    #[arg(long, value_name = "shmem|bar|numa|cxl", default_value = "shmem", value_parser = parse_attach)]
     pub attach: Attach,
+
+    /// With --attach cxl: the CXL host bridge (0-3) this device is under; devices with the
+    /// same number share it, each on a root port of its own. Host bridge N is created by
+    /// device N (its --print-qemu-args), with a 4 GiB CXL window of its own.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=3))]
+    pub cxl_host_bridge: u32,
+
+    /// With --attach cxl and --print-qemu-args, for the device that prints guest RAM and
+    /// the machine: how many CXL host bridges (1-4) the machine has, each with a 4 GiB CXL
+    /// window. QEMU takes the whole window list from one -M option, so this device prints
+    /// the windows of all of them (host bridge N itself comes with device N).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub cxl_host_bridges: u32,
 
     /// seccomp sandbox once serving: "enforce" (default: an unlisted system call kills the
     /// daemon with a message naming it), "log" (unlisted calls are logged by the kernel's
@@ -243,7 +264,8 @@ impl Args {
         if self.fd.is_some() && self.socket_mode == SocketMode::Client {
             return Err(ArgsError::FdWithClient);
         }
-        if self.attach == Attach::Shmem && !self.memory_size.is_power_of_two() {
+        if matches!(self.attach, Attach::Shmem | Attach::Cxl) && !self.memory_size.is_power_of_two()
+        {
             return Err(ArgsError::ShmemSize(
                 qemu_size(self.memory_size),
                 qemu_size(self.memory_size.next_power_of_two()),
@@ -256,7 +278,12 @@ impl Args {
     pub fn state_path(&self) -> PathBuf {
         self.state_path
             .clone()
-            .unwrap_or_else(|| with_suffix(&self.memory_path, ".state"))
+            .unwrap_or_else(|| Self::state_path_of(&self.memory_path))
+    }
+
+    /// The default state file of the memory file `memory_path` (ours or a peer's).
+    pub fn state_path_of(memory_path: &std::path::Path) -> PathBuf {
+        with_suffix(memory_path, ".state")
     }
 
     /// Where a supervisor meets its workers: the socket path plus ".worker" (with --fd,
@@ -428,6 +455,14 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
                 v.push(("-m".into(), qemu_size(ram)));
                 v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
             }
+            Attach::Cxl => {
+                v.push(("-m".into(), qemu_size(ram)));
+                v.push((
+                    "-machine".into(),
+                    "q35,cxl=on,memory-backend=cxl-guest-ram".into(),
+                ));
+                v.push(("-M".into(), cxl_windows(args.cxl_host_bridges)));
+            }
             Attach::Numa => {
                 // With NUMA nodes, RAM is the sum of the nodes: this covers guest RAM and
                 // this device; with more NUMA-mode devices, -m must be raised to the total.
@@ -436,6 +471,10 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
                 v.push(("-numa".into(), "node,nodeid=0,memdev=cxl-guest-ram".into()));
             }
         }
+    }
+    if args.attach == Attach::Cxl {
+        cxl_qemu_args(args, socket_path, &mut v);
+        return Ok(v);
     }
     let reconnect = match (args.socket_mode, args.reconnect_ms) {
         // QEMU listens and waits for the daemon before starting the guest.
@@ -492,6 +531,50 @@ num_vqs={},vq_size={},config_size={},bus=pcie.0,addr={slot:#x}.0{multifunction}"
         ),
     });
     Ok(v)
+}
+
+/// CXL host bridge `b`'s PCI bus number: room for the buses of its root ports below it.
+fn cxl_bus_nr(b: u32) -> u32 {
+    12 + 50 * b
+}
+
+/// The CXL windows of host bridges `0..count`, 4 GiB each: one `-M` option, as QEMU
+/// refuses the window list spread over several.
+fn cxl_windows(count: u32) -> String {
+    (0..count)
+        .map(|b| format!("cxl-fmw.{b}.targets.0=cxlhb{b},cxl-fmw.{b}.size=4G"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `--attach cxl`: a root port on host bridge `--cxl-host-bridge` and the vfio-user
+/// function on it; device N also creates host bridge N (pxb-cxl, with HDM decoders even
+/// for one root port), whose window the device printing the machine declares.
+fn cxl_qemu_args(args: &Args, socket: &std::path::Path, v: &mut Vec<(String, String)>) {
+    let (n, b) = (args.index, args.cxl_host_bridge);
+    if n == b {
+        v.push((
+            "-device".into(),
+            format!(
+                "pxb-cxl,bus_nr={},bus=pcie.0,id=cxlhb{b},hdm_for_passthrough=on",
+                cxl_bus_nr(b)
+            ),
+        ));
+    }
+    v.push((
+        "-device".into(),
+        format!(
+            "cxl-rp,port={n},bus=cxlhb{b},id=cxlrp{n},chassis=0,slot={}",
+            2 + n
+        ),
+    ));
+    let socket_json = serde_json::json!({
+        "driver": "vfio-user-pci",
+        "id": format!("cxlacc{n}"),
+        "bus": format!("cxlrp{n}"),
+        "socket": {"type": "unix", "path": socket.to_string_lossy()},
+    });
+    v.push(("-device".into(), socket_json.to_string()));
 }
 
 /// Shell-pasteable rendering: one option per line, continued with backslashes.
@@ -578,5 +661,56 @@ mod tests {
         assert!(e.contains("power-of-two") && e.contains("128M"), "{e}");
         let bar = with(&["--memory-size", "96M", "--attach", "bar"]);
         assert!(bar.check().is_ok());
+    }
+
+    #[test]
+    fn cxl_topology_for_one_and_two_host_bridges() {
+        // Device 0 prints the machine, host bridge 0 with its root port and function.
+        let first = with(&["--attach", "cxl", "--cxl-host-bridges", "2"]);
+        let text = render_qemu_args(&qemu_args(&first).unwrap());
+        assert!(text.contains("-machine q35,cxl=on,memory-backend=cxl-guest-ram"));
+        // Every window on one -M: QEMU refuses the list spread over several.
+        assert_eq!(text.matches("-M ").count(), 1);
+        assert!(text.contains(
+            "-M cxl-fmw.0.targets.0=cxlhb0,cxl-fmw.0.size=4G,\
+             cxl-fmw.1.targets.0=cxlhb1,cxl-fmw.1.size=4G"
+        ));
+        assert!(text.contains("pxb-cxl,bus_nr=12,bus=pcie.0,id=cxlhb0,hdm_for_passthrough=on"));
+        assert!(text.contains("cxl-rp,port=0,bus=cxlhb0,id=cxlrp0"));
+        assert!(text.contains(r#""driver":"vfio-user-pci","id":"cxlacc0""#));
+        assert!(text.contains(r#""socket":{"path":"s","type":"unix"}"#));
+        assert!(!text.contains("vhost-user") && !text.contains("chardev"));
+
+        // Device 1 under host bridge 0: a second root port, no bridge, no machine.
+        let shared = with(&["--attach", "cxl", "--index", "1", "--guest-ram", "none"]);
+        let text = render_qemu_args(&qemu_args(&shared).unwrap());
+        assert!(!text.contains("pxb-cxl") && !text.contains("-M ") && !text.contains("-machine"));
+        assert!(text.contains("cxl-rp,port=1,bus=cxlhb0,id=cxlrp1"));
+        assert!(text.contains(r#""bus":"cxlrp1""#));
+
+        // Device 1 under host bridge 1: it creates that bridge, on buses of its own.
+        let own = with(&[
+            "--attach",
+            "cxl",
+            "--index",
+            "1",
+            "--cxl-host-bridge",
+            "1",
+            "--guest-ram",
+            "none",
+        ]);
+        let text = render_qemu_args(&qemu_args(&own).unwrap());
+        assert!(text.contains("pxb-cxl,bus_nr=62,bus=pcie.0,id=cxlhb1"));
+        assert!(text.contains("cxl-rp,port=1,bus=cxlhb1,id=cxlrp1"));
+        assert!(!text.contains("-M "));
+
+        // The memory is a BAR: a power of two; host bridges 0-3.
+        assert!(with(&["--attach", "cxl", "--memory-size", "96M"])
+            .check()
+            .is_err());
+        let five = ["cxl-accel", "--socket-path", "s", "--memory-path", "m"]
+            .iter()
+            .chain(&["--attach", "cxl", "--cxl-host-bridges", "5"]);
+        assert!(Args::try_parse_from(five).is_err());
     }
 }

@@ -27,4 +27,5 @@ pub mod host;
 pub mod protocol;
 pub mod ring;
 pub mod supervisor;
+pub mod vfio;
 pub mod vhost;

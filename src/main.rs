@@ -39,7 +39,9 @@ fn main() -> ExitCode {
         };
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let result = if args.supervise && args.worker_fd.is_none() {
+    let result = if args.attach == cxl_accel::device::Attach::Cxl {
+        run_vfio(args)
+    } else if args.supervise && args.worker_fd.is_none() {
         supervise(args)
     } else {
         run(args)
@@ -173,6 +175,78 @@ fn run(args: Args) -> Result<()> {
         // worker the message this one refused.
         std::process::exit(supervisor::EXIT_REFUSED);
     }
+    Ok(())
+}
+
+/// `--attach cxl`: the device as a PCIe function of its own, served over vfio-user to
+/// QEMU's vfio-user-pci on --socket-path, until SIGTERM.
+fn run_vfio(args: Args) -> Result<()> {
+    use cxl_accel::vfio::{function::CxlFunction, peers::Peers, server as vfio_server};
+
+    cxl_accel::host::sandbox::prepare(args.seccomp);
+    if args.supervise || args.socket_mode == SocketMode::Client || args.fd.is_some() {
+        return Err(
+            "--attach cxl serves vfio-user on its own socket: no --supervise, --fd or \
+                    --socket-mode client"
+                .into(),
+        );
+    }
+    let own_socket = cxl_accel::host::sandbox::removable(args.socket_path());
+    signals::exit_on_termination(own_socket.into_iter().collect())?;
+    let access = Access {
+        lock: true,
+        group: args.socket_group,
+    };
+    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
+    let (state, restored) = StateFile::open(&args.state_path(), devmem.id(), devmem.size(), true)?;
+    log::info!("state {}: {}", args.state_path().display(), restored.note);
+    let cfg = DeviceConfig {
+        index: args.index,
+        attach: args.attach,
+        dma_engines: args.dma_threads,
+        peers: args.peer_memory_path.clone(),
+        cmd_queues: args.cmd_queues,
+        inline_max: args.inline_max,
+        poll_us: args.poll_us,
+        ..Default::default()
+    };
+    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
+    let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
+    let listener = vfio_server::bind(args.socket_path(), args.socket_group)?;
+    if let Some(path) = &args.control_socket {
+        let l = server::bind_std(path, None)?;
+        cxl_accel::control::serve(l, device.clone())
+            .map_err(|e| format!("cannot start the control channel: {e}"))?;
+    }
+    let mut function = CxlFunction::new(device, dispatcher, args.queue_size)
+        .map_err(|e| format!("cannot set up the PCI function: {e}"))?;
+    log::info!(
+        "cxl-accel {} on {} (vfio-user, a CXL Type-2 endpoint; {} bytes of device memory in {}, {} DMA engines)",
+        env!("CARGO_PKG_VERSION"),
+        args.socket_path().display(),
+        args.memory_size,
+        args.memory_path.display(),
+        args.dma_threads
+    );
+    // Peers' memory files exist once QEMU comes (it starts after every daemon), and
+    // opening files ends with the sandbox: open them between the two.
+    let server = vfio_server::Server::new(listener)?;
+    let Some(first) = server.accept()? else {
+        return Ok(());
+    };
+    let peers = Peers::open(&args.peer_memory_path, Args::state_path_of);
+    function.set_peers(peers);
+    let profile = cxl_accel::host::sandbox::Profile {
+        connects: false,
+        relay: false,
+    };
+    cxl_accel::host::sandbox::apply(
+        args.seccomp,
+        profile,
+        cxl_accel::host::sandbox::Scope::Process,
+    )?;
+    server.session(first, &mut function);
+    server.serve(&mut function, None)?;
     Ok(())
 }
 

@@ -55,6 +55,9 @@ pub const F_NUMA: u64 = 1 << 7;
 /// Device memory is VIRTIO shared memory region [`SHM_ID_DEVMEM`] of the virtio function
 /// itself (a BAR of that function), not a BAR of an ivshmem sibling.
 pub const F_SHMEM: u64 = 1 << 8;
+/// The device is a CXL Type-2 endpoint: its PCI function has the CXL DVSECs and component
+/// registers (with `F_SHMEM`: device memory is still the shared memory region's BAR).
+pub const F_CXL: u64 = 1 << 9;
 /// The shared memory region id (shmid) of device memory.
 pub const SHM_ID_DEVMEM: u8 = 0;
 
@@ -335,6 +338,7 @@ pub fn constants() -> Vec<(String, u64)> {
         ("CXLA_F_EXPORT".into(), F_EXPORT),
         ("CXLA_F_NUMA".into(), F_NUMA),
         ("CXLA_F_SHMEM".into(), F_SHMEM),
+        ("CXLA_F_CXL".into(), F_CXL),
         ("CXLA_SHM_ID_DEVMEM".into(), SHM_ID_DEVMEM as u64),
         ("CXLA_MAX_SEGMENTS".into(), MAX_SEGMENTS as u64),
         ("CXLA_MAX_PAGES".into(), MAX_PAGES as u64),

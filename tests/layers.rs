@@ -4,8 +4,9 @@
 //! a transport), and no two modules use each other, directly or round a loop.
 //!
 //! From the bottom: `protocol` (the wire format), `host` (files, SIGBUS, sandbox),
-//! `device` (the model), `ring` (virtqueues to requests and back), `vhost` (the
-//! vhost-user adapter), `supervisor` (the worker processes around it); `control` (the
+//! `device` (the model), `ring` (virtqueues to requests and back), the transports beside
+//! each other: `vhost` (the vhost-user adapter) and `vfio` (the vfio-user one, a PCIe
+//! function of its own), `supervisor` (the worker processes around vhost); `control` (the
 //! control channel) stands on the model only. `cli`, `main` and `lib` tie them together.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,6 +19,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("device", &["protocol", "host"]),
     ("ring", &["protocol", "host", "device"]),
     ("vhost", &["protocol", "host", "device", "ring"]),
+    ("vfio", &["protocol", "host", "device", "ring"]),
     ("supervisor", &["protocol", "host", "vhost"]),
     ("control", &["protocol", "host", "device"]),
 ];

@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory, VolatileSlice,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress, VolatileMemory, VolatileSlice,
 };
 
 use crate::device::devmem::DeviceMemory;
@@ -68,9 +69,12 @@ impl<'a> Ctx<'a> {
             .any(|&(start, len)| gpa >= start && gpa - start < len)
     }
 
-    fn own_devmem(&self, gpa: u64, len: u64) -> Option<(u64, VolatileSlice<'a>)> {
+    /// Where `gpa` falls in our own device memory, as the guest sees it: the offset and
+    /// the bytes from there to its end.
+    fn own_devmem_at(&self, gpa: u64) -> Option<(u64, u64)> {
         let off = gpa.checked_sub(self.devmem_gpa?)?;
-        Some((off, self.devmem.slice(off, len)?))
+        let size = self.devmem.size();
+        (off < size).then(|| (off, size - off))
     }
 
     /// MEDIA_ERROR when [off, off + len) of device memory is poisoned.
@@ -87,7 +91,7 @@ impl<'a> Ctx<'a> {
     /// Resolves `len` bytes at `addr` in `space` into chunks, or fails without side effects.
     pub fn resolve(&self, space: u16, addr: u64, len: u64) -> Result<Vec<Chunk<'a>>, Status> {
         addr.checked_add(len).ok_or(Status::Overflow)?;
-        let len_usize = usize::try_from(len).map_err(|_| Status::Overflow)?;
+        usize::try_from(len).map_err(|_| Status::Overflow)?;
         match space {
             SPACE_DEVMEM => {
                 if len == 0 {
@@ -99,15 +103,36 @@ impl<'a> Ctx<'a> {
             }
             SPACE_GPA => {
                 let mut out = Vec::new();
-                let mut gpa = addr;
-                for s in self.guest.get_slices(GuestAddress(addr), len_usize) {
-                    let mut slice = s.map_err(|_| Status::BadGpa)?;
-                    let peer = self.is_peer(gpa);
-                    if let Some((off, own)) = self.own_devmem(gpa, slice.len() as u64) {
-                        self.check_poison(off, own.len() as u64)?;
-                        slice = own;
-                    }
+                let (mut gpa, mut left) = (addr, len);
+                while left > 0 {
+                    // Our own BAR first: a transport may not list it in guest memory
+                    // (vfio-user maps it without its file), and where it does, the
+                    // same bytes are named by offset and by address alike.
+                    let (slice, peer) = match self.own_devmem_at(gpa) {
+                        Some((off, room)) => {
+                            let n = left.min(room);
+                            self.check_poison(off, n)?;
+                            (self.devmem.slice(off, n).ok_or(Status::BadGpa)?, false)
+                        }
+                        None => {
+                            let region = self
+                                .guest
+                                .find_region(GuestAddress(gpa))
+                                .ok_or(Status::BadGpa)?;
+                            let at = gpa - region.start_addr().0;
+                            let mut n = left.min(region.len() - at);
+                            if let Some(own) = self.devmem_gpa.filter(|&o| o > gpa) {
+                                n = n.min(own - gpa);
+                            }
+                            let n = usize::try_from(n).map_err(|_| Status::Overflow)?;
+                            let slice = region
+                                .get_slice(MemoryRegionAddress(at), n)
+                                .map_err(|_| Status::BadGpa)?;
+                            (slice, self.is_peer(gpa))
+                        }
+                    };
                     gpa += slice.len() as u64;
+                    left -= slice.len() as u64;
                     out.push(Chunk { slice, peer });
                 }
                 Ok(out)

@@ -5,6 +5,7 @@
 
 pub mod allocator;
 pub mod command;
+pub mod cxl;
 pub mod devmem;
 pub mod dispatch;
 pub mod engine;
@@ -41,6 +42,9 @@ pub enum Attach {
     /// A CPU-less NUMA node: the guest kernel owns the memory, so the device neither
     /// allocates it nor addresses it by offset.
     Numa,
+    /// A PCIe function of its own served over vfio-user, a CXL Type-2 endpoint whose
+    /// device memory is a BAR (otherwise as `Shmem`).
+    Cxl,
 }
 
 /// Static attributes of a device instance.
@@ -149,6 +153,12 @@ fn sleep_unless(d: Duration, cancelled: &dyn Fn() -> bool) -> bool {
     }
 }
 
+fn log_new_peers(known: &[(u64, u64)], found: &[(u64, u64)]) {
+    for p in found.iter().filter(|p| !known.contains(p)) {
+        log::info!("peer device memory at {:#x} ({} bytes)", p.0, p.1);
+    }
+}
+
 /// Bytes a completed command read and wrote, for the latency and bandwidth model.
 fn traffic(opcode: u16, r: &Resp) -> (u64, u64) {
     if r.status != Status::Ok as u32 {
@@ -230,6 +240,8 @@ pub struct Device {
     stages: crate::device::stages::Stages,
     /// One log line per command (the control channel's "trace").
     tracing: std::sync::atomic::AtomicBool,
+    /// The CXL registers (used with `Attach::Cxl`).
+    cxl: cxl::Cxl,
 }
 
 impl Device {
@@ -271,6 +283,40 @@ impl Device {
             metrics: Metrics::new(),
             stages: Default::default(),
             tracing: std::sync::atomic::AtomicBool::new(false),
+            cxl: cxl::Cxl::new(size),
+        }
+    }
+
+    /// The device's CXL registers (a CXL endpoint's, with `Attach::Cxl`).
+    pub fn cxl(&self) -> &cxl::Cxl {
+        &self.cxl
+    }
+
+    /// Where the guest mapped device memory, when the transport knows it first hand (the
+    /// BAR address of a PCI function the daemon serves itself) rather than from a memory
+    /// table.
+    pub fn set_devmem_gpa(&self, gpa: Option<u64>) {
+        let Ok(mut layout) = self.layout.write() else {
+            return;
+        };
+        let moved = layout.devmem_gpa != gpa;
+        layout.devmem_gpa = gpa;
+        drop(layout);
+        if moved {
+            self.devmem_moved(gpa);
+        }
+    }
+
+    /// Tells the log, the driver (an event) and peers' daemons (the state file) where
+    /// the guest now sees device memory; the layout has it already.
+    fn devmem_moved(&self, gpa: Option<u64>) {
+        self.state.set_guest_address(gpa);
+        match gpa {
+            Some(gpa) => {
+                log::info!("device memory mapped by the guest at {gpa:#x}");
+                self.post_event(EVENT_DEVMEM_MAPPED, gpa, self.devmem.size());
+            }
+            None => log::info!("device memory no longer mapped by the guest"),
         }
     }
 
@@ -397,6 +443,7 @@ impl Device {
         match self.cfg.attach {
             Attach::Bar => managed,
             Attach::Shmem => managed | F_SHMEM,
+            Attach::Cxl => managed | F_SHMEM | F_CXL,
             Attach::Numa => F_ATOMIC_GUEST | F_P2P | F_COPY_PAGES | F_EVENTS | F_NUMA,
         }
     }
@@ -443,6 +490,35 @@ impl Device {
     /// A region that runs past the end of its file is refused, table and all: touching it
     /// would raise SIGBUS. A refused table leaves the layout as it was.
     pub fn update_memory(&self, guest: &GuestMemoryMmap) -> Result<(), TableError> {
+        let found = self.scan(guest)?;
+        let Ok(mut cur) = self.layout.write() else {
+            return Err(TableError::Poisoned);
+        };
+        let moved = found.devmem_gpa != cur.devmem_gpa;
+        log_new_peers(&cur.peers, &found.peers);
+        *cur = found;
+        let gpa = cur.devmem_gpa;
+        drop(cur);
+        if moved {
+            self.devmem_moved(gpa);
+        }
+        Ok(())
+    }
+
+    /// Learns where peers' device memory sits, as `update_memory` does, for a transport
+    /// that learns where our own memory sits otherwise (vfio-user: from our BAR).
+    pub fn update_peers(&self, guest: &GuestMemoryMmap) -> Result<(), TableError> {
+        let found = self.scan(guest)?;
+        let Ok(mut cur) = self.layout.write() else {
+            return Err(TableError::Poisoned);
+        };
+        log_new_peers(&cur.peers, &found.peers);
+        cur.peers = found.peers;
+        Ok(())
+    }
+
+    /// Our memory and peers' in a memory table, recognised by the files behind it.
+    fn scan(&self, guest: &GuestMemoryMmap) -> Result<Layout, TableError> {
         let mut layout = Layout::default();
         let peer_ids: Vec<FileId> = self
             .cfg
@@ -481,25 +557,7 @@ impl Device {
                 layout.peers.push((start, region.len()));
             }
         }
-        let Ok(mut cur) = self.layout.write() else {
-            return Err(TableError::Poisoned);
-        };
-        if layout.devmem_gpa != cur.devmem_gpa {
-            match layout.devmem_gpa {
-                Some(gpa) => {
-                    log::info!("device memory mapped by the guest at {gpa:#x}");
-                    self.post_event(EVENT_DEVMEM_MAPPED, gpa, self.devmem.size());
-                }
-                None => log::info!("device memory no longer mapped by the guest"),
-            }
-        }
-        for p in &layout.peers {
-            if !cur.peers.contains(p) {
-                log::info!("peer device memory at {:#x} ({} bytes)", p.0, p.1);
-            }
-        }
-        *cur = layout;
-        Ok(())
+        Ok(layout)
     }
 
     /// Queues an event for the driver; the transport delivers it.

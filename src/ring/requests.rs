@@ -105,14 +105,25 @@ pub fn answer(
     }
     let faults = sigbus::faults();
     let mut reply = match req.error {
-        None => device.execute_admitted(
-            mem,
-            req.hdr,
-            &req.bytes,
-            Some(origin),
-            cancel,
-            req.admission.fault,
-        ),
+        // A panic here is a bug of ours; the request is still answered, so that the
+        // ring, and the driver waiting on it, go on.
+        None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            device.execute_admitted(
+                mem,
+                req.hdr,
+                &req.bytes,
+                Some(origin),
+                cancel,
+                req.admission.fault,
+            )
+        }))
+        .unwrap_or_else(|_| {
+            device.reject(format_args!(
+                "request (head {}): the device model panicked (a bug); answered INTERNAL",
+                req.head
+            ));
+            req.error_reply(Status::Internal)
+        }),
         Some(status) => {
             device.reject(format_args!(
                 "malformed descriptor chain (head {}): {}",

@@ -160,7 +160,7 @@ pub struct DriverQueue {
 }
 
 impl DriverQueue {
-    fn new(base: u64, size: u16) -> Self {
+    pub fn new(base: u64, size: u16) -> Self {
         DriverQueue {
             call_fd: None,
             spin: Duration::from_micros(50),
@@ -508,6 +508,7 @@ impl Harness {
                     cxl_accel::device::Attach::Bar => "bar",
                     cxl_accel::device::Attach::Shmem => "shmem",
                     cxl_accel::device::Attach::Numa => "numa",
+                    cxl_accel::device::Attach::Cxl => "cxl",
                 })
                 .args(extra)
                 .spawn()

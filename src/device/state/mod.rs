@@ -42,6 +42,10 @@ const H_PID: usize = 5;
 const H_ACTIVE: usize = 6;
 /// The last nonce given to a request taken from a ring.
 pub(crate) const H_NONCE: usize = 7;
+/// Where the guest sees device memory (its BAR), with bit 0 set; 0 while unmapped. For
+/// peers' daemons: vfio-user maps another device's BAR into ours without its file, so
+/// they read it here to tell which peer's memory a mapping is (`guest_address_of`).
+const H_GUEST_ADDRESS: usize = 8;
 const COUNTERS: usize = 64;
 /// Where the ring journal starts.
 pub(crate) const JOURNAL: usize = 128;
@@ -250,6 +254,7 @@ impl StateFile {
         }
         let writer = self.load(H_PID);
         self.store(H_PID, std::process::id() as u64);
+        self.store(H_GUEST_ADDRESS, 0);
         match self.read_allocator() {
             Ok(back) => {
                 let (buffers, next_id) = (back.buffers, back.next_id);
@@ -279,11 +284,36 @@ impl StateFile {
         }
     }
 
+    /// Publishes where the guest sees device memory (None: not mapped), for peers.
+    pub fn set_guest_address(&self, gpa: Option<u64>) {
+        // BAR addresses are page aligned: bit 0 marks a valid one.
+        self.store(H_GUEST_ADDRESS, gpa.map_or(0, |a| a | 1));
+    }
+
     /// Device counters, kept in the file so they survive a restart.
     pub fn counter(&self, i: usize) -> &AtomicU64 {
         assert!(i < 32, "counter index");
         self.word(COUNTERS + i)
     }
+}
+
+/// Where the guest sees the device memory of another daemon, from that daemon's state
+/// file `state` (opened for reading), if it is the state of the memory file `id`.
+pub fn guest_address_of(state: &File, id: FileId) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut header = [0u8; (H_GUEST_ADDRESS + 1) * 8];
+    state.read_exact_at(&mut header, 0).ok()?;
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&header[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let ours = word(H_MAGIC) == MAGIC
+        && word(H_VERSION) == VERSION
+        && word(H_DEV) == id.dev
+        && word(H_INO) == id.ino;
+    let a = word(H_GUEST_ADDRESS);
+    (ours && a & 1 != 0).then_some(a & !1)
 }
 
 /// Takes the "a daemon owns this device" lock on the state file (a supervisor holds it
@@ -350,5 +380,30 @@ pub(crate) mod tests {
             result0,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_peer_reads_where_the_guest_sees_our_memory_from_our_state_file() {
+        let path = std::env::temp_dir().join(format!("cxl-state-{}-gpa", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let id = FileId { dev: 7, ino: 42 };
+        let (s, _) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        let peer_view = File::open(&path).unwrap();
+        assert_eq!(guest_address_of(&peer_view, id), None);
+        s.set_guest_address(Some(0x1_2000_0000));
+        assert_eq!(guest_address_of(&peer_view, id), Some(0x1_2000_0000));
+        // The state of another memory file says nothing about this one.
+        assert_eq!(
+            guest_address_of(&peer_view, FileId { dev: 7, ino: 43 }),
+            None
+        );
+        s.set_guest_address(None);
+        assert_eq!(guest_address_of(&peer_view, id), None);
+        // A restarted daemon has not been mapped yet.
+        s.set_guest_address(Some(0x8000_0000));
+        drop(s);
+        let (_s, _) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        assert_eq!(guest_address_of(&peer_view, id), None);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -108,7 +108,8 @@ done
 
 # How the device looks on PCI, as the host set it up (run-guest.sh passes
 # cxlaccel.attach): shmem, one function whose own BAR is the memory; bar, the
-# memory is BAR2 of an ivshmem-plain sibling in the same slot.
+# memory is BAR2 of an ivshmem-plain sibling in the same slot; cxl, one function
+# (served over vfio-user) whose BAR4 is the memory.
 want_attach=$(sed -n 's/.*cxlaccel\.attach=\([a-z]*\).*/\1/p' /proc/cmdline)
 for dev in $(device_list); do
     s=/sys/class/cxl-accel/$dev
@@ -123,6 +124,8 @@ for dev in $(device_list); do
         ok=$([ "$mem" = "$vfn" ] && [ "$nfn" = 1 ] && echo yes) ;;
     bar:"bar BAR2")
         ok=$([ "$mem" = "$slot.1" ] && [ "$nfn" = 2 ] && echo yes) ;;
+    cxl:"shmem BAR4")
+        ok=$([ "$mem" = "$vfn" ] && [ "$nfn" = 1 ] && echo yes) ;;
     *) ok= ;;
     esac
     if [ -n "$ok" ]; then
@@ -279,9 +282,13 @@ elif [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     hdev=$(device_list | tail -n 1)
     hvdev=$(basename "$(readlink "/sys/class/cxl-accel/$hdev/device")")
     rm -f /tmp/splice-go
-    # shared memory: the unbind's device reset takes the memory away
+    # a VIRTIO shared memory region: the unbind's device reset takes the memory
+    # away (a CXL endpoint's BAR4 stays, as a real device's memory would)
     lost=
-    case "$(cat "/sys/class/cxl-accel/$hdev/attach")" in shmem*) lost=zeros ;; esac
+    case "$want_attach:$(cat "/sys/class/cxl-accel/$hdev/attach")" in
+    cxl:*) ;;
+    *:shmem*) lost=zeros ;;
+    esac
     # shellcheck disable=SC2086 # empty or one word
     "$HMM" --hold-spliced "/dev/$hdev" 120 $lost >/tmp/splice.out 2>&1 &
     holder=$!

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxl-accel: the device as a CXL Type-2 endpoint (feature CXLA_F_CXL, the
+ * daemon's --attach cxl), registered with the kernel's CXL core through the
+ * Type-2 accelerator API where the kernel has it (7.3), the way the sfc
+ * driver does (drivers/net/ethernet/sfc/efx_cxl.c): a CXL device state for
+ * the PCI function, its component registers (RAS and HDM decoder
+ * capabilities), its capacity, then devm_cxl_probe_mem(), which enumerates
+ * the CXL ports above it and attaches the region the firmware stand-in
+ * (cxlfw.c) committed. The region's host-physical range is reported in
+ * sysfs (cxl); device memory itself stays the BAR (QEMU routes loads and
+ * stores to a CXL window only to its own Type-3 devices).
+ *
+ * The CXL state hangs on the PCI function (the CXL core walks up from it to
+ * the root port), which virtio-pci owns: it is made in a devres group of
+ * ours there and belongs to the function, not to one binding of our
+ * driver. An unbind and bind of ours finds it again (the memdev stays), so
+ * unbind/bind behaves as in the other modes. It goes at module unload: that
+ * removes the memdev, and the CXL core then detaches the whole PCI function
+ * ("detach escalates to parent"); a work item waits for that and binds
+ * virtio-pci again, so the function comes back without a driver of ours.
+ * It also goes when virtio-pci lets go of the function (its devres).
+ */
+#include <linux/delay.h>
+#include <linux/pci.h>
+#include <linux/sizes.h>
+#include <linux/slab.h>
+#include <linux/virtio.h>
+
+#include "compat.h"
+#include "cxl_accel.h"
+#include "cxl.h"
+#include "devmem.h"
+
+#ifdef CXLA_CXL_TYPE2
+#include <cxl/cxl.h>
+#include <cxl/pci.h>
+
+CXLA_IMPORT_NS(CXL);
+/* the root of the CXL topology, which no symbol of ours pulls in */
+MODULE_SOFTDEP("pre: cxl_acpi");
+
+/* The CXL core allocates it, the CXL device state first */
+struct cxla_cxl {
+	struct cxl_dev_state cxlds;
+};
+
+/* A function registered with the CXL core; its devres group's id */
+struct cxla_cxl_reg {
+	struct list_head node;		/* on cxla_cxl_regs while it lives */
+	struct pci_dev *pdev;
+	struct range range;
+};
+
+static LIST_HEAD(cxla_cxl_regs);
+static DEFINE_MUTEX(cxla_cxl_lock);
+
+/* The group went (unload, or virtio-pci let go of the function) */
+static void cxla_cxl_forget(void *data)
+{
+	struct cxla_cxl_reg *reg = data;
+
+	mutex_lock(&cxla_cxl_lock);
+	list_del_init(&reg->node);
+	mutex_unlock(&cxla_cxl_lock);
+	kfree(reg);
+}
+
+static struct cxla_cxl_reg *cxla_cxl_find(struct pci_dev *pdev)
+{
+	struct cxla_cxl_reg *reg;
+
+	list_for_each_entry(reg, &cxla_cxl_regs, node)
+		if (reg->pdev == pdev)
+			return reg;
+	return NULL;
+}
+
+/* A function whose CXL state went: virtio-pci binds it again */
+struct cxla_cxl_rebind {
+	struct work_struct work;
+	struct pci_dev *pdev;
+};
+
+static void cxla_cxl_rebind_work(struct work_struct *work)
+{
+	struct cxla_cxl_rebind *r = container_of(work, struct cxla_cxl_rebind,
+						 work);
+	int i, ret;
+
+	/* the CXL core detaches the function from a workqueue of its own */
+	for (i = 0; i < 500 && READ_ONCE(r->pdev->dev.driver); i++)
+		msleep(10);
+	ret = device_attach(&r->pdev->dev);
+	if (ret < 0)
+		pci_warn(r->pdev, "cannot bind its driver again after the CXL teardown: %d\n",
+			 ret);
+	pci_dev_put(r->pdev);
+	kfree(r);
+}
+
+/* Register the function with the CXL core: the sfc sequence */
+static int cxla_cxl_register(struct cxla_dev *cd, struct pci_dev *pdev,
+			     u16 dvsec, struct range *range)
+{
+	u64 capacity = ALIGN_DOWN(cd->devmem_size, SZ_256M);
+	struct cxl_memdev *cxlmd;
+	struct cxla_cxl_reg *reg;
+	struct cxla_cxl *cxl;
+	int ret;
+
+	reg = kzalloc(sizeof(*reg), GFP_KERNEL);
+	if (!reg)
+		return -ENOMEM;
+	INIT_LIST_HEAD(&reg->node);
+	reg->pdev = pdev;
+	if (!devres_open_group(&pdev->dev, reg, GFP_KERNEL)) {
+		kfree(reg);
+		return -ENOMEM;
+	}
+	/* from here the group frees reg, whoever releases it */
+	ret = devm_add_action_or_reset(&pdev->dev, cxla_cxl_forget, reg);
+	if (ret) {
+		devres_release_group(&pdev->dev, reg);
+		return ret;
+	}
+	cxl = devm_cxl_dev_state_create(&pdev->dev, CXL_DEVTYPE_DEVMEM,
+					pci_get_dsn(pdev), dvsec,
+					struct cxla_cxl, cxlds, false);
+	ret = -ENOMEM;
+	if (!cxl)
+		goto err;
+	ret = cxl_pci_setup_regs(pdev, CXL_REGLOC_RBI_COMPONENT,
+				 &cxl->cxlds.reg_map);
+	if (ret)
+		goto err;
+	ret = -ENODEV;
+	if (!cxl->cxlds.reg_map.component_map.hdm_decoder.valid ||
+	    !cxl->cxlds.reg_map.component_map.ras.valid)
+		goto err;
+	/* no mailbox to ask: the memory is there when the device is */
+	cxl->cxlds.media_ready = true;
+	ret = cxl_set_capacity(&cxl->cxlds, capacity);
+	if (ret)
+		goto err;
+	cxlmd = devm_cxl_probe_mem(&cxl->cxlds, range);
+	if (IS_ERR(cxlmd)) {
+		ret = PTR_ERR(cxlmd);
+		goto err;
+	}
+	devres_close_group(&pdev->dev, reg);
+	reg->range = *range;
+	/* one probe per function at a time: no other can be adding it */
+	mutex_lock(&cxla_cxl_lock);
+	list_add(&reg->node, &cxla_cxl_regs);
+	mutex_unlock(&cxla_cxl_lock);
+	return 0;
+
+err:
+	devres_release_group(&pdev->dev, reg);
+	return ret;
+}
+
+int cxla_cxl_probe(struct cxla_dev *cd)
+{
+	struct device *parent = cd->vdev->dev.parent;
+	struct cxla_cxl_reg *reg;
+	struct pci_dev *pdev;
+	struct range range;
+	bool again;
+	u16 dvsec;
+	int ret = 0;
+
+	if (!(cd->features & CXLA_F_CXL))
+		return 0;
+	cd->cxl_status = -ENODEV;
+	if (!parent || !dev_is_pci(parent))
+		return 0;
+	pdev = to_pci_dev(parent);
+	dvsec = pci_find_dvsec_capability(pdev, PCI_VENDOR_ID_CXL,
+					  PCI_DVSEC_CXL_DEVICE);
+	if (!pcie_is_cxl(pdev) || !dvsec) {
+		dev_warn(&cd->dev, "the device says CXL but %s has no CXL DVSECs: not a CXL endpoint\n",
+			 pci_name(pdev));
+		return 0;
+	}
+	mutex_lock(&cxla_cxl_lock);
+	reg = cxla_cxl_find(pdev);
+	if (reg)
+		range = reg->range;	/* registered at an earlier bind */
+	mutex_unlock(&cxla_cxl_lock);
+	again = reg;
+	/* unlocked: a failure releases the group, whose action takes the lock */
+	if (!reg)
+		ret = cxla_cxl_register(cd, pdev, dvsec, &range);
+	cd->cxl_status = ret;
+	if (ret) {
+		dev_warn(&cd->dev, "not registered with the CXL core: %d (is cxl_acpi loaded, the decoders committed? see cxlfw.c); the device works without a CXL region\n",
+			 ret);
+		return 0;
+	}
+	cd->cxl_range = range;
+	dev_info(&cd->dev, "CXL Type-2 endpoint %s%s: region %#llx-%#llx (%llu MiB of device memory)\n",
+		 pci_name(pdev), again ? " (registered before)" : "",
+		 range.start, range.end,
+		 (unsigned long long)range_len(&range) >> 20);
+	return 0;
+}
+
+/* Unload: every function's CXL state goes, and the functions come back */
+void cxla_cxl_exit(void)
+{
+	struct cxla_cxl_rebind *r;
+	struct cxla_cxl_reg *reg;
+	struct pci_dev *pdev;
+
+	for (;;) {
+		mutex_lock(&cxla_cxl_lock);
+		reg = list_first_entry_or_null(&cxla_cxl_regs,
+					       struct cxla_cxl_reg, node);
+		if (reg)
+			list_del_init(&reg->node);
+		mutex_unlock(&cxla_cxl_lock);
+		if (!reg)
+			break;
+		pdev = pci_dev_get(reg->pdev);
+		/* reg is freed in there (cxla_cxl_forget) */
+		devres_release_group(&pdev->dev, reg);
+		r = kzalloc(sizeof(*r), GFP_KERNEL);
+		if (!r) {
+			pci_dev_put(pdev);
+			continue;
+		}
+		INIT_WORK(&r->work, cxla_cxl_rebind_work);
+		r->pdev = pdev;	/* our reference goes to the work */
+		queue_work(cxla_wq, &r->work);
+	}
+}
+
+#else /* no Type-2 API */
+
+int cxla_cxl_probe(struct cxla_dev *cd)
+{
+	if (!(cd->features & CXLA_F_CXL))
+		return 0;
+	cd->cxl_status = -EOPNOTSUPP;
+	dev_info(&cd->dev, "a CXL Type-2 endpoint, but this kernel has no CXL Type-2 accelerator API (Linux 7.3 has it): working without a CXL region\n");
+	return 0;
+}
+
+#endif
+
+static ssize_t cxl_show(struct device *dev, struct device_attribute *attr,
+			char *buf)
+{
+	struct cxla_dev *cd = to_cxla_dev(dev);
+
+	if (!(cd->features & CXLA_F_CXL))
+		return sysfs_emit(buf, "none: not a CXL device\n");
+	if (cd->cxl_status)
+		return sysfs_emit(buf, "none: %d\n", cd->cxl_status);
+	return sysfs_emit(buf, "region %#llx-%#llx\n", cd->cxl_range.start,
+			  cd->cxl_range.end);
+}
+static DEVICE_ATTR_RO(cxl);
+
+static struct attribute *cxla_cxl_attrs[] = {
+	&dev_attr_cxl.attr,
+	NULL,
+};
+
+const struct attribute_group cxla_cxl_group = {
+	.attrs = cxla_cxl_attrs,
+};

@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * cxl-accel: the device as a CXL Type-2 endpoint (cxl.c), where the kernel
+ * has the Type-2 accelerator API (7.3: devm_cxl_probe_mem), and the
+ * platform-firmware stand-in that commits the decoders first (cxlfw.c).
+ */
+#ifndef CXL_ACCEL_CXL_H
+#define CXL_ACCEL_CXL_H
+
+#include <linux/range.h>
+#include <linux/sysfs.h>
+
+struct cxla_dev;
+
+/* the API in the headers (Kbuild) and a CXL core to link against */
+#if defined(CXLA_HAVE_CXL_TYPE2) && IS_REACHABLE(CONFIG_CXL_BUS)
+#define CXLA_CXL_TYPE2 1
+#endif
+
+#ifdef CXLA_CXL_TYPE2
+/* cxlfw.c: commit host-bridge and endpoint decoders as firmware would */
+void cxla_cxl_firmware(void);
+/* cxl.c */
+int cxla_cxl_probe(struct cxla_dev *cd);
+void cxla_cxl_exit(void);
+#else
+static inline void cxla_cxl_firmware(void) { }
+int cxla_cxl_probe(struct cxla_dev *cd);	/* says why not, once */
+static inline void cxla_cxl_exit(void) { }
+#endif
+
+#endif /* CXL_ACCEL_CXL_H */

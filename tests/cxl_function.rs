@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The vfio-user PCI function (`--attach cxl`) driven as QEMU and a guest driver drive it,
+//! in process: config space and BARs, guest memory QEMU maps (with and without files),
+//! virtio set-up through BAR0 and commands on its ring, down to device and peer memory.
+
+mod common;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{memfd, pattern, DriverQueue, TempDir};
+use cxl_accel::cli::Args;
+use cxl_accel::device::command::encode;
+use cxl_accel::device::devmem::{DeviceMemory, FileId};
+use cxl_accel::device::dispatch::Dispatcher;
+use cxl_accel::device::state::{self, StateFile};
+use cxl_accel::device::{Attach, Device, DeviceConfig};
+use cxl_accel::protocol::*;
+use cxl_accel::vfio::function::CxlFunction;
+use cxl_accel::vfio::peers::Peers;
+use cxl_accel::vfio::protocol::{DMA_MAP_READ, DMA_MAP_WRITE, REGION_BAR0, REGION_CONFIG};
+use cxl_accel::vfio::virtio::{COMMON, NOTIFY};
+use cxl_accel::vfio::{DmaMap, Function};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+
+const RAM: u64 = 16 << 20;
+const DEVMEM: u64 = 4 << 20;
+/// Where the guest puts our BAR4 (device memory) and a peer's.
+const OUR_BAR4: u64 = 0x1_0000_0000;
+const PEER_BAR4: u64 = 0x1_0040_0000;
+/// RAM QEMU maps again after the BARs, below them (as the PAM regions at boot).
+const LATE_RAM: u64 = 0x8000_0000;
+const RING: u64 = 0x10000;
+const REQ: u64 = 0x20000;
+const RESP: u64 = 0x21000;
+const DATA: u64 = 0x100000;
+
+/// A function with guest RAM mapped (with its file, as QEMU maps RAM) and, when asked,
+/// a peer whose daemon published where the guest sees its memory.
+struct Rig {
+    f: CxlFunction,
+    device: Arc<Device>,
+    ram: GuestMemoryMmap,
+    q: DriverQueue,
+    dir: TempDir,
+    our_state: PathBuf,
+    peer: PathBuf,
+    _peer_state: StateFile,
+}
+
+fn state_path(memory: &Path) -> PathBuf {
+    Args::state_path_of(memory)
+}
+
+fn memory_file(path: &Path, size: u64) -> FileId {
+    let f = File::create(path).unwrap();
+    f.set_len(size).unwrap();
+    FileId::of(&f).unwrap()
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = TempDir::new();
+        let peer = dir.0.join("peer");
+        let peer_id = memory_file(&peer, DEVMEM);
+        let (peer_state, _) = StateFile::open(&state_path(&peer), peer_id, DEVMEM, false).unwrap();
+        peer_state.set_guest_address(Some(PEER_BAR4));
+
+        let ours = dir.0.join("devmem");
+        let devmem = DeviceMemory::open(&ours, DEVMEM).unwrap();
+        let our_state = state_path(&ours);
+        let (st, restored) = StateFile::open(&our_state, devmem.id(), DEVMEM, true).unwrap();
+        let cfg = DeviceConfig {
+            attach: Attach::Cxl,
+            peers: vec![peer.clone()],
+            ..Default::default()
+        };
+        let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
+        let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+        let mut f = CxlFunction::new(device.clone(), dispatcher, 256).unwrap();
+        f.set_peers(Peers::open(std::slice::from_ref(&peer), state_path));
+
+        let file = memfd("guest-ram", RAM);
+        let ram = GuestMemoryMmap::from_arc_regions(vec![Arc::new(
+            GuestRegionMmap::new(
+                MmapRegion::from_file(FileOffset::new(file.try_clone().unwrap(), 0), RAM as usize)
+                    .unwrap(),
+                GuestAddress(0),
+            )
+            .unwrap(),
+        )])
+        .unwrap();
+        f.dma_map(DmaMap {
+            flags: DMA_MAP_READ | DMA_MAP_WRITE,
+            offset: 0,
+            iova: 0,
+            size: RAM,
+            fd: Some(file),
+        })
+        .unwrap();
+        Rig {
+            f,
+            device,
+            ram,
+            q: DriverQueue::new(RING, 256),
+            dir,
+            our_state,
+            peer,
+            _peer_state: peer_state,
+        }
+    }
+
+    fn config_write32(&mut self, off: u64, v: u32) {
+        self.f
+            .region_write(REGION_CONFIG, off, &v.to_le_bytes())
+            .unwrap();
+    }
+
+    fn config_read32(&mut self, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.f.region_read(REGION_CONFIG, off, &mut b).unwrap();
+        u32::from_le_bytes(b)
+    }
+
+    fn common_write(&mut self, off: u64, v: u64, width: usize) {
+        self.f
+            .region_write(REGION_BAR0, COMMON + off, &v.to_le_bytes()[..width])
+            .unwrap();
+    }
+
+    /// The guest's PCI set-up: BAR4 placed, memory decoding and bus mastering on.
+    fn enable_memory(&mut self) {
+        self.config_write32(0x20, OUR_BAR4 as u32 | 0xC);
+        self.config_write32(0x24, (OUR_BAR4 >> 32) as u32);
+        self.config_write32(0x04, 0x6);
+    }
+
+    /// QEMU maps BARs (ours and the peer's) into our DMA space without their files.
+    fn map_bars(&mut self) {
+        for iova in [OUR_BAR4, PEER_BAR4] {
+            self.f
+                .dma_map(DmaMap {
+                    flags: DMA_MAP_READ | DMA_MAP_WRITE,
+                    offset: 0,
+                    iova,
+                    size: DEVMEM,
+                    fd: None,
+                })
+                .unwrap();
+        }
+    }
+
+    /// The driver's virtio set-up of the command queue, as virtio_pci_modern does it.
+    fn start_driver(&mut self) {
+        self.common_write(0x14, 1 | 2, 1);
+        self.common_write(0x08, 1, 4);
+        self.common_write(0x0C, 1, 4); // VIRTIO_F_VERSION_1
+        self.common_write(0x14, 1 | 2 | 8, 1);
+        self.common_write(0x16, QUEUE_CMD as u64, 2);
+        self.common_write(0x18, 256, 2);
+        let (d, a, u) = (self.q.desc_addr(), self.q.avail_addr(), self.q.used_addr());
+        self.common_write(0x20, d, 8);
+        self.common_write(0x28, a, 8);
+        self.common_write(0x30, u, 8);
+        self.common_write(0x1C, 1, 2);
+        self.common_write(0x14, 1 | 2 | 8 | 4, 1);
+    }
+
+    fn call(&mut self, req: &[u8]) -> Resp {
+        self.ram.write_slice(req, GuestAddress(REQ)).unwrap();
+        self.q.push(
+            &self.ram,
+            &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
+        );
+        // The doorbell of the command queue.
+        self.f
+            .region_write(REGION_BAR0, NOTIFY, &(QUEUE_CMD as u16).to_le_bytes())
+            .unwrap();
+        self.q
+            .wait_used(&self.ram, Duration::from_secs(20))
+            .expect("the device did not complete the request");
+        self.ram.read_obj(GuestAddress(RESP)).unwrap()
+    }
+}
+
+#[test]
+fn config_space_is_a_virtio_device_with_the_dvsecs_of_a_cxl_type2_endpoint() {
+    let mut r = Rig::new();
+    assert_eq!(r.config_read32(0x00), 0x1040_1AF4 + (VIRTIO_ID << 16));
+    // CXL Device DVSEC (ID 0) at 0x100, then Flex Bus Port (7), then Register Locator (8).
+    let mut at = 0x100u64;
+    let mut ids = Vec::new();
+    while at != 0 {
+        let header = r.config_read32(at);
+        assert_eq!(header & 0xFFFF, 0x23, "a DVSEC at {at:#x}");
+        let h1 = r.config_read32(at + 4);
+        assert_eq!(h1 & 0xFFFF, 0x1E98, "the CXL vendor ID");
+        ids.push(r.config_read32(at + 8) & 0xFFFF);
+        at = (header >> 20) as u64;
+    }
+    assert_eq!(ids, [0, 7, 8]);
+    // The register locator names the component registers (block 1) in BAR2.
+    assert_eq!(r.config_read32(0x160 + 0xC) & 0xFF07, 0x0102);
+}
+
+#[test]
+fn our_bar_is_our_memory_and_a_peers_bar_reaches_the_peers_file() {
+    let mut r = Rig::new();
+    r.enable_memory();
+    assert_eq!(r.device.layout().devmem_gpa, Some(OUR_BAR4));
+    // Published for the peers' daemons.
+    let our_id = FileId::of(&File::open(r.dir.0.join("devmem")).unwrap()).unwrap();
+    let st = File::open(&r.our_state).unwrap();
+    assert_eq!(state::guest_address_of(&st, our_id), Some(OUR_BAR4));
+
+    r.map_bars();
+    assert_eq!(r.device.layout().peers, [(PEER_BAR4, DEVMEM)]);
+    // RAM below the BARs, mapped after them (QEMU maps in no particular order).
+    let high = memfd("late-ram", 1 << 20);
+    std::os::unix::fs::FileExt::write_all_at(&high, b"from late RAM", 0).unwrap();
+    r.f.dma_map(DmaMap {
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        offset: 0,
+        iova: LATE_RAM,
+        size: 1 << 20,
+        fd: Some(high),
+    })
+    .unwrap();
+    r.start_driver();
+
+    // Guest RAM to the peer's memory, by guest-physical address: peer-to-peer.
+    let data = pattern(64 << 10, 7);
+    r.ram.write_slice(&data, GuestAddress(DATA)).unwrap();
+    let req = encode::copy(
+        1,
+        &[encode::sge(SPACE_GPA, DATA, data.len() as u32)],
+        &[encode::sge(SPACE_GPA, PEER_BAR4 + 4096, data.len() as u32)],
+    );
+    let resp = r.call(&req);
+    assert_eq!(resp.status, Status::Ok as u32);
+    let mut back = vec![0u8; data.len()];
+    use std::os::unix::fs::FileExt;
+    File::open(&r.peer)
+        .unwrap()
+        .read_exact_at(&mut back, 4096)
+        .unwrap();
+    assert!(back == data, "the peer's memory holds what was copied");
+    assert!(r.device.stat(STAT_BYTES_P2P) >= data.len() as u64);
+
+    // Our own BAR by guest-physical address is our device memory.
+    let req = encode::copy(
+        2,
+        &[encode::sge(SPACE_GPA, DATA, 4096)],
+        &[encode::sge(SPACE_GPA, OUR_BAR4 + 8192, 4096)],
+    );
+    assert_eq!(r.call(&req).status, Status::Ok as u32);
+    let mut ours = vec![0u8; 4096];
+    File::open(r.dir.0.join("devmem"))
+        .unwrap()
+        .read_exact_at(&mut ours, 8192)
+        .unwrap();
+    assert!(ours == data[..4096], "our memory holds what was copied");
+
+    // From RAM mapped late to the peer.
+    let req = encode::copy(
+        3,
+        &[encode::sge(SPACE_GPA, LATE_RAM, 13)],
+        &[encode::sge(SPACE_GPA, PEER_BAR4, 13)],
+    );
+    assert_eq!(r.call(&req).status, Status::Ok as u32);
+    let mut back = [0u8; 13];
+    File::open(&r.peer)
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
+    assert_eq!(&back, b"from late RAM");
+
+    // QEMU takes the peer's BAR away (the guest moved it): copies there fail cleanly.
+    r.f.dma_unmap(PEER_BAR4, DEVMEM, 0).unwrap();
+    assert!(r.device.layout().peers.is_empty());
+    let resp = r.call(&encode::fill(
+        4,
+        0x55,
+        &[encode::sge(SPACE_GPA, PEER_BAR4, 4096)],
+    ));
+    assert_ne!(resp.status, Status::Ok as u32);
+}
+
+#[test]
+fn a_mapping_without_a_file_that_is_no_peers_stays_out_of_reach() {
+    let mut r = Rig::new();
+    r.enable_memory();
+    // A device of the peer's size, where the peer's daemon says the peer is not.
+    r.f.dma_map(DmaMap {
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        offset: 0,
+        iova: 0x2_0000_0000,
+        size: DEVMEM,
+        fd: None,
+    })
+    .unwrap();
+    assert!(r.device.layout().peers.is_empty());
+    r.start_driver();
+    let resp = r.call(&encode::fill(
+        1,
+        0x55,
+        &[encode::sge(SPACE_GPA, 0x2_0000_0000, 4096)],
+    ));
+    assert_ne!(resp.status, Status::Ok as u32);
+    // Nothing reached the peer's file.
+    let mut back = [0u8; 4096];
+    use std::os::unix::fs::FileExt;
+    File::open(&r.peer)
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+}

@@ -1,0 +1,218 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Guest side of the CXL suite (busybox sh; tests/guest/host/run-cxl.sh boots
+# it with --attach cxl on a kernel with the CXL Type-2 accelerator API): what
+# the kernel's CXL core made of each device, as a Type-2 driver developer
+# would check it in sysfs. Per device: the memdev on our PCI function, its
+# endpoint decoder (target_type accelerator, locked, the region's range), the
+# host bridge decoder above it (locked), the region (committed, our decoder
+# its target), the range our driver reports (cxl); one MSI-X vector per
+# queue. Then the topology the host asked for (cxlaccel.hostbridges: both
+# devices under one host bridge, or each under its own), teardown and
+# re-probe (unbind and bind our driver: the memdev stays; unload and load
+# the module: it goes and comes back), and a
+# kernel log without warnings. Prints "RESULT <name> PASS|FAIL <detail>".
+
+GL=$(dirname "$0")/guest-lib.sh
+[ -f "$GL" ] || GL=/cxl/guest-lib.sh
+# shellcheck source=tests/guest/scripts/guest-lib.sh
+. "$GL"
+KO=$(find_file cxl_accel.ko /lib/modules/extra)
+TESTS=$(find_file cxl-accel-tests)
+CXL=/sys/bus/cxl/devices
+want_hb=$(sed -n 's/.*cxlaccel\.hostbridges=\([a-z]*\).*/\1/p' /proc/cmdline)
+
+if ! lsmod | grep -q '^cxl_accel '; then
+    insmod "$KO" || { result cxl.load FAIL "insmod $KO"; exit 1; }
+fi
+ensure_nodes
+expected=$(expected_devices)
+
+# the PCI function (BDF) under device $1 (cxl-accelN)
+pci_of() { basename "$(readlink -f "/sys/class/cxl-accel/$1/device/..")"; }
+# the memdev whose parent is PCI function $1
+memdev_of() {
+    for _m in "$CXL"/mem*; do
+        [ -e "$_m" ] || continue
+        case "$(readlink -f "$_m")" in */"$1"/*) basename "$_m"; return ;; esac
+    done
+}
+# the endpoint port of memdev $1
+endpoint_of() {
+    for _e in "$CXL"/endpoint*; do
+        [ -e "$_e/uport" ] || continue
+        [ "$(basename "$(readlink -f "$_e/uport")")" = "$1" ] && basename "$_e" && return
+    done
+}
+# the port an endpoint hangs off: the directory above it
+parent_port_of() { basename "$(dirname "$(readlink -f "$CXL/$1")")"; }
+attr() { cat "$CXL/$1/$2" 2>/dev/null; }
+hex() { printf '0x%x' "$1"; }
+# waits up to $2 tenths of a second for command $1 to succeed
+wait_until() {
+    _t=0
+    until eval "$1"; do
+        [ $_t -ge "$2" ] && return 1
+        sleep 0.1
+        _t=$((_t + 1))
+    done
+}
+
+# check_device DEV PREFIX: every CXL object of one device; sets PORT_OF_DEV
+check_device() {
+    dev=$1 p=$2
+    bdf=$(pci_of "$dev")
+    range=$(cat "/sys/class/cxl-accel/$dev/cxl")
+    case "$range" in
+    "region "*) ;;
+    *) result "$p.registered" FAIL "$dev ($bdf): the driver says '$range'"; return ;;
+    esac
+    r=${range#region }
+    start=${r%-*}
+    size=$(hex $((${r#*-} - start + 1)))
+    mem=$(memdev_of "$bdf")
+    ep=$([ -n "$mem" ] && endpoint_of "$mem")
+    if [ -n "$mem" ] && [ -n "$ep" ]; then
+        result "$p.memdev" PASS "$dev: $mem on $bdf, endpoint $ep, region $start size $size"
+    else
+        result "$p.memdev" FAIL "$dev: no memdev on $bdf or no endpoint (memdev '$mem')"
+        return
+    fi
+    # The endpoint decoder: an accelerator's, locked, decoding the region.
+    epd=$(basename "$(ls -d "$CXL/$ep"/decoder*.0 2>/dev/null | head -n 1)")
+    got="target_type $(attr "$epd" target_type) locked $(attr "$epd" locked) start $(attr "$epd" start) size $(attr "$epd" size) region $(attr "$epd" region)"
+    region=$(attr "$epd" region)
+    if [ "$got" = "target_type accelerator locked 1 start $start size $size region $region" ] &&
+        [ -n "$region" ]; then
+        result "$p.endpoint_decoder" PASS "$epd: $got"
+    else
+        result "$p.endpoint_decoder" FAIL "$epd: $got (want accelerator, locked, $start size $size)"
+    fi
+    # The host bridge's decoder that routes the region down to it, locked.
+    port=$(parent_port_of "$ep")
+    PORT_OF_DEV=$port
+    hbd= hbgot=
+    for d in "$CXL/$port"/decoder*; do
+        [ -e "$d" ] || continue
+        if [ "$(cat "$d/start")" = "$start" ]; then
+            hbd=$(basename "$d")
+            hbgot="target_type $(cat "$d/target_type") locked $(cat "$d/locked") size $(cat "$d/size")"
+        fi
+    done
+    if [ -n "$hbd" ] && [ "$hbgot" = "target_type accelerator locked 1 size $size" ]; then
+        result "$p.host_bridge_decoder" PASS "$port $hbd: $hbgot"
+    else
+        result "$p.host_bridge_decoder" FAIL "$port: no locked accelerator decoder at $start ('$hbd': $hbgot)"
+    fi
+    # The region the core assembled from the locked decoders.
+    rgot="resource $(attr "$region" resource) size $(attr "$region" size) commit $(attr "$region" commit) target0 $(attr "$region" target0)"
+    if [ "$rgot" = "resource $start size $size commit 1 target0 $epd" ]; then
+        result "$p.region" PASS "$region: $rgot"
+    else
+        result "$p.region" FAIL "$region: $rgot (want $start, $size, committed, target0 $epd)"
+    fi
+    # One MSI-X vector per queue (and the configuration vector).
+    vdev=$(basename "$(readlink -f "/sys/class/cxl-accel/$dev/device")")
+    vecs=$(grep -c "PCI-MSIX-$bdf" /proc/interrupts)
+    names=$(grep "PCI-MSIX-$bdf" /proc/interrupts | awk '{print $NF}' | sort | uniq -c | tr -s ' ' | tr '\n' ',')
+    if [ "$vecs" -ge 3 ] && grep "PCI-MSIX-$bdf" /proc/interrupts | grep -q "$vdev-event" &&
+        grep "PCI-MSIX-$bdf" /proc/interrupts | grep -q "$vdev-command"; then
+        result "$p.msix_per_queue" PASS "$vecs MSI-X vectors on $bdf:$names"
+    else
+        result "$p.msix_per_queue" FAIL "$vecs MSI-X vectors on $bdf:$names"
+    fi
+}
+
+# check_all PREFIX: every device, then the topology
+check_all() {
+    ports=
+    n=0
+    for dev in $(device_list); do
+        PORT_OF_DEV=
+        check_device "$dev" "$dev.$1"
+        ports="$ports $PORT_OF_DEV"
+        n=$((n + 1))
+    done
+    distinct=$(echo "$ports" | tr ' ' '\n' | grep -c .)
+    distinct_u=$(echo "$ports" | tr ' ' '\n' | grep . | sort -u | grep -c .)
+    case "$want_hb:$n" in
+    one:*) ok=$([ "$distinct_u" = 1 ] && [ "$distinct" = "$n" ] && echo yes) ;;
+    each:*) ok=$([ "$distinct_u" = "$n" ] && echo yes) ;;
+    *) ok= ;;
+    esac
+    if [ -n "$ok" ]; then
+        result "$1.topology" PASS "$n devices under host bridge port(s)$ports (asked: $want_hb)"
+    else
+        result "$1.topology" FAIL "$n devices under host bridge port(s)$ports (asked: ${want_hb:-?})"
+    fi
+}
+
+if [ "$expected" -lt 1 ] || [ "$(device_list | wc -l)" != "$expected" ]; then
+    result cxl.devices FAIL "$(device_list | wc -l) of $expected devices bound"
+    exit 1
+fi
+check_all probe
+
+# Unbind and bind: the CXL registration belongs to the PCI function, not to
+# one binding of our driver, so the memdev stays across an unbind and our
+# driver finds it again at bind (the same region).
+dev=$(device_list | head -n 1)
+bdf=$(pci_of "$dev")
+vdev=$(basename "$(readlink -f "/sys/class/cxl-accel/$dev/device")")
+mem_before=$(memdev_of "$bdf")
+region_before=$(cat "/sys/class/cxl-accel/$dev/cxl")
+echo "$vdev" >/sys/bus/virtio/drivers/cxl_accel/unbind
+sleep 1
+mem_unbound=$(memdev_of "$bdf")
+echo "$vdev" >/sys/bus/virtio/drivers/cxl_accel/bind
+wait_until '[ "$(device_list | wc -l)" = "$expected" ]' 300
+ensure_nodes
+dev=$(device_list | while read -r d; do
+    [ "$(pci_of "$d")" = "$bdf" ] && echo "$d"; done | head -n 1)
+region_after=$(cat "/sys/class/cxl-accel/$dev/cxl" 2>/dev/null)
+if [ -n "$mem_before" ] && [ "$mem_unbound" = "$mem_before" ] &&
+    [ "$(memdev_of "$bdf")" = "$mem_before" ] &&
+    [ "$region_after" = "$region_before" ]; then
+    result cxl.unbind_rebind PASS "$dev: $mem_before stayed across the unbind; bound again with the same region ($region_after)"
+else
+    result cxl.unbind_rebind FAIL "memdev before '$mem_before', unbound '$mem_unbound', after '$(memdev_of "$bdf")'; region before '$region_before', after '$region_after'"
+fi
+check_all rebind
+
+# Unload: every memdev goes (the CXL core then lets go of each function, and
+# it comes back to virtio-pci); load again, every device registers anew.
+if rmmod cxl_accel; then
+    wait_until '[ -z "$(ls -d "$CXL"/mem* 2>/dev/null)" ]' 100
+    left=$(ls -d "$CXL"/mem* 2>/dev/null | wc -l)
+    insmod "$KO"
+    wait_until '[ "$(device_list | wc -l)" = "$expected" ]' 300
+    ensure_nodes
+    if [ "$left" = 0 ] && [ "$(device_list | wc -l)" = "$expected" ]; then
+        result cxl.unload_reload PASS "no memdev left after rmmod; $expected devices registered again after insmod"
+    else
+        result cxl.unload_reload FAIL "$left memdevs left after rmmod; $(device_list | wc -l) of $expected devices after insmod"
+    fi
+    check_all reload
+else
+    result cxl.unload_reload FAIL "rmmod cxl_accel failed"
+fi
+
+# The devices still work: a copy through each.
+for dev in $(device_list); do
+    if "$TESTS" -d "/dev/$dev" -t copy_roundtrip >/tmp/t.out 2>&1; then
+        result "$dev.works_after_reprobe" PASS "copy_roundtrip"
+    else
+        result "$dev.works_after_reprobe" FAIL "$(tail -n 3 /tmp/t.out | tr '\n' ' ')"
+    fi
+done
+
+# (an unsigned module's taint note is not a failure of ours)
+warn=$(dmesg | grep -E 'WARNING:|BUG:|Call Trace|cxl.*(error|failed)' |
+    grep -v 'module verification failed' | head -n 5)
+if [ -z "$warn" ]; then
+    result cxl.kernel_log PASS "no warnings, bugs or CXL errors"
+else
+    result cxl.kernel_log FAIL "$(echo "$warn" | tr '\n' '|')"
+fi
+exit "$RC"
