@@ -95,26 +95,7 @@ fn run(args: Args) -> Result<()> {
         );
     }
     // A worker runs under its supervisor's locks on the memory and state files.
-    let access = Access {
-        lock: !worker,
-        group: args.socket_group,
-    };
-    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
-    let (state, restored) =
-        StateFile::open(&args.state_path(), devmem.id(), devmem.size(), !worker)?;
-    log::info!("state {}: {}", args.state_path().display(), restored.note);
-    let cfg = DeviceConfig {
-        index: args.index,
-        attach: args.attach,
-        dma_engines: args.dma_threads,
-        peers: args.peer_memory_path.clone(),
-        cmd_queues: args.cmd_queues,
-        inline_max: args.inline_max,
-        poll_us: args.poll_us,
-        ..Default::default()
-    };
-    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
-    let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
+    let (device, dispatcher) = open_device(&args, !worker)?;
     let mut listener = match (args.worker_fd, args.socket_mode) {
         // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
         (Some(fd), _) => Some(unsafe { Listener::from_raw_fd(fd) }),
@@ -178,6 +159,32 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The device model over the memory and state files, and its DMA engines. `own_files`:
+/// this process locks the files (a supervised worker runs under its supervisor's locks).
+fn open_device(args: &Args, own_files: bool) -> Result<(Arc<Device>, Arc<Dispatcher>)> {
+    let access = Access {
+        lock: own_files,
+        group: args.socket_group,
+    };
+    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
+    let (state, restored) =
+        StateFile::open(&args.state_path(), devmem.id(), devmem.size(), own_files)?;
+    log::info!("state {}: {}", args.state_path().display(), restored.note);
+    let cfg = DeviceConfig {
+        index: args.index,
+        attach: args.attach,
+        dma_engines: args.dma_threads,
+        peers: args.peer_memory_path.clone(),
+        cmd_queues: args.cmd_queues,
+        inline_max: args.inline_max,
+        poll_us: args.poll_us,
+        ..Default::default()
+    };
+    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
+    let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
+    Ok((device, dispatcher))
+}
+
 /// `--attach cxl`: the device as a PCIe function of its own, served over vfio-user to
 /// QEMU's vfio-user-pci on --socket-path, until SIGTERM.
 fn run_vfio(args: Args) -> Result<()> {
@@ -193,25 +200,7 @@ fn run_vfio(args: Args) -> Result<()> {
     }
     let own_socket = cxl_accel::host::sandbox::removable(args.socket_path());
     signals::exit_on_termination(own_socket.into_iter().collect())?;
-    let access = Access {
-        lock: true,
-        group: args.socket_group,
-    };
-    let devmem = DeviceMemory::open_with(&args.memory_path, args.memory_size, access)?;
-    let (state, restored) = StateFile::open(&args.state_path(), devmem.id(), devmem.size(), true)?;
-    log::info!("state {}: {}", args.state_path().display(), restored.note);
-    let cfg = DeviceConfig {
-        index: args.index,
-        attach: args.attach,
-        dma_engines: args.dma_threads,
-        peers: args.peer_memory_path.clone(),
-        cmd_queues: args.cmd_queues,
-        inline_max: args.inline_max,
-        poll_us: args.poll_us,
-        ..Default::default()
-    };
-    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
-    let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
+    let (device, dispatcher) = open_device(&args, true)?;
     let listener = vfio_server::bind(args.socket_path(), args.socket_group)?;
     if let Some(path) = &args.control_socket {
         let l = server::bind_std(path, None)?;
