@@ -893,9 +893,10 @@ static int cxla_import_map(struct cxla_import *imp)
 	long left;
 	int ret;
 
+	/* -EINTR for task work too (io_uring's): restart, nothing done yet */
 	ret = dma_resv_lock_interruptible(resv, NULL);
 	if (ret)
-		return ret;
+		return ret == -EINTR ? -ERESTARTSYS : ret;
 	if (imp->detached) {
 		ret = -ENODEV;
 	} else if (!imp->sgt) {

@@ -265,12 +265,17 @@ static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	struct mmu_interval_notifier mni;
 	struct vm_area_struct *vma;
 	unsigned long addr, a, next, lo, hi;
+	bool scan_ok;
 	int ret;
 
-	ret = mmu_interval_notifier_insert(&mni, mm, 0, ULONG_MAX & PAGE_MASK,
-					   &cxla_scan_ops);
-	if (ret)
-		return ret;
+	/*
+	 * The scan is a hint: without its notifier (an mm's first one gives up
+	 * on any pending signal or task work) whole windows are migrated,
+	 * which finds the same pages, only slower. Removal must not stop here.
+	 */
+	scan_ok = !mmu_interval_notifier_insert(&mni, mm, 0,
+						ULONG_MAX & PAGE_MASK,
+						&cxla_scan_ops);
 	if (x->intr) {
 		ret = mmap_read_lock_killable(mm);
 		if (ret)
@@ -289,7 +294,7 @@ static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
 				lo = a;
 				hi = next;
 				/* hmm_range_fault() does not show what PROT_NONE hides */
-				if (vma->vm_flags & VM_READ)
+				if (scan_ok && (vma->vm_flags & VM_READ))
 					cxla_evict_scan(x, &mni, pfns, &lo, &hi);
 				if (lo < hi)
 					ret = cxla_mig_window(x, vma, lo, hi);
@@ -307,7 +312,8 @@ static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	}
 	mmap_read_unlock(mm);
 out:
-	mmu_interval_notifier_remove(&mni);
+	if (scan_ok)
+		mmu_interval_notifier_remove(&mni);
 	return ret;
 }
 

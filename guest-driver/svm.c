@@ -226,6 +226,24 @@ static struct cxla_svm_file *cxla_svm_file_get(struct cxla_file *cf)
 	return sf;
 }
 
+/*
+ * mmu_interval_notifier_insert() for a system call. An mm's first notifier
+ * takes all its locks, which gives up with -EINTR when anything is pending:
+ * a signal, but also task work (TIF_NOTIFY_SIGNAL, io_uring's when a ring
+ * closes), which only runs on the way back to user space. -ERESTARTSYS lets
+ * it run and the call start again; a signal with a handler still ends the
+ * call with EINTR.
+ */
+int cxla_notifier_insert(struct mmu_interval_notifier *sub,
+			 struct mm_struct *mm, unsigned long start,
+			 unsigned long length,
+			 const struct mmu_interval_notifier_ops *ops)
+{
+	int ret = mmu_interval_notifier_insert(sub, mm, start, length, ops);
+
+	return ret == -EINTR ? -ERESTARTSYS : ret;
+}
+
 /* The mirror of the calling process in this file, made on first use. */
 static struct cxla_mirror *cxla_mirror_get(struct cxla_file *cf)
 {
@@ -266,9 +284,8 @@ static struct cxla_mirror *cxla_mirror_get(struct cxla_file *cf)
 	spin_lock_init(&m->wlock);
 	INIT_LIST_HEAD(&m->windows);
 	init_waitqueue_head(&m->wq);
-	ret = mmu_interval_notifier_insert(&m->notifier, mm, 0,
-					   ULONG_MAX & PAGE_MASK,
-					   &cxla_mirror_ops);
+	ret = cxla_notifier_insert(&m->notifier, mm, 0, ULONG_MAX & PAGE_MASK,
+				   &cxla_mirror_ops);
 	if (ret) {
 		kfree(m);
 		m = ERR_PTR(ret);

@@ -11,8 +11,14 @@
 struct cxla_file;
 struct hmm_range;
 struct mm_struct;
+struct mmu_interval_notifier;
+struct mmu_interval_notifier_ops;
 struct mutex;
 
+int cxla_notifier_insert(struct mmu_interval_notifier *sub,
+			 struct mm_struct *mm, unsigned long start,
+			 unsigned long length,
+			 const struct mmu_interval_notifier_ops *ops);
 int cxla_hmm_fault_locked(struct hmm_range *range, struct mm_struct *mm,
 			  struct mutex *lock, unsigned int timeout_ms);
 long cxla_ioc_svm(struct cxla_file *cf, void __user *arg);

@@ -563,8 +563,8 @@ static int cxla_dmirror_snapshot(struct cxla_dmirror *dm,
 		next = min(end, addr + (CXLA_DMIRROR_BATCH << PAGE_SHIFT));
 		range.start = addr;
 		range.end = next;
-		ret = mmu_interval_notifier_insert(&mni, mm, addr, next - addr,
-						   &cxla_snap_ops);
+		ret = cxla_notifier_insert(&mni, mm, addr, next - addr,
+					   &cxla_snap_ops);
 		if (ret)
 			break;
 		do {
@@ -757,9 +757,8 @@ static int cxla_dmirror_open(struct inode *inode, struct file *filp)
 	dm->priv = idx < 2;
 	mutex_init(&dm->mutex);
 	xa_init(&dm->pt);
-	ret = mmu_interval_notifier_insert(&dm->notifier, current->mm, 0,
-					   ULONG_MAX & PAGE_MASK,
-					   &cxla_dmirror_ops);
+	ret = cxla_notifier_insert(&dm->notifier, current->mm, 0,
+				   ULONG_MAX & PAGE_MASK, &cxla_dmirror_ops);
 	if (ret) {
 		kfree(dm);
 		put_device(&cd->dev);

@@ -167,13 +167,7 @@ static inline int cxla_migrate_flags(int fd, void *p, size_t len, bool to_dev,
 static inline int cxla_migrate(int fd, void *p, size_t len, bool to_dev,
 			       struct cxl_accel_migrate *out)
 {
-	struct cxl_accel_migrate m = { .addr = (uintptr_t)p, .len = len };
-	int r = cxla_ioctl(fd, to_dev ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
-				CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m);
-
-	if (out)
-		*out = m;
-	return r;
+	return cxla_migrate_flags(fd, p, len, to_dev, 0, out);
 }
 
 /*

@@ -1745,6 +1745,155 @@ static int uring_churn(void *buf, size_t len, bool unregister)
 	return close(ring) ? -errno : 0;
 }
 
+/*
+ * One IORING_OP_TIMEOUT in flight: when it fires, its completion is task
+ * work queued to this thread with TWA_SIGNAL (TIF_NOTIFY_SIGNAL, no signal).
+ * The ring's fd (the process's exit closes it), or -errno.
+ */
+static int uring_timeout(struct __kernel_timespec *ts)
+{
+	struct io_uring_params prm = { 0 };
+	struct io_uring_sqe *sqe;
+	uint32_t *tail, *mask, *array;
+	void *sq, *sqes;
+	int ring = syscall(__NR_io_uring_setup, 1, &prm), r;
+
+	if (ring < 0)
+		return -errno;
+	sq = mmap(NULL, prm.sq_off.array + prm.sq_entries * sizeof(uint32_t),
+		  PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring,
+		  IORING_OFF_SQ_RING);
+	sqes = mmap(NULL, prm.sq_entries * sizeof(*sqe), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_POPULATE, ring, IORING_OFF_SQES);
+	if (sq == MAP_FAILED || sqes == MAP_FAILED) {
+		close(ring);
+		return -ENOMEM;
+	}
+	sqe = sqes;
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = IORING_OP_TIMEOUT;
+	sqe->addr = (uintptr_t)ts;
+	sqe->len = 1;
+	tail = (uint32_t *)((char *)sq + prm.sq_off.tail);
+	mask = (uint32_t *)((char *)sq + prm.sq_off.ring_mask);
+	array = (uint32_t *)((char *)sq + prm.sq_off.array);
+	array[*tail & *mask] = 0;
+	__atomic_store_n(tail, *tail + 1, __ATOMIC_RELEASE);
+	if (syscall(__NR_io_uring_enter, ring, 1, 0, 0, NULL, 0) != 1) {
+		r = errno ? -errno : -EIO;
+		close(ring);
+		return r;
+	}
+	return ring;
+}
+
+#define FIRST_USE_VMAS	8192	/* what a process's first mmu notifier locks */
+#define FIRST_USE_LEN	(64 * KiB)
+
+struct first_use {
+	int r;		/* the call's result */
+	double s;	/* how long it took */
+	int moved;	/* EVICT: pages back in RAM with their data */
+};
+
+/*
+ * In a new process (a new mm, no mmu notifier yet) with FIRST_USE_VMAS
+ * mappings: the first SVM, or an EVICT of pages it migrated, while an
+ * io_uring timer set to fire timer_s after the call began is in flight.
+ */
+static struct first_use first_use_run(const char *path, bool evict,
+				      double timer_s)
+{
+	struct first_use res = { .r = -ECHILD };
+	int pfd[2], status;
+	pid_t pid;
+
+	if (pipe(pfd))
+		return res;
+	pid = fork();
+	if (!pid) {
+		struct __kernel_timespec ts = {
+			.tv_sec = (long long)timer_s,
+			.tv_nsec = (long long)((timer_s - (long long)timer_s) * 1e9),
+		};
+		uint8_t *vmas = map_anon(2 * FIRST_USE_VMAS * PG);
+		uint8_t *buf = map_anon(FIRST_USE_LEN);
+		int fd = cxla_open_dev(path), i;
+		uint64_t v = 0;
+		double t0;
+
+		close(pfd[0]);
+		if (fd < 0 || !vmas || !buf)
+			_exit(1);
+		/* every other page read-only: that many vmas */
+		memset(vmas, 1, 2 * FIRST_USE_VMAS * PG);
+		for (i = 0; i < FIRST_USE_VMAS; i++)
+			if (mprotect(vmas + (2 * i + 1) * PG, PG, PROT_READ))
+				_exit(1);
+		memset(buf, 0x5a, FIRST_USE_LEN);
+		if (evict && cxla_migrate(fd, buf, FIRST_USE_LEN, true, NULL))
+			_exit(1);
+		if (timer_s > 0 && uring_timeout(&ts) < 0)
+			_exit(1);
+		t0 = now_sec();
+		if (evict) {
+			struct cxl_accel_evict e = { 0 };
+
+			res.r = cxla_ioctl(fd, CXL_ACCEL_IOC_EVICT, &e);
+			res.moved = e.evicted == FIRST_USE_LEN / PG &&
+				    all_bytes(buf, FIRST_USE_LEN, 0x5a);
+		} else {
+			res.r = cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, buf,
+					 FIRST_USE_LEN, 0, 0, &v, NULL);
+		}
+		res.s = now_sec() - t0;
+		close(fd);
+		_exit(write(pfd[1], &res, sizeof(res)) == sizeof(res) ? 0 : 1);
+	}
+	close(pfd[1]);
+	if (pid > 0 && read(pfd[0], &res, sizeof(res)) != sizeof(res))
+		res.r = -ECHILD;
+	close(pfd[0]);
+	if (pid > 0)
+		waitpid(pid, &status, 0);
+	return res;
+}
+
+/*
+ * A process's first mmu notifier takes the locks of all its mappings and
+ * gives up on anything pending, task work included. The first SVM and an
+ * EVICT (which looks at each process's pages through a notifier) must not
+ * fail with EINTR when io_uring task work comes meanwhile: an io_uring timer
+ * fires at eight points across the call.
+ */
+CXLA_TEST_F(dev, first_notifier_task_work)
+{
+	static const char * const what[] = { "first SVM", "EVICT" };
+	struct first_use base, res;
+	char tb[200], *tp;
+	int op, k;
+
+	tp = tb;
+	for (op = 0; op < 2; op++) {
+		base = first_use_run(c->path, op, 0);
+		CHECK(!base.r && (!op || base.moved), "%s of a process with %d mappings: %s",
+		      what[op], FIRST_USE_VMAS, base.r ? ename(-base.r) : "pages not back");
+		for (k = 1; k <= 8; k++) {
+			res = first_use_run(c->path, op, base.s * k / 8);
+			CHECK(!res.r && (!op || res.moved),
+			      "%s, an io_uring timer firing after %.2f of its %.1f ms: %s%s",
+			      what[op], base.s * k / 8 * 1e3, base.s * 1e3,
+			      res.r ? ename(-res.r) : "ok",
+			      res.r || res.moved || !op ? "" : ", pages not back");
+		}
+		tp += snprintf(tp, tb + sizeof(tb) - tp, "%s%s %.1f ms", op ? ", " : "",
+			       what[op], base.s * 1e3);
+	}
+	DETAIL("processes with %d mappings, io_uring timers firing at 1/8..8/8 of each call, all went through (%s)",
+	       FIRST_USE_VMAS, tb);
+	return PASS;
+}
+
 struct later {
 	int fd;
 	unsigned int ms;
