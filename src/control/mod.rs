@@ -19,6 +19,7 @@ use serde_json::{json, Map, Value};
 
 use crate::device::faults::{Action, Model, RuleSpec, Trigger};
 use crate::device::Device;
+use crate::host::poll::wait_readable;
 use crate::protocol::{self, Status};
 
 /// The commands of the channel, named once for the daemon and `cxl-accel ctl`.
@@ -104,14 +105,8 @@ pub fn serve(listener: UnixListener, device: Arc<Device>) -> io::Result<()> {
 /// Waits until `conn` has something to read; false after IDLE. (poll, not a socket
 /// timeout: the sandbox allows no setsockopt.)
 fn readable(conn: &UnixStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd {
-        fd: conn.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd on a socket we own, for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, IDLE.as_millis() as i32) > 0 }
+    use std::os::fd::AsFd;
+    matches!(wait_readable([conn.as_fd()], Some(IDLE)), Ok([true]))
 }
 
 fn client(conn: UnixStream, device: &Device) -> io::Result<()> {

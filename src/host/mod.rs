@@ -5,5 +5,6 @@
 
 pub mod files;
 pub mod listen;
+pub mod poll;
 pub mod sandbox;
 pub mod sigbus;

@@ -17,13 +17,14 @@ mod recording;
 pub mod workers;
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vhost::vhost_user::message::FrontendReq;
 
+use crate::host::poll::wait_readable;
 use crate::host::sandbox;
 use crate::supervisor::workers::{End, Launcher};
 pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
@@ -135,36 +136,13 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
     let mut restarts = 0u32;
     let mut short_lived = 0u32;
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: qemu.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: worker.conn.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            // A worker that dies before it accepted its connection never closes it (the
-            // connection waits in the listener we keep): its pidfd says so.
-            libc::pollfd {
-                fd: worker.pidfd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: polls three descriptors we own, described by a live array.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(SupervisorError::Io("poll", e));
-        }
-        let mut worker_died = fds[2].revents != 0 && fds[1].revents == 0;
-        if fds[1].revents != 0 {
+        // A worker that dies before it accepted its connection never closes it (the
+        // connection waits in the listener we keep): its pidfd says so.
+        let [from_qemu, from_worker, worker_gone] =
+            wait_readable([qemu.as_fd(), worker.conn.as_fd(), worker.pidfd()], None)
+                .map_err(|e| SupervisorError::Io("poll", e))?;
+        let mut worker_died = worker_gone && !from_worker;
+        if from_worker {
             match recv_message(worker.conn.as_fd()) {
                 Ok(Some(reply)) => {
                     log::debug!(
@@ -187,7 +165,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
                 Ok(None) | Err(_) => worker_died = true,
             }
         }
-        if !worker_died && fds[0].revents != 0 {
+        if !worker_died && from_qemu {
             match recv_message(qemu.as_fd()) {
                 Ok(Some(m)) => {
                     log::debug!(

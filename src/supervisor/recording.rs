@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use vhost::vhost_user::message::FrontendReq::{self, *};
 
+use crate::host::poll::wait_readable;
+
 use super::message::{recv_message, send_message, Message, FLAG_NEED_REPLY};
 
 /// The messages that define the session, compacted to what a new worker needs.
@@ -121,36 +123,15 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
 /// when `alive` (the worker's pidfd) says the worker died, or after [`REPLAY_TIMEOUT`].
 fn query(sock: BorrowedFd, alive: BorrowedFd, request: FrontendReq) -> io::Result<()> {
     send_message(sock, &Message::query(request))?;
-    let mut fds = [
-        libc::pollfd {
-            fd: sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: alive.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let deadline = std::time::Instant::now() + REPLAY_TIMEOUT;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        // SAFETY: polls two descriptors we hold, described by a live array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis() as i32) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n <= 0 {
+    match wait_readable([sock, alive], Some(REPLAY_TIMEOUT))? {
+        [true, _] => {}
+        [false, true] => return Err(io::Error::other("the worker died before it answered")),
+        [false, false] => {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the worker did not answer in time",
-            ));
+            ))
         }
-        if fds[0].revents != 0 {
-            break;
-        }
-        return Err(io::Error::other("the worker died before it answered"));
     }
     match recv_message(sock)? {
         Some(r) if r.kind() == Some(request) && r.is_reply() => Ok(()),

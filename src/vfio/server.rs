@@ -16,7 +16,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +33,7 @@ use super::socket::{self, Message, Received, SocketError};
 use super::{DmaMap, Errno, Function, SetIrqs};
 use crate::device::RateLimitedLog;
 use crate::host::files::Group;
+use crate::host::poll::wait_readable;
 
 /// Why the socket cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -144,29 +145,11 @@ impl Server {
             if self.shared.stopped.load(Ordering::SeqCst) {
                 return Ok(None);
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.shared.wake.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: poll reads and writes the two pollfd entries of `fds`, which it is
-            // told the length of; no memory is kept.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(ServerError::Io("wait for a connection", e));
-            }
-            if fds[1].revents != 0 {
+            // SAFETY: the eventfd lives in `self.shared` for the whole wait.
+            let wake = unsafe { BorrowedFd::borrow_raw(self.shared.wake.as_raw_fd()) };
+            let [_, woken] = wait_readable([self.listener.as_fd(), wake], None)
+                .map_err(|e| ServerError::Io("wait for a connection", e))?;
+            if woken {
                 continue; // the stop flag is checked at the top
             }
             match self.listener.accept() {
