@@ -125,18 +125,7 @@ fn run(args: Args) -> Result<()> {
         args.dma_threads
     );
     // Everything that opens files or creates the socket is done: drop into the sandbox.
-    let profile = cxl_accel::host::sandbox::Profile {
-        connects: args.socket_mode == SocketMode::Client && !worker,
-        relay: false,
-    };
-    cxl_accel::host::sandbox::apply(
-        args.seccomp,
-        profile,
-        cxl_accel::host::sandbox::Scope::Process,
-    )?;
-    if args.seccomp != cxl_accel::host::sandbox::Mode::Off {
-        log::info!("seccomp filter installed ({:?})", args.seccomp);
-    }
+    enter_sandbox(&args, args.socket_mode == SocketMode::Client && !worker)?;
     let endpoint = match listener.as_mut() {
         Some(l) => server::Endpoint::Listen(l),
         None => server::Endpoint::Connect(args.socket_path().to_path_buf()),
@@ -155,6 +144,20 @@ fn run(args: Args) -> Result<()> {
         // Tells the supervisor to end the front-end's session rather than replay to a new
         // worker the message this one refused.
         std::process::exit(supervisor::EXIT_REFUSED);
+    }
+    Ok(())
+}
+
+/// The whole process into the seccomp sandbox (`connects`: it may still connect a socket).
+fn enter_sandbox(args: &Args, connects: bool) -> Result<()> {
+    use cxl_accel::host::sandbox::{apply, Mode, Profile, Scope};
+    let profile = Profile {
+        connects,
+        relay: false,
+    };
+    apply(args.seccomp, profile, Scope::Process)?;
+    if args.seccomp != Mode::Off {
+        log::info!("seccomp filter installed ({:?})", args.seccomp);
     }
     Ok(())
 }
@@ -225,15 +228,7 @@ fn run_vfio(args: Args) -> Result<()> {
     };
     let peers = Peers::open(&args.peer_memory_path, Args::state_path_of);
     function.set_peers(peers);
-    let profile = cxl_accel::host::sandbox::Profile {
-        connects: false,
-        relay: false,
-    };
-    cxl_accel::host::sandbox::apply(
-        args.seccomp,
-        profile,
-        cxl_accel::host::sandbox::Scope::Process,
-    )?;
+    enter_sandbox(&args, false)?;
     server.session(first, &mut function);
     server.serve(&mut function, None)?;
     Ok(())
