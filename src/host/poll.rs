@@ -37,9 +37,6 @@ pub fn wait_readable<const N: usize>(
             }
             return Err(e);
         }
-        if rc == 0 && ms != 0 && deadline.is_some_and(|d| Instant::now() < d) {
-            continue; // woken early (coarse clock): the time is not over yet
-        }
         return Ok(pfds.map(|p| p.revents != 0));
     }
 }
