@@ -7,6 +7,8 @@
 #   --devices N          cxl-accel devices (one daemon each; default 1, 0 = none)
 #   --devmem-size SIZE   device memory per device (default 256M)
 #   --guest-ram SIZE     guest RAM (default 1G)
+#   --ram-node SIZE      a second, CPU-less NUMA node of plain RAM (node 1): a
+#                        move_pages() target next to the device (shmem, bar)
 #   --socket-mode M      server (daemon listens, default) or client (QEMU listens and
 #                        the daemons connect: a restarted daemon reconnects)
 #   --attach MODE        how device memory reaches the guest: shmem (a BAR of the virtio
@@ -85,6 +87,7 @@ usage() {
 DEVICES=1
 DEVMEM=256M
 RAM=1G
+RAM_NODE=
 ATTACH=auto
 CXL_HBS=one
 SOCKET_MODE=server
@@ -118,6 +121,7 @@ while [ $# -gt 0 ]; do
     --devices) need "$@"; DEVICES=$2; shift 2 ;;
     --devmem-size) need "$@"; DEVMEM=$2; shift 2 ;;
     --guest-ram) need "$@"; RAM=$2; shift 2 ;;
+    --ram-node) need "$@"; RAM_NODE=$2; shift 2 ;;
     --attach) need "$@"; ATTACH=$2; shift 2 ;;
     --cxl-host-bridges) need "$@"; CXL_HBS=$2; shift 2 ;;
     --socket-mode) need "$@"; SOCKET_MODE=$2; shift 2 ;;
@@ -306,6 +310,7 @@ start_daemon() {
     # --attach cxl: the windows of every CXL host bridge).
     local ram=none out machine=()
     [ "$i" = 0 ] && ram=$RAM
+    [ "$i" = 0 ] && [ -n "$RAM_NODE" ] && machine+=(--ram-node "$RAM_NODE")
     if [ "$i" = 0 ] && [ "$ATTACH" = cxl ] && [ "$CXL_HBS" = each ]; then
         machine=(--cxl-host-bridges "$DEVICES")
     fi

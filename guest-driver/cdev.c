@@ -277,6 +277,9 @@ static long cxla_ioc_alloc(struct cxla_file *cf, void __user *arg)
 		return -EINVAL;
 
 	ret = cxla_buf_alloc(cd, size, align, &buf);
+	/* empty pool chunks waiting to go back may be what is missing */
+	if (ret == -ENOSPC && cd->mig && cxla_pool_linger_end(cd->mig))
+		ret = cxla_buf_alloc(cd, size, align, &buf);
 	if (ret)
 		return ret;
 	a.offset = buf->offset;

@@ -77,6 +77,14 @@ void cxla_defer(struct cxla_dev *cd, struct work_struct *work)
 		cxla_deferred_done(cd);
 }
 
+void cxla_defer_delayed(struct cxla_dev *cd, struct delayed_work *dwork,
+			unsigned long delay)
+{
+	atomic_inc(&cd->deferred);
+	if (!queue_delayed_work(cxla_wq, dwork, delay))
+		cxla_deferred_done(cd);
+}
+
 void cxla_deferred_done(struct cxla_dev *cd)
 {
 	if (atomic_dec_and_test(&cd->deferred))
@@ -94,6 +102,9 @@ int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
 	unsigned long limit = 4 * cxla_timeout_jiffies(0);
 	long left;
 
+	/* empty pool chunks waiting to go back go now */
+	if (cd->mig)
+		cxla_pool_linger_end(cd->mig);
 	if (!intr) {
 		wait_event_timeout(cd->deferred_wait,
 				   !atomic_read(&cd->deferred), limit);

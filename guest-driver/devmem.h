@@ -55,6 +55,8 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 void cxla_buf_put(struct cxla_buf *buf);
 void cxla_buf_put_async(struct cxla_buf *buf);
 void cxla_defer(struct cxla_dev *cd, struct work_struct *work);
+void cxla_defer_delayed(struct cxla_dev *cd, struct delayed_work *dwork,
+			unsigned long delay);
 void cxla_deferred_done(struct cxla_dev *cd);
 int cxla_deferred_wait(struct cxla_dev *cd, bool intr);
 static inline void cxla_buf_get(struct cxla_buf *buf)

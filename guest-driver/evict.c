@@ -515,7 +515,7 @@ void cxla_mig_evict_all(struct cxla_dev *cd)
 	cxla_mig_evict_removal(cd, !READ_ONCE(cd->wedged), "at removal");
 	cxla_pool_shrink(mig);
 	up_write(&mig->sem);
-	if (cancel_work_sync(&mig->shrink_work))
+	if (cancel_delayed_work_sync(&mig->shrink_work))
 		cxla_deferred_done(cd);
 }
 

@@ -39,6 +39,19 @@
 
 /* ------------------------------------------------ migrate_vma ranges */
 
+/*
+ * A window of at most this many pages is copied by the CPU: the device's
+ * round trip (a command, an interrupt, a wake-up) costs more than the copy
+ * there. Device memory is mapped in the kernel (coherent pages, and the
+ * backing of private ones), so the CPU reads and writes it in place. The
+ * default is the break-even measured with hmm-bench --sweep (docs/
+ * performance.md); 0: the device copies everything.
+ */
+static unsigned int cxla_cpu_copy_pages = 16;
+module_param_named(cpu_copy_pages, cxla_cpu_copy_pages, uint, 0644);
+MODULE_PARM_DESC(cpu_copy_pages,
+		 "Migrations of at most this many pages per window are copied by the CPU instead of the DMA engine (0 = never)");
+
 void cxla_mig_ctx_free(struct cxla_mig_ctx *x)
 {
 	kvfree(x->src);
@@ -531,6 +544,23 @@ busy:
 }
 #endif
 
+/* The CPU copies a small window (cxla_cpu_copy_pages); nothing can fail. */
+static void cxla_mig_cpu_copy(struct cxla_mig_ctx *x, unsigned long nx)
+{
+	unsigned long i;
+
+	for (i = 0; i < nx; i++) {
+		struct cxla_xpage *e = &x->xp[i];
+		struct page *d = e->dstore ?: e->dpage;
+
+		if (e->zero)
+			clear_highpage(d);
+		else
+			copy_highpage(d, e->spage);
+	}
+	atomic64_add(nx, &x->mig->stat[CXLA_MS_CPU_COPIED]);
+}
+
 static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 			 unsigned long nx)
 {
@@ -542,6 +572,12 @@ static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 	if (x->huge)
 		return cxla_mig_copy_huge(x, args, nx);
 #endif
+	/* eviction moves whole address spaces: the device's work */
+	if (x->dma && x->mode != CXLA_MIG_EVICT && nx &&
+	    nx <= READ_ONCE(cxla_cpu_copy_pages)) {
+		cxla_mig_cpu_copy(x, nx);
+		return 0;
+	}
 
 	if (x->dma)
 		ret = cxla_xcopy(mig, x->xp, nx, x->timeout_ms, x->intr);
@@ -964,7 +1000,7 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 
 	cxla_hmm_info(to_cxla_dev(dev), &h);
 	return sysfs_emit(buf,
-			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\n",
+			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\ncpu_copied %llu\n",
 			  h.flags & CXL_ACCEL_HMM_NUMA ? "numa" :
 			  h.flags & CXL_ACCEL_HMM_COHERENT ? "coherent" : "none",
 			  h.flags & CXL_ACCEL_HMM_PRIVATE ? " private" : "",
@@ -974,7 +1010,8 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 			  h.copy_failures, h.svm_faults, h.svm_retries,
 			  h.svm_mirror_hits, h.svm_invalidations,
 			  h.svm_invalidate_waits, h.svm_mirrors, h.private_pages,
-			  h.cpu_faults, h.pool_pages_poisoned, h.poison_skipped);
+			  h.cpu_faults, h.pool_pages_poisoned, h.poison_skipped,
+			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_CPU_COPIED]));
 }
 static DEVICE_ATTR_RO(migration);
 

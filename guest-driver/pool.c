@@ -9,7 +9,10 @@
  * refcount 1; the mm then holds it through its mappings, and when the last
  * reference goes, page_free() (devmem.c) returns it to its chunk here. A
  * chunk whose pages are all back is given back to the device (FREE), from
- * a work item, so that device memory is not kept by the pool.
+ * a work item, so that device memory is not kept by the pool; after
+ * CXLA_POOL_LINGER, so that moving a few pages there and back again does not
+ * cost an ALLOC and a FREE each time. Asking for counts (IDENTIFY, HMM_INFO)
+ * and an ALLOC that finds device memory full end the wait at once.
  *
  * Poisoned device memory (poison.c): free pool pages in a poisoned range
  * are quarantined (c->quar) instead of being handed out, and so are pages
@@ -193,8 +196,18 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 	empty = c->live && cxla_chunk_empty(c) && !mig->closed;
 	/* queued under the lock: the teardown's cancel (after closed) sees it */
 	if (empty)
-		cxla_defer(mig->cd, &mig->shrink_work);
+		cxla_defer_delayed(mig->cd, &mig->shrink_work, CXLA_POOL_LINGER);
 	spin_unlock_irqrestore(&mig->lock, flags);
+}
+
+/*
+ * Give lingering empty chunks back now (counts are asked for, or device
+ * memory is full). Returns whether any work was pending. Not with mig->sem
+ * held: the shrink takes it.
+ */
+bool cxla_pool_linger_end(struct cxla_mig *mig)
+{
+	return flush_delayed_work(&mig->shrink_work);
 }
 
 /* Take up to n free pages; they come back locked with refcount 1. */
@@ -405,7 +418,8 @@ unsigned long cxla_pool_shrink(struct cxla_mig *mig)
 
 static void cxla_shrink_work(struct work_struct *work)
 {
-	struct cxla_mig *mig = container_of(work, struct cxla_mig, shrink_work);
+	struct cxla_mig *mig = container_of(to_delayed_work(work), struct cxla_mig,
+					    shrink_work);
 
 	down_write(&mig->sem);
 	if (!READ_ONCE(mig->closed))
@@ -430,7 +444,7 @@ int cxla_mig_init(struct cxla_dev *cd)
 	INIT_LIST_HEAD(&mig->reg);
 	mutex_init(&mig->mm_lock);
 	INIT_LIST_HEAD(&mig->mms);
-	INIT_WORK(&mig->shrink_work, cxla_shrink_work);
+	INIT_DELAYED_WORK(&mig->shrink_work, cxla_shrink_work);
 	mig->node = NUMA_NO_NODE;
 	for (i = 0; i < CXLA_MS_COUNT; i++)
 		atomic64_set(&mig->stat[i], 0);

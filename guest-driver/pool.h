@@ -57,8 +57,12 @@ enum {
 	CXLA_MS_SVM_MIRRORS,	/* gauge */
 	CXLA_MS_CPU_FAULTS,	/* migrate_to_ram() of private pages */
 	CXLA_MS_POISON_SKIPPED,	/* pages left in place: poisoned memory */
+	CXLA_MS_CPU_COPIED,	/* small windows the CPU copied (cpu_copy_pages) */
 	CXLA_MS_COUNT
 };
+
+/* How long an empty pool chunk stays before it goes back to the device */
+#define CXLA_POOL_LINGER	msecs_to_jiffies(250)
 
 /* Per device: migration page pool and counters */
 struct cxla_mig {
@@ -78,7 +82,7 @@ struct cxla_mig {
 	bool closed;			/* removal: no more pages handed out */
 	bool coherent;			/* ZONE_DEVICE pages exist (BAR mode) */
 	int node;			/* NUMA mode: node of device memory */
-	struct work_struct shrink_work;
+	struct delayed_work shrink_work;	/* empty chunks back to the device */
 	/* address spaces that migrated pages here, for eviction */
 	struct mutex mm_lock;
 	struct list_head mms;
@@ -118,6 +122,7 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page);
 unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 			    struct page **pages, int *err);
 unsigned long cxla_pool_shrink(struct cxla_mig *mig);
+bool cxla_pool_linger_end(struct cxla_mig *mig);
 struct page *cxla_pool_get_chunk(struct cxla_mig *mig);
 unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned);
 unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig);

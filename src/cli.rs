@@ -51,6 +51,8 @@ pub enum ArgsError {
     NotAListener(i32),
     #[error("--print-qemu-args needs --socket-path (QEMU's chardev path)")]
     NoSocketPath,
+    #[error("--ram-node needs --guest-ram and --attach shmem or bar")]
+    RamNode,
     #[error(transparent)]
     Value(#[from] ValueError),
 }
@@ -251,6 +253,12 @@ pub struct Args {
     #[arg(long, value_name = "SIZE|none", default_value = "1G")]
     pub guest_ram: String,
 
+    /// With --print-qemu-args and --guest-ram: a second, CPU-less NUMA node of plain (shared)
+    /// guest RAM of SIZE, a target for the kernel's move_pages() next to this device's memory,
+    /// so that a benchmark compares the two in one boot. Not with --attach numa or cxl.
+    #[arg(long, value_name = "SIZE")]
+    pub ram_node: Option<String>,
+
     /// With --print-qemu-args: add reconnect-ms=MS to the chardev so QEMU reconnects after a
     /// daemon restart. 0 (default) leaves it out: QEMU 10.2's test device does not wait for
     /// a background connection at start-up and fails with "Failed to set msg fds".
@@ -441,6 +449,9 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
     let n = args.index;
     let slot = 0x10 + n;
     let mut v = Vec::new();
+    if args.guest_ram == "none" && args.ram_node.is_some() {
+        return Err(ArgsError::RamNode);
+    }
     if args.guest_ram != "none" {
         let ram = parse_size(&args.guest_ram)?;
         v.push((
@@ -450,12 +461,28 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
                 qemu_size(ram)
             ),
         ));
-        match args.attach {
-            Attach::Bar | Attach::Shmem => {
+        match (args.attach, &args.ram_node) {
+            (Attach::Bar | Attach::Shmem, Some(node)) => {
+                // With NUMA nodes, RAM is the sum of the nodes' backends.
+                let size = parse_size(node)?;
+                v.push((
+                    "-object".into(),
+                    format!(
+                        "memory-backend-memfd,id=cxl-ram-node,size={},share=on",
+                        qemu_size(size)
+                    ),
+                ));
+                v.push(("-m".into(), qemu_size(ram + size)));
+                v.push(("-machine".into(), "q35".into()));
+                v.push(("-numa".into(), "node,nodeid=0,memdev=cxl-guest-ram".into()));
+                v.push(("-numa".into(), "node,nodeid=1,memdev=cxl-ram-node".into()));
+            }
+            (_, Some(_)) => return Err(ArgsError::RamNode),
+            (Attach::Bar | Attach::Shmem, None) => {
                 v.push(("-m".into(), qemu_size(ram)));
                 v.push(("-machine".into(), "q35,memory-backend=cxl-guest-ram".into()));
             }
-            Attach::Cxl => {
+            (Attach::Cxl, None) => {
                 v.push(("-m".into(), qemu_size(ram)));
                 v.push((
                     "-machine".into(),
@@ -463,7 +490,7 @@ pub fn qemu_args(args: &Args) -> Result<Vec<(String, String)>, ArgsError> {
                 ));
                 v.push(("-M".into(), cxl_windows(args.cxl_host_bridges)));
             }
-            Attach::Numa => {
+            (Attach::Numa, None) => {
                 // With NUMA nodes, RAM is the sum of the nodes: this covers guest RAM and
                 // this device; with more NUMA-mode devices, -m must be raised to the total.
                 v.push(("-m".into(), qemu_size(ram + args.memory_size)));
@@ -661,6 +688,25 @@ mod tests {
         assert!(e.contains("power-of-two") && e.contains("128M"), "{e}");
         let bar = with(&["--memory-size", "96M", "--attach", "bar"]);
         assert!(bar.check().is_ok());
+    }
+
+    #[test]
+    fn ram_node_is_a_second_numa_node_of_shared_ram() {
+        let text = render_qemu_args(&qemu_args(&with(&["--ram-node", "256M"])).unwrap());
+        assert!(text.contains("memory-backend-memfd,id=cxl-ram-node,size=256M,share=on"));
+        assert!(text.contains("-numa node,nodeid=0,memdev=cxl-guest-ram"));
+        assert!(text.contains("-numa node,nodeid=1,memdev=cxl-ram-node"));
+        assert!(text.contains("-m 1280M"));
+        // NUMA nodes and the machine's own backend exclude each other in QEMU.
+        assert!(!text.contains("memory-backend=cxl-guest-ram"));
+        for bad in [
+            &["--ram-node", "256M", "--attach", "numa"][..],
+            &["--ram-node", "256M", "--attach", "cxl"],
+            &["--ram-node", "256M", "--guest-ram", "none"],
+        ] {
+            let e = qemu_args(&with(bad)).unwrap_err().to_string();
+            assert!(e.contains("--ram-node"), "{e}");
+        }
     }
 
     #[test]

@@ -1469,6 +1469,94 @@ CXLA_TEST_F(mig, migrate_single_pages)
 	return PASS;
 }
 
+/* The driver's cpu_copy_pages parameter, or -1 */
+static long cpu_copy_pages(void)
+{
+	FILE *f = fopen("/sys/module/cxl_accel/parameters/cpu_copy_pages", "r");
+	long v = -1;
+
+	if (f) {
+		if (fscanf(f, "%ld", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+/* Pages the device copied (COPY_PAGES entries it counted), or -1 */
+static long long device_copies(int fd)
+{
+	struct cxl_accel_stats st;
+
+	return cxla_stats(fd, &st) ? -1 :
+	       (long long)st.device[CXL_ACCEL_STAT_PAGES_COPIED];
+}
+
+/*
+ * A window of at most cpu_copy_pages pages is copied by the CPU, both ways
+ * (the device's round trip costs more than such a copy): the device counts
+ * no page copy for it; one page more and the device copies. The data
+ * arrives either way, holes as zeros.
+ */
+CXLA_TEST_F(mig, small_windows_cpu_copy)
+{
+	long lim = cpu_copy_pages();
+	size_t small, big, len;
+	struct cxl_accel_migrate m;
+	long long d0, d1, d2, d3;
+	uint8_t *p;
+	uint32_t crc;
+
+	if (lim <= 0 || lim > 256) {
+		DETAIL("cpu_copy_pages is %ld: not this test's case", lim);
+		return SKIP;
+	}
+	small = lim;
+	big = lim + 1;
+	len = (small + big) * PG;
+	p = map_anon(len);
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 121);
+	/* a hole in the small window: the CPU zero-fills its device page */
+	madvise(p + (small - 1) * PG, PG, MADV_DONTNEED);
+	d0 = device_copies(c->fd);
+	OK(MIGRATE(c->fd, p, small * PG, true, &m));
+	CHECK(m.migrated == small, "small window: %llu of %zu to the device",
+	      (unsigned long long)m.migrated, small);
+	d1 = device_copies(c->fd);
+	CHECK(d0 >= 0 && d1 == d0, "the device copied %lld pages of a %zu-page window",
+	      d1 - d0, small);
+	if (PRIVATE) {
+		OK(svm_crc(c->fd, p, (small - 1) * PG, &crc));
+		CHECK(crc == crc32c_pages((small - 1) * PG, 121), "device crc of the small window");
+		CHECK(private_pages(c->fd, p, small * PG) == (long)small, "%ld private",
+		      private_pages(c->fd, p, small * PG));
+	} else {
+		CHECK(check_pages(p, (small - 1) * PG, 121) < 0, "small window on the device");
+		CHECK(is_zero(p + (small - 1) * PG, PG), "hole not zero on the device");
+	}
+	OK(MIGRATE(c->fd, p, small * PG, false, &m));
+	CHECK(m.migrated == small, "small window back: %llu", (unsigned long long)m.migrated);
+	CHECK(device_copies(c->fd) == d1, "the device copied the small window back");
+	CHECK(check_pages(p, (small - 1) * PG, 121) < 0, "small window back in RAM");
+	CHECK(is_zero(p + (small - 1) * PG, PG), "hole not zero back in RAM");
+	d2 = device_copies(c->fd);
+	OK(MIGRATE(c->fd, p + small * PG, big * PG, true, &m));
+	CHECK(m.migrated == big, "big window: %llu of %zu", (unsigned long long)m.migrated, big);
+	d3 = device_copies(c->fd);
+	CHECK(d3 > d2, "the device did not copy a %zu-page window", big);
+	OK(MIGRATE(c->fd, p + small * PG, big * PG, false, &m));
+	CHECK(m.migrated == big, "big window back: %llu", (unsigned long long)m.migrated);
+	CHECK(check_pages_at(p + small * PG, small, big * PG, 121) < 0,
+	      "big window back in RAM");
+	munmap(p, len);
+	PRIVATE_IDLE(c->fd);
+	DETAIL("%s: a %zu-page window (one hole) went there and back with no device copy; %zu pages: %lld page copies by the device",
+	       PRIVATE ? "private" : "coherent", small, big, d3 - d2);
+	return PASS;
+}
+
 /*
  * hmm-tests snapshot: every kind of page; a private page is on the device
  * (LOCAL) but not in the CPU page table (not PRESENT)

@@ -215,7 +215,10 @@ elif [ -n "$HMM" ] && [ -n "$HMMBENCH" ]; then
     if [ $# -ge 2 ]; then
         "$HMM" -d "/dev/$1" -P "/dev/$2" --peer-only -p "hmm." || RC=1
     fi
+    # migrate_vma next to move_pages() to a RAM node (run-guest.sh --ram-node), same boot
     "$HMMBENCH" -d "/dev/$1" --quick || RC=1
+    # where the driver's CPU copy of small windows stops paying (cpu_copy_pages)
+    "$HMMBENCH" -d "/dev/$1" --sweep --rounds 3 || RC=1
     # coherent against private memory, same workloads, same boot (7.x)
     MODEBENCH=$(find_file mode-bench)
     if [ -n "$MODEBENCH" ]; then
