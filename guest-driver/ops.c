@@ -48,22 +48,30 @@ struct cxla_xfer {
 	unsigned int timeout_ms;
 };
 
+/*
+ * Unpin in runs: the kernel then drops a large folio's pins at once (one
+ * atomic for a 2 MiB page instead of 512). Device memory pages have no page
+ * cache to dirty.
+ */
 void cxla_pin_release(struct cxla_pin *pin)
 {
-	unsigned int i;
+	unsigned int i, run;
 
 	if (pin->imp)
 		cxla_import_unpin(pin);
 	if (!pin->pages)
 		return;
-	for (i = 0; i < pin->npages; i++) {
-		struct page *page = pin->pages[i];
+	for (i = 0; i < pin->npages; i += run) {
+		bool dirty = pin->write && !is_zone_device_page(pin->pages[i]);
 
-		/* device memory pages have no page cache to dirty */
-		if (pin->write && !is_zone_device_page(page))
-			unpin_user_pages_dirty_lock(&page, 1, true);
+		for (run = 1; i + run < pin->npages &&
+		     is_zone_device_page(pin->pages[i + run]) ==
+		     is_zone_device_page(pin->pages[i]); run++)
+			;
+		if (dirty)
+			unpin_user_pages_dirty_lock(pin->pages + i, run, true);
 		else
-			unpin_user_page(page);
+			unpin_user_pages(pin->pages + i, run);
 	}
 	kvfree(pin->pages);
 	pin->pages = NULL;
@@ -142,28 +150,15 @@ static void cxla_sge_set(struct cxla_sge *sge, u64 addr, u32 len, u16 space)
 	sge->reserved = 0;
 }
 
-/*
- * Describe bytes [pos, pos + len) of an operand as segments. User pages are
- * pinned into pin (released with the request). Returns the segment count.
- */
-static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
-			     u64 pos, u64 len, bool write, struct cxla_pin *pin,
-			     struct cxla_sge *sge, unsigned int max)
+/* Pin the user pages of bytes [pos, pos + len) of an operand into pin. */
+static int cxla_operand_pin(struct cxla_operand *op, u64 pos, u64 len,
+			    bool write, struct cxla_pin *pin)
 {
-	unsigned long start, first, off, npages, i;
-	unsigned int n = 0;
-	u64 left = len;
+	unsigned long start, first, npages;
 	int got;
 
-	if (op->buf) {
-		cxla_sge_set(sge, op->buf->offset + op->addr + pos, len,
-			     CXLA_SPACE_DEVMEM);
-		return 1;
-	}
-	if (op->imp)
-		return cxla_import_sges(cd, op->imp, op->addr + pos, len, pin,
-					sge, max);
-
+	if (op->buf || op->imp)
+		return 0;
 	start = op->addr + pos;
 	first = start & PAGE_MASK;
 	npages = (PAGE_ALIGN(start + len) - first) >> PAGE_SHIFT;
@@ -178,30 +173,78 @@ static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
 		return got;
 	}
 	pin->npages = got;
+	return 0;
+}
 
-	off = offset_in_page(start);
-	for (i = 0; i < npages; i++) {
+/*
+ * Segments of pinned user memory from byte off of the first page, len bytes:
+ * physically contiguous pages merge (a large folio, in order, in one step).
+ * Written to sge when given, else only counted. Returns the count.
+ */
+static int cxla_pin_sges(struct cxla_dev *cd, const struct cxla_pin *pin,
+			 unsigned long off, u64 len, struct cxla_sge *sge,
+			 unsigned int max)
+{
+	u64 left = len, last_end = 0;
+	unsigned long i, run;
+	u16 last_space = 0;
+	unsigned int n = 0;
+
+	for (i = 0; i < pin->npages && left; i += run) {
 		struct page *page = pin->pages[i];
-		u32 chunk = min_t(u64, PAGE_SIZE - off, left);
-		u64 addr = page_to_phys(page) + off;
+		struct folio *folio = page_folio(page);
+		unsigned long in_folio = folio_nr_pages(folio) -
+					 folio_page_idx(folio, page);
+		u64 addr = page_to_phys(page) + off, chunk;
 		u16 space = CXLA_SPACE_GPA;
 
+		for (run = 1; run < in_folio && i + run < pin->npages &&
+		     pin->pages[i + run] == nth_page(page, run); run++)
+			;
+		chunk = min_t(u64, ((u64)run << PAGE_SHIFT) - off, left);
 		if (cxla_page_is_ours(cd, page)) {
 			addr -= cd->devmem_gpa;
 			space = CXLA_SPACE_DEVMEM;
 		}
-		if (n && le16_to_cpu(sge[n - 1].space) == space &&
-		    le64_to_cpu(sge[n - 1].addr) + le32_to_cpu(sge[n - 1].len) == addr) {
-			le32_add_cpu(&sge[n - 1].len, chunk);
+		if (n && last_space == space && last_end == addr) {
+			if (sge)
+				le32_add_cpu(&sge[n - 1].len, chunk);
 		} else {
 			if (n == max)
 				return -E2BIG;
-			cxla_sge_set(&sge[n++], addr, chunk, space);
+			if (sge)
+				cxla_sge_set(&sge[n], addr, chunk, space);
+			n++;
 		}
+		last_space = space;
+		last_end = addr + chunk;
 		left -= chunk;
 		off = 0;
 	}
 	return n;
+}
+
+/*
+ * Describe bytes [pos, pos + len) of an operand as segments (at most max);
+ * user pages were pinned into pin (cxla_operand_pin), an import is pinned
+ * into it here. Without sge, only counts (not for imports: max then).
+ * Returns the segment count.
+ */
+static int cxla_operand_sges(struct cxla_dev *cd, struct cxla_operand *op,
+			     u64 pos, u64 len, struct cxla_pin *pin,
+			     struct cxla_sge *sge, unsigned int max)
+{
+	if (op->buf) {
+		if (sge)
+			cxla_sge_set(sge, op->buf->offset + op->addr + pos, len,
+				     CXLA_SPACE_DEVMEM);
+		return 1;
+	}
+	if (op->imp)
+		return sge ? cxla_import_sges(cd, op->imp, op->addr + pos, len,
+					      pin, sge, max) : max;
+	return cxla_pin_sges(cd, pin, offset_in_page(op->addr + pos), len, sge,
+			     max);
 }
 
 /* Bytes per command so that a chunk fits the device's limits. */
@@ -218,12 +261,15 @@ static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
 					 struct cxla_xfer *x, u64 pos, u64 clen)
 {
 	unsigned int max = (clen >> PAGE_SHIFT) + 2;
-	unsigned int nsrc = 0, ndst = 0;
+	struct cxla_operand *ops[CXLA_REQ_PINS] = { x->src, x->dst };
+	struct cxla_pin pins[CXLA_REQ_PINS] = { };
+	int want[CXLA_REQ_PINS] = { }, got[CXLA_REQ_PINS] = { };
+	unsigned int nsrc, ndst, k;
 	size_t head, plen;
 	struct cxla_sge *sge;
 	struct cxla_req *req;
 	void *p;
-	int n;
+	int n = 0;
 
 	switch (x->opcode) {
 	case CXLA_OP_COPY:
@@ -236,35 +282,45 @@ static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
 		head = sizeof(struct cxla_checksum);
 		break;
 	}
-	plen = head + ((x->src ? max : 0) + (x->dst ? max : 0)) * sizeof(*sge);
+	/*
+	 * Pin first and count the segments: the request is as long as they
+	 * are (a THP-backed 16 MiB is 8 segments, not 4096), so it is neither
+	 * allocated nor cleared at its worst-case size.
+	 */
+	for (k = 0; k < CXLA_REQ_PINS; k++) {
+		if (!ops[k])
+			continue;
+		n = cxla_operand_pin(ops[k], pos, clen, k == 1, &pins[k]);
+		if (!n)
+			n = want[k] = cxla_operand_sges(cd, ops[k], pos, clen,
+							&pins[k], NULL, max);
+		if (n < 0)
+			goto unpin;
+	}
+	plen = head + (want[0] + want[1]) * sizeof(*sge);
 	req = cxla_req_alloc(cd, x->opcode, x->hflags, plen, 0);
-	if (IS_ERR(req))
-		return req;
+	if (IS_ERR(req)) {
+		n = PTR_ERR(req);
+		goto unpin;
+	}
+	memcpy(req->pins, pins, sizeof(pins));	/* released with the request */
 	p = cxla_req_payload(req);
 	sge = p + head;
-
-	if (x->src) {
-		n = cxla_operand_sges(cd, x->src, pos, clen, false, &req->pins[0],
-				      sge, max);
+	for (k = 0; k < CXLA_REQ_PINS; k++) {
+		if (!ops[k])
+			continue;
+		n = cxla_operand_sges(cd, ops[k], pos, clen, &req->pins[k],
+				      sge + got[0], want[k]);
 		if (n < 0)
 			goto err;
-		nsrc = n;
-		if (x->src->buf) {
-			cxla_buf_get(x->src->buf);
-			req->bufs[0] = x->src->buf;
+		got[k] = n;
+		if (ops[k]->buf) {
+			cxla_buf_get(ops[k]->buf);
+			req->bufs[k] = ops[k]->buf;
 		}
 	}
-	if (x->dst) {
-		n = cxla_operand_sges(cd, x->dst, pos, clen, true, &req->pins[1],
-				      sge + nsrc, max);
-		if (n < 0)
-			goto err;
-		ndst = n;
-		if (x->dst->buf) {
-			cxla_buf_get(x->dst->buf);
-			req->bufs[1] = x->dst->buf;
-		}
-	}
+	nsrc = got[0];
+	ndst = got[1];
 
 	switch (x->opcode) {
 	case CXLA_OP_COPY: {
@@ -293,6 +349,10 @@ static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
 		       (nsrc + ndst) * sizeof(*sge);
 	req->poll = clen <= CXLA_POLL_BYTES && !(x->hflags & CXLA_FLAG_FENCE);
 	return req;
+unpin:
+	for (k = 0; k < CXLA_REQ_PINS; k++)
+		cxla_pin_release(&pins[k]);
+	return ERR_PTR(n);
 err:
 	cxla_req_free(cd, req);
 	return ERR_PTR(n);
@@ -588,7 +648,9 @@ long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 		return PTR_ERR(req);
 	}
 	/* reuse the segment builder for the one word, then unpack it */
-	ret = cxla_operand_sges(cd, &op, 0, a.width, true, &req->pins[0], &sge, 1);
+	ret = cxla_operand_pin(&op, 0, a.width, true, &req->pins[0]);
+	if (!ret)
+		ret = cxla_operand_sges(cd, &op, 0, a.width, &req->pins[0], &sge, 1);
 	if (ret < 0)
 		goto out;
 	req->bufs[0] = op.buf;	/* the request owns the reference now */

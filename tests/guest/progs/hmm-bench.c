@@ -194,7 +194,7 @@ static int sweep(int rounds)
 	printf("window copy, us per call there and back (median of %d rounds), coherent memory:\n",
 	       rounds);
 	printf("  %6s %10s %10s\n", "pages", "device", "CPU");
-	for (i = 0; i < sizeof(ns) / sizeof(ns[0]) && !e; i++) {
+	for (i = 0; i < ARRAY_SIZE(ns) && !e; i++) {
 		size_t len = ns[i] * PG;
 		uint8_t *p = map_pages(len);
 		uint32_t crc;
