@@ -39,6 +39,8 @@ log "building the driver and the demo program"
 build_driver "$ROOT"
 make -s -C tests/guest/progs >/dev/null
 
+# the host's memcpy, the yardstick of the device's DMA figures (same buffers, THP)
+HOST_MEMCPY=$(tests/guest/progs/out/cxl-accel-demo --memcpy 32 | sed -n 's/.*: \([0-9.]*\) MB\/s$/\1/p')
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 log "booting a guest (QEMU $("$QEMU" --version | head -n1 | awk '{print $4}'), 1 device, TCG)"
@@ -46,6 +48,7 @@ rc=0
 "$HERE/run-guest.sh" --devices 1 --quiet --timeout 300 --log "$LOG" \
     --insmod guest-driver/cxl_accel.ko:/lib/modules/extra/ \
     --add tests/guest/progs/out/cxl-accel-demo:/bin/ --add tests/guest/scripts/guest-lib.sh:/cxl/guest-lib.sh \
+    ${HOST_MEMCPY:+--append "cxlaccel.host_memcpy=$HOST_MEMCPY"} \
     --script tests/guest/scripts/demo-guest.sh "$@" >/dev/null || rc=$?
 echo
 grep -E '^DEMO\| ' "$LOG" | tr -d '\r' | sed 's/^DEMO| /  /'
