@@ -44,10 +44,11 @@
  * round trip (a command, an interrupt, a wake-up) costs more than the copy
  * there. Device memory is mapped in the kernel (coherent pages, and the
  * backing of private ones), so the CPU reads and writes it in place. The
- * default is the break-even measured with hmm-bench --sweep (docs/
- * performance.md); 0: the device copies everything.
+ * default stays below the break-even measured with hmm-bench --sweep (docs/
+ * device-and-driver.md): a CPU copy takes guest CPU time the engine would
+ * spare. 0: the device copies everything.
  */
-static unsigned int cxla_cpu_copy_pages = 16;
+static unsigned int cxla_cpu_copy_pages = 64;
 module_param_named(cpu_copy_pages, cxla_cpu_copy_pages, uint, 0644);
 MODULE_PARM_DESC(cpu_copy_pages,
 		 "Migrations of at most this many pages per window are copied by the CPU instead of the DMA engine (0 = never)");
