@@ -193,13 +193,13 @@ static int cxla_pin_sges(struct cxla_dev *cd, const struct cxla_pin *pin,
 	for (i = 0; i < pin->npages && left; i += run) {
 		struct page *page = pin->pages[i];
 		struct folio *folio = page_folio(page);
-		unsigned long in_folio = folio_nr_pages(folio) -
-					 folio_page_idx(folio, page);
+		unsigned long idx = folio_page_idx(folio, page);
+		unsigned long in_folio = folio_nr_pages(folio) - idx;
 		u64 addr = page_to_phys(page) + off, chunk;
 		u16 space = CXLA_SPACE_GPA;
 
 		for (run = 1; run < in_folio && i + run < pin->npages &&
-		     pin->pages[i + run] == nth_page(page, run); run++)
+		     pin->pages[i + run] == folio_page(folio, idx + run); run++)
 			;
 		chunk = min_t(u64, ((u64)run << PAGE_SHIFT) - off, left);
 		if (cxla_page_is_ours(cd, page)) {
