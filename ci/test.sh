@@ -30,7 +30,7 @@ RUNS=(
     "unplug|hot-unplug under load|tests/guest/host/run-unplug.sh"
     "numa|NUMA attach mode, QEMU as the socket server|ci/guest-numa.sh"
     "suite-6.12|main suite on Debian's 6.12 kernel (coherent memory; a NUMA node of RAM beside, for move_pages() in the migration benchmark)|ci/guest-suite.sh --ram-node 256M"
-    "suite-7.3|main suite on Debian's 7.3 kernel (coherent and private memory; devices behind a PCIe switch, where the kernel's P2PDMA joins them; a NUMA node of RAM beside)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh ci/guest-suite.sh --switch --ram-node 256M"
+    "suite-7.3|main suite on Debian's 7.3 kernel (coherent and private memory; devices behind a PCIe switch, where the kernel's P2PDMA joins them)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh ci/guest-suite.sh --switch"
     "hmm-6.12|6.12's own hmm-tests, unmodified, on 6.12|tests/kernel/run-hmm-tests.sh"
     "hmm-7.3|7.3's own hmm-tests, unmodified, on 7.3|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh"
     "floor-10.2|main suite on QEMU 10.2, the documented minimum (ivshmem BAR)|env CXL_ACCEL_QEMU_ENV=$CACHE/qemu-10.2.env ci/guest-suite.sh"
