@@ -50,6 +50,18 @@ static uint8_t *thp_alloc(size_t len)
 	return a;
 }
 
+/* The copy buffers: ram random, ram2 zeros, both THP; -1 if out of memory */
+static int ram_pair(size_t len, uint8_t **ram, uint8_t **ram2)
+{
+	*ram = thp_alloc(len);
+	*ram2 = thp_alloc(len);
+	if (!*ram || !*ram2)
+		return -1;
+	fill_random(*ram, len, 1);
+	memset(*ram2, 0, len);
+	return 0;
+}
+
 /* Best of five memcpy() of len bytes between two THP buffers, in seconds */
 static double memcpy_best(uint8_t *dst, const uint8_t *src, size_t len)
 {
@@ -85,12 +97,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "--memcpy")) {
 		len = (argc > 2 ? strtoul(argv[2], NULL, 0) : mib) * MiB;
-		ram = thp_alloc(len);
-		ram2 = thp_alloc(len);
-		if (!ram || !ram2)
+		if (ram_pair(len, &ram, &ram2))
 			return die("mmap", ENOMEM);
-		fill_random(ram, len, 1);
-		memset(ram2, 0, len);
 		printf("memcpy %zu MiB RAM -> RAM (best of 5): %.1f MB/s\n", len >> 20,
 		       len / memcpy_best(ram2, ram, len) / 1e6);
 		return 0;
@@ -162,12 +170,8 @@ int main(int argc, char **argv)
 	       (char *)p + 4096, i == 4096 ? "- all 4096 bytes right" : "- WRONG");
 
 	/* bandwidth: device copy vs CPU memcpy, RAM in transparent huge pages */
-	ram = thp_alloc(len);
-	ram2 = thp_alloc(len);
-	if (!ram || !ram2)
+	if (ram_pair(len, &ram, &ram2))
 		return die("mmap", ENOMEM);
-	fill_random(ram, len, 1);
-	memset(ram2, 0, len);
 	memset(p, 0, len);
 
 	best = 1e9;
