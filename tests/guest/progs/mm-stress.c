@@ -10,16 +10,18 @@
  * down; -T gives every process a helper thread (see helper_main()). -t is
  * the run's length here, not a test name.
  *
- * PROCS processes each own a private anonymous region and do random
- * operations on it: CPU writes, migration to either device and back, device
+ * PROCS process trees each own a private anonymous region and do random
+ * operations on it (half the trees only read it with the device, and
+ * those start from one region that the top process wrote, inside a
+ * transparent huge page, so that their pages are shared copy-on-write
+ * across trees until migrations and writes split them): CPU writes, migration to either device and back, device
  * writes and reads through SVM (some with a 1 ms timeout, so that they are
  * given up and land later), long-term-pinned checksums, EVICT, munmap and
  * mmap, madvise(DONTNEED), mprotect, vmsplice() into pipes kept open, fork
  * (to depth 2) and SIGKILL of their children at random moments. One more
  * process per device keeps its DMA engines busy for random stretches (long
  * device atomics), so that short-timeout device writes are given up. After
- * every
- * operation the process compares its whole region with what it must hold
+ * every operation the process compares its whole region with what it must hold
  * (each page: which process wrote it, which generation, or a fill pattern,
  * or zeros), also in children and grandchildren whose parents were killed
  * (the top process is their subreaper). Device checksums are compared with
@@ -1107,6 +1109,16 @@ static uint8_t *map_region(struct proc *p)
 		return a;
 	}
 	p->npages = p->cpu_only ? 128 : 256;
+	if (p->cpu_only) {
+		/* inside a transparent huge page, which migrations split */
+		len = MAX_REGION_PAGES * PG;
+		a = map_anon(2 * len);
+		if (!a)
+			return NULL;
+		a = (uint8_t *)(((uintptr_t)a + len - 1) & ~(uintptr_t)(len - 1));
+		madvise(a, len, MADV_HUGEPAGE);
+		return a + (p->slot % 4) * 96 * PG;
+	}
 	a = map_anon(p->npages * PG);
 	if (a)
 		madvise(a, p->npages * PG, MADV_NOHUGEPAGE);
@@ -1151,6 +1163,7 @@ CXLA_TEST_F(devs, mm_stress)
 	dev_path = dev;
 	peer_path = peer;
 	int i, status, bad = 0, errors = 0;
+	struct proc *tmpl = NULL;
 	uint64_t total = 0;
 	double t0;
 	pid_t pid;
@@ -1170,6 +1183,18 @@ CXLA_TEST_F(devs, mm_stress)
 	sh->top = getpid();
 	t0 = now_sec();
 	deadline = t0 + run_secs;
+	{
+		/* the CPU-only trees start from one region, shared copy-on-write */
+		tmpl = calloc(1, sizeof(*tmpl));
+		CHECK(tmpl, "calloc");
+		tmpl->slot = __sync_fetch_and_add(&sh->next_slot, 1);
+		tmpl->cpu_only = true;
+		tmpl->region = map_region(tmpl);
+		tmpl->shadow = malloc(tmpl->npages * PG);
+		CHECK(tmpl->region && tmpl->shadow, "region");
+		for (size_t k = 0; k < tmpl->npages; k++)
+			write_page(tmpl, k);
+	}
 	for (i = 0; i < nprocs; i++) {
 		struct proc *p = calloc(1, sizeof(*p));
 
@@ -1185,6 +1210,13 @@ CXLA_TEST_F(devs, mm_stress)
 			alarm(run_secs + 300);	/* a hang ends as a failure */
 			p->fd = open_tree_dev(dev);
 			p->pfd = peer ? open_tree_dev(peer) : -1;
+			if (tmpl && p->cpu_only) {
+				p->region = tmpl->region;
+				p->npages = tmpl->npages;
+				p->shadow = tmpl->shadow;
+				memcpy(p->st, tmpl->st, sizeof(p->st));
+				worker(p);
+			}
 			p->region = map_region(p);
 			p->shadow = malloc(p->npages * PG);
 			if (!p->region || !p->shadow)
