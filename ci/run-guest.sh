@@ -21,7 +21,9 @@
 #   --cxl-host-bridges one|each
 #                        with --attach cxl: every device under one CXL host bridge
 #                        (default), or each under one of its own
-#   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm)
+#   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm); the
+#                        CPU model is max under TCG (CXL_ACCEL_TCG_CPU overrides it,
+#                        e.g. max,erms=off), host under KVM
 #   --smp N              guest CPUs (default 2)
 #   --timeout SECS       wall-clock limit, QEMU is killed after it (default 300; 0 = none)
 #   --script FILE        host script (or static binary) run in the guest as /cxl/run
@@ -157,7 +159,7 @@ done
 case "$ATTACH" in auto | shmem | bar | numa | cxl) ;; *) die "run-guest: --attach must be auto, shmem, bar, numa or cxl" ;; esac
 case "$CXL_HBS" in one | each) ;; *) die "run-guest: --cxl-host-bridges must be one or each" ;; esac
 case "$ACCEL" in
-tcg) CPU=max ;;
+tcg) CPU=${CXL_ACCEL_TCG_CPU:-max} ;;
 kvm) CPU=host ;;
 *) die "run-guest: --accel must be tcg or kvm" ;;
 esac

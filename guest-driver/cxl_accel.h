@@ -124,6 +124,7 @@ struct cxla_dev {
 	struct cxla_mig *mig;		/* migration pool, counters (pool.c) */
 	struct cxla_priv *priv;		/* private device pages (private.c) */
 	struct cxla_poison *poison;	/* poisoned ranges (poison.c) */
+	struct cxla_ras *ras;		/* CXL RAS registers (ras.c), or NULL */
 };
 
 struct cxla_file {

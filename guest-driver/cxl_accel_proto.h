@@ -280,6 +280,8 @@ struct cxla_stats {
 #define CXLA_EVENT_DEVMEM_MAPPED	3	/* value0 = gpa of device memory */
 #define CXLA_EVENT_POISON		4	/* value0 = offset, value1 = length */
 #define CXLA_EVENT_POISON_CLEARED	5	/* value0 = offset, value1 = length */
+/* an unmasked CXL RAS error: value0 = 0 correctable, 1 uncorrectable; value1 = its status bit */
+#define CXLA_EVENT_CXL_RAS		6
 
 struct cxla_event {
 	__le32 kind;

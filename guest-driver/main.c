@@ -22,6 +22,7 @@
 #include "dmabuf.h"
 #include "evict.h"
 #include "poison.h"
+#include "ras.h"
 #include "pool.h"
 #include "private.h"
 #include "test_hmm.h"
@@ -188,6 +189,7 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	virtio_reset_device(vdev);
 	/* no event comes any more: poison.c is done with the pool and files */
 	cxla_poison_stop(cd);
+	cxla_ras_stop(cd);
 	/* the device touches no request any more: wake waiters, reap */
 	cxla_cancel_all(cd);
 	flush_work(&cd->reap_work);
@@ -304,6 +306,9 @@ static int cxla_probe(struct virtio_device *vdev)
 
 	/* a CXL endpoint (7.3): the CXL core enumerates it and its region */
 	cxla_cxl_probe(cd);
+	ret = cxla_ras_init(cd);
+	if (ret)
+		goto err_shutdown;
 
 	ret = cxla_cdev_add(cd);
 	if (ret) {

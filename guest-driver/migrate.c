@@ -53,6 +53,18 @@ module_param_named(cpu_copy_pages, cxla_cpu_copy_pages, uint, 0644);
 MODULE_PARM_DESC(cpu_copy_pages,
 		 "Migrations of at most this many pages per window are copied by the CPU instead of the DMA engine (0 = never)");
 
+/*
+ * A check of the device's copies, for debugging a device model or the
+ * driver: after each window's copy, before the kernel maps the new pages,
+ * the CPU compares every destination with its source (both are mapped in
+ * the kernel, and the source is unmapped from processes then, so it cannot
+ * change). A difference is counted (copy_mismatches in sysfs) and logged.
+ */
+static bool cxla_verify_copies;
+module_param_named(verify_copies, cxla_verify_copies, bool, 0644);
+MODULE_PARM_DESC(verify_copies,
+		 "Compare every migrated page with its source before it is mapped (debugging; costs a CPU read of both)");
+
 void cxla_mig_ctx_free(struct cxla_mig_ctx *x)
 {
 	kvfree(x->src);
@@ -617,6 +629,90 @@ static int cxla_mig_copy(struct cxla_mig_ctx *x, const struct migrate_vma *args,
 	return ret;
 }
 
+/* Does the destination of e hold what its source does? */
+static bool cxla_mig_copied(const struct cxla_xpage *e)
+{
+	void *dv = kmap_local_page(e->dstore ?: e->dpage), *sv;
+	bool same;
+
+	if (e->zero) {
+		same = !memchr_inv(dv, 0, PAGE_SIZE);
+	} else {
+		sv = kmap_local_page(e->spage);
+		same = !memcmp(sv, dv, PAGE_SIZE);
+		kunmap_local(sv);
+	}
+	kunmap_local(dv);
+	return same;
+}
+
+/*
+ * verify_copies: a destination unlike its source is not mapped (the page
+ * stays where it was, counted as busy), so a wrong copy loses no data.
+ */
+static void cxla_mig_verify(struct cxla_mig_ctx *x,
+			    const struct migrate_vma *args, unsigned long nx)
+{
+	struct cxla_mig *mig = x->mig;
+	unsigned long i, bad = 0;
+
+	for (i = 0; i < nx; i++) {
+		struct cxla_xpage *e = &x->xp[i];
+
+		if (!e->dpage || e->failed ||
+		    (!x->huge_dst && !args->dst[e->idx]) || cxla_mig_copied(e))
+			continue;
+		bad++;
+		dev_err_ratelimited(&mig->cd->dev,
+				    "copy mismatch: mode %d page %lu of the window, pfn %#lx -> %#lx%s; the page stays\n",
+				    x->mode, e->idx,
+				    e->spage ? page_to_pfn(e->spage) : 0,
+				    page_to_pfn(e->dstore ?: e->dpage),
+				    e->zero ? " (zero fill)" : "");
+		if (x->huge)
+			continue;	/* the whole group, below */
+		args->dst[e->idx] = 0;
+		unlock_page(e->dpage);
+		put_page(e->dpage);
+		e->dpage = NULL;
+		x->res->busy++;
+	}
+	if (!bad)
+		return;
+	atomic64_add(bad, &mig->stat[CXLA_MS_COPY_MISMATCH]);
+	if (!x->huge)
+		return;
+	/* a 2 MiB group moves whole or not at all */
+	if (x->huge_dst) {
+		folio_unlock(x->huge_dst);
+		folio_put(x->huge_dst);
+		x->huge_dst = NULL;
+	} else {
+		for (i = 0; i < nx; i++) {
+			unlock_page(x->xp[i].dpage);
+			put_page(x->xp[i].dpage);
+			x->xp[i].dpage = NULL;
+		}
+	}
+	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+	x->res->busy += nx;
+}
+
+/* Account a window's stages; t[] holds each stage's start time. */
+static void cxla_mig_stages(struct cxla_mig_ctx *x, const u64 *t,
+			    unsigned long moved)
+{
+	atomic64_t *row = x->mig->stage[x->mode + (x->priv ? 3 : 0)];
+	u64 end = ktime_get_ns();
+	int i;
+
+	atomic64_inc(&row[CXLA_STAGE_WINDOWS]);
+	atomic64_add(moved, &row[CXLA_STAGE_PAGES]);
+	for (i = CXLA_STAGE_SETUP; i < CXLA_STAGE_COUNT; i++)
+		atomic64_add((i + 1 < CXLA_STAGE_COUNT ? t[i + 1] : end) - t[i],
+			     &row[i]);
+}
+
 #ifdef CONFIG_DEVICE_PRIVATE
 /*
  * How many pages of [start, end) are this device's private pages already.
@@ -695,10 +791,14 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 	u64 __maybe_unused busy = res->busy;
 	int ret, err = 0;
 
+	u64 t[CXLA_STAGE_COUNT];
+
+	t[CXLA_STAGE_SETUP] = ktime_get_ns();
 	ret = migrate_vma_setup(&args);
 	if (ret)
 		return ret;
 
+	t[CXLA_STAGE_DEST] = ktime_get_ns();
 	nx = cxla_mig_select(x, vma, &args);
 	nx = cxla_mig_dst(x, vma, start, nx, &err);
 	for (i = 0; i < nx; i++)
@@ -710,8 +810,12 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 			      MIGRATE_PFN_COMPOUND;
 	}
 #endif
+	t[CXLA_STAGE_COPY] = ktime_get_ns();
 	ret = cxla_mig_copy(x, &args, nx);
+	if (unlikely(READ_ONCE(cxla_verify_copies)))
+		cxla_mig_verify(x, &args, nx);
 
+	t[CXLA_STAGE_MIGRATE] = ktime_get_ns();
 	migrate_vma_pages(&args);
 #ifdef CXLA_PRIVATE_THP
 	if (x->huge_dst) {
@@ -733,7 +837,9 @@ int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
 		}
 		moved++;
 	}
+	t[CXLA_STAGE_FINALIZE] = ktime_get_ns();
 	migrate_vma_finalize(&args);
+	cxla_mig_stages(x, t, moved);
 #ifdef CONFIG_DEVICE_PRIVATE
 	if (x->priv && x->mode == CXLA_MIG_TO_DEV && res->busy > busy) {
 		/* the pages this window just moved are ours now: not counted */
@@ -1001,7 +1107,7 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 
 	cxla_hmm_info(to_cxla_dev(dev), &h);
 	return sysfs_emit(buf,
-			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\ncpu_copied %llu\n",
+			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\ncpu_copied %llu\ncopy_mismatches %llu\n",
 			  h.flags & CXL_ACCEL_HMM_NUMA ? "numa" :
 			  h.flags & CXL_ACCEL_HMM_COHERENT ? "coherent" : "none",
 			  h.flags & CXL_ACCEL_HMM_PRIVATE ? " private" : "",
@@ -1012,9 +1118,43 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 			  h.svm_mirror_hits, h.svm_invalidations,
 			  h.svm_invalidate_waits, h.svm_mirrors, h.private_pages,
 			  h.cpu_faults, h.pool_pages_poisoned, h.poison_skipped,
-			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_CPU_COPIED]));
+			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_CPU_COPIED]),
+			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_COPY_MISMATCH]));
 }
 static DEVICE_ATTR_RO(migration);
+
+/*
+ * Where migration time goes, one line per kind of window (coherent or
+ * private memory, to the device, to RAM, eviction): windows, pages moved,
+ * and nanoseconds in each stage, summed. Differences between two reads
+ * give a run's figures (hmm-bench prints them per page).
+ */
+static ssize_t migration_stages_show(struct device *dev,
+				     struct device_attribute *attr, char *buf)
+{
+	static const char *const kinds[CXLA_STAGE_KINDS] = {
+		"coherent_to_dev", "coherent_to_ram", "coherent_evict",
+		"private_to_dev", "private_to_ram", "private_evict",
+	};
+	struct cxla_mig *mig = to_cxla_dev(dev)->mig;
+	int k, n = 0;
+
+	for (k = 0; k < CXLA_STAGE_KINDS; k++) {
+		atomic64_t *row = mig->stage[k];
+
+		n += sysfs_emit_at(buf, n,
+				   "%s windows %lld pages %lld setup_ns %lld destination_ns %lld copy_ns %lld migrate_ns %lld finalize_ns %lld\n",
+				   kinds[k], atomic64_read(&row[CXLA_STAGE_WINDOWS]),
+				   atomic64_read(&row[CXLA_STAGE_PAGES]),
+				   atomic64_read(&row[CXLA_STAGE_SETUP]),
+				   atomic64_read(&row[CXLA_STAGE_DEST]),
+				   atomic64_read(&row[CXLA_STAGE_COPY]),
+				   atomic64_read(&row[CXLA_STAGE_MIGRATE]),
+				   atomic64_read(&row[CXLA_STAGE_FINALIZE]));
+	}
+	return n;
+}
+static DEVICE_ATTR_RO(migration_stages);
 
 /* The NUMA node of device memory: the node itself in NUMA mode */
 static ssize_t numa_node_show(struct device *dev, struct device_attribute *attr,
@@ -1027,6 +1167,7 @@ static DEVICE_ATTR_RO(numa_node);
 static struct attribute *cxla_mig_attrs[] = {
 	&dev_attr_numa_node.attr,
 	&dev_attr_migration.attr,
+	&dev_attr_migration_stages.attr,
 	NULL,
 };
 

@@ -58,6 +58,7 @@ enum {
 	CXLA_MS_CPU_FAULTS,	/* migrate_to_ram() of private pages */
 	CXLA_MS_POISON_SKIPPED,	/* pages left in place: poisoned memory */
 	CXLA_MS_CPU_COPIED,	/* small windows the CPU copied (cpu_copy_pages) */
+	CXLA_MS_COPY_MISMATCH,	/* verify_copies: a destination unlike its source */
 	CXLA_MS_COUNT
 };
 
@@ -65,6 +66,22 @@ enum {
 #define CXLA_POOL_LINGER	msecs_to_jiffies(250)
 
 /* Per device: migration page pool and counters */
+/*
+ * Where a migration window's time goes (sysfs migration_stages): one row
+ * per mode (enum cxla_mig_mode) and memory kind, coherent then private.
+ */
+#define CXLA_STAGE_KINDS	6
+enum {
+	CXLA_STAGE_WINDOWS,
+	CXLA_STAGE_PAGES,	/* moved */
+	CXLA_STAGE_SETUP,	/* migrate_vma_setup(): collect, unmap (ns) */
+	CXLA_STAGE_DEST,	/* selection, destination pages (ns) */
+	CXLA_STAGE_COPY,	/* the device's or the CPU's copy (ns) */
+	CXLA_STAGE_MIGRATE,	/* migrate_vma_pages() (ns) */
+	CXLA_STAGE_FINALIZE,	/* migrate_vma_finalize(): remap, free (ns) */
+	CXLA_STAGE_COUNT
+};
+
 struct cxla_mig {
 	struct cxla_dev *cd;
 	/*
@@ -92,6 +109,8 @@ struct cxla_mig {
 	phys_addr_t mem_start;
 	phys_addr_t mem_end;		/* exclusive; 0 = not registered */
 	atomic64_t stat[CXLA_MS_COUNT];
+	/* migration_stages: per kind of window, counts and time per stage */
+	atomic64_t stage[CXLA_STAGE_KINDS][CXLA_STAGE_COUNT];
 };
 
 /* Where a page is (cxla_page_owner_dev) */

@@ -202,5 +202,6 @@ const struct attribute_group *cxla_groups[] = {
 	&cxla_mig_group,	/* numa_node, migration (migrate.c) */
 	&cxla_poison_group,	/* poison, poison_stats (poison.c) */
 	&cxla_cxl_group,	/* cxl: the CXL region (cxl.c) */
+	&cxla_ras_group,	/* cxl_ras, cxl_ras_mask (ras.c) */
 	NULL,
 };

@@ -14,5 +14,6 @@ extern const struct attribute_group cxla_dmabuf_group;	/* dmabuf.c */
 extern const struct attribute_group cxla_poison_group;	/* poison.c */
 extern const struct attribute_group cxla_mig_group;	/* migrate.c */
 extern const struct attribute_group cxla_cxl_group;	/* cxl.c */
+extern const struct attribute_group cxla_ras_group;	/* ras.c */
 
 #endif /* CXL_ACCEL_SYSFS_H */

@@ -38,6 +38,7 @@
 #include "devmem.h"
 #include "ops.h"
 #include "poison.h"
+#include "ras.h"
 #include "vq.h"
 
 #define CREATE_TRACE_POINTS
@@ -896,6 +897,9 @@ static void cxla_evt_record(struct cxla_dev *cd, const struct cxla_event *ev)
 	case CXLA_EVENT_POISON_CLEARED:
 		/* interrupt context: poison.c acts on it from a work item */
 		cxla_poison_kick(cd);
+		break;
+	case CXLA_EVENT_CXL_RAS:
+		cxla_ras_kick(cd);	/* likewise ras.c */
 		break;
 	}
 }

@@ -118,6 +118,9 @@ pub const EVENT_DEVMEM_MAPPED: u32 = 3;
 pub const EVENT_POISON: u32 = 4;
 /// A poisoned range is usable again: value0 = offset, value1 = length.
 pub const EVENT_POISON_CLEARED: u32 = 5;
+/// An unmasked CXL RAS error (--attach cxl): value0 = 0 correctable, 1 uncorrectable;
+/// value1 = the status bit raised. The RAS capability's registers say the rest.
+pub const EVENT_CXL_RAS: u32 = 6;
 
 /// Opcodes by name, as logs and the control channel spell them.
 pub const OPCODES: [(u16, &str); 16] = [
@@ -399,6 +402,7 @@ pub fn constants() -> Vec<(String, u64)> {
             "CXLA_EVENT_POISON_CLEARED".into(),
             EVENT_POISON_CLEARED as u64,
         ),
+        ("CXLA_EVENT_CXL_RAS".into(), EVENT_CXL_RAS as u64),
         ("CXLA_STAT_MEDIA_ERRORS".into(), STAT_MEDIA_ERRORS as u64),
     ];
     for s in Status::ALL {

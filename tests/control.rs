@@ -137,6 +137,23 @@ fn fault_classes_seen_from_the_ring() {
     assert!(len < 32, "used length {len}");
     ctl(&sock, &["fault", "clear"]);
 
+    // Skip: answered OK, nothing done (a device that claims work it did not do).
+    let (_, off) = h.alloc(4096);
+    ctl(
+        &sock,
+        &["fault", "add", "--opcode", "FILL", "--nth", "1", "--skip"],
+    );
+    let fill_skipped = fill(1, 0x2222_2222_2222_2222, &[sge(SPACE_DEVMEM, off, 4096)]);
+    assert_eq!(h.call(&fill_skipped).status(), Status::Ok);
+    assert_ne!(h.devmem_read(off, 8), vec![0x22; 8], "a skipped FILL wrote");
+    assert_eq!(h.call(&fill_skipped).status(), Status::Ok);
+    assert_eq!(
+        h.devmem_read(off, 8),
+        vec![0x22; 8],
+        "the next FILL did not"
+    );
+    ctl(&sock, &["fault", "clear"]);
+
     // A delay: the answer comes, late.
     ctl(
         &sock,

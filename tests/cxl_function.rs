@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::{memfd, pattern, DriverQueue, TempDir};
 use cxl_accel::cli::Args;
 use cxl_accel::device::command::encode;
+use cxl_accel::device::cxl::{CxlError, RasError};
 use cxl_accel::device::devmem::{DeviceMemory, FileId};
 use cxl_accel::device::dispatch::Dispatcher;
 use cxl_accel::device::state::{self, StateFile};
@@ -317,4 +318,82 @@ fn a_mapping_without_a_file_that_is_no_peers_stays_out_of_reach() {
         .read_exact_at(&mut back, 0)
         .unwrap();
     assert!(back.iter().all(|&b| b == 0));
+}
+
+/// Drains the device's events: (kind, value0, value1) each.
+fn events(device: &Device) -> Vec<(u32, u64, u64)> {
+    std::iter::from_fn(|| device.pop_event())
+        .map(|e| (e.kind, e.value0, e.value1))
+        .collect()
+}
+
+#[test]
+fn ras_errors_set_their_status_and_are_signalled_unless_masked() {
+    const RAS: u64 = 0x1000 + 0x80;
+    let rig = Rig::new();
+    let dev = &rig.device;
+    let cxl = dev.cxl();
+    events(dev);
+
+    // Masked at reset, as on hardware: the status is set, nothing is signalled.
+    let r = dev.raise_ras(RasError::Correctable { bit: 2 }).unwrap();
+    assert!(!r.unmasked);
+    assert_eq!(cxl.component_read(RAS + 0x0C), 1 << 2);
+    assert!(events(dev).iter().all(|e| e.0 != EVENT_CXL_RAS));
+
+    // The driver unmasks; the next error is signalled with its class and bit.
+    cxl.component_write(RAS + 0x10, 0);
+    cxl.component_write(RAS + 0x04, 0);
+    assert!(
+        dev.raise_ras(RasError::Correctable { bit: 5 })
+            .unwrap()
+            .unmasked
+    );
+    let header = [0x1111, 0x2222, 0x3333, 0x4444];
+    let r = dev.raise_ras(RasError::Uncorrectable { bit: 14, header });
+    assert!(r.unwrap().unmasked);
+    let ras: Vec<_> = events(dev)
+        .into_iter()
+        .filter(|e| e.0 == EVENT_CXL_RAS)
+        .collect();
+    assert_eq!(
+        ras,
+        vec![(EVENT_CXL_RAS, 0, 1 << 5), (EVENT_CXL_RAS, 1, 1 << 14)]
+    );
+
+    // The registers the driver reads: status, first error pointer, header log.
+    assert_eq!(cxl.component_read(RAS + 0x0C), (1 << 2) | (1 << 5));
+    assert_eq!(cxl.component_read(RAS), 1 << 14);
+    assert_eq!(cxl.component_read(RAS + 0x14) & 0x1F, 14);
+    let log: Vec<u32> = (0..4)
+        .map(|i| cxl.component_read(RAS + 0x18 + 4 * i))
+        .collect();
+    assert_eq!(log, header);
+
+    // Write 1 to clear.
+    cxl.component_write(RAS + 0x0C, (1 << 2) | (1 << 5));
+    cxl.component_write(RAS, 1 << 14);
+    assert_eq!(
+        (cxl.component_read(RAS), cxl.component_read(RAS + 0x0C)),
+        (0, 0)
+    );
+
+    // Bits the registers do not have are refused.
+    assert!(dev.raise_ras(RasError::Correctable { bit: 9 }).is_err());
+    assert!(dev
+        .raise_ras(RasError::Uncorrectable { bit: 12, header })
+        .is_err());
+}
+
+#[test]
+fn ras_errors_need_the_cxl_attach_mode() {
+    let dir = TempDir::new();
+    let devmem = DeviceMemory::open(&dir.0.join("devmem"), DEVMEM).unwrap();
+    let device = Device::new(DeviceConfig::default(), devmem);
+    assert_eq!(
+        device
+            .raise_ras(RasError::Correctable { bit: 0 })
+            .unwrap_err(),
+        CxlError::NotCxl
+    );
 }

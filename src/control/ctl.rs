@@ -74,6 +74,19 @@ pub enum CtlCommand {
         #[arg(value_parser = parse_u64)]
         len: u64,
     },
+    /// The CXL RAS registers (--attach cxl); with an option, raise an error there first
+    /// (signalled to the driver unless the driver masked it).
+    Ras {
+        /// Set this correctable error status bit (0-6).
+        #[arg(long, group = "class", value_name = "BIT")]
+        correctable: Option<u32>,
+        /// Set this uncorrectable error status bit (0-11, 14-16).
+        #[arg(long, group = "class", value_name = "BIT")]
+        uncorrectable: Option<u32>,
+        /// With --uncorrectable: the header log's first words (up to 4, comma-separated).
+        #[arg(long, requires = "uncorrectable", value_delimiter = ',', value_parser = parse_u64)]
+        header: Vec<u64>,
+    },
     /// Send one JSON request as it is (see the README for the request format).
     Raw { request: String },
 }
@@ -117,6 +130,9 @@ pub enum FaultCommand {
         /// Answer with a status the specification does not define.
         #[arg(long, group = "what")]
         corrupt_status: bool,
+        /// Answer OK without executing (a device that claims work it did not do).
+        #[arg(long, group = "what")]
+        skip: bool,
     },
     /// Rules, the stall state, the model and poisoned ranges.
     List,
@@ -132,8 +148,8 @@ pub enum CtlError {
     #[error("not JSON: {0}")]
     NotJson(#[from] serde_json::Error),
     #[error(
-        "say what happens: --fail, --delay-ms, --hang, --late-ms, --corrupt-length or \
-         --corrupt-status"
+        "say what happens: --fail, --delay-ms, --hang, --late-ms, --corrupt-length, \
+         --corrupt-status or --skip"
     )]
     NoAction,
 }
@@ -170,6 +186,17 @@ pub fn request_of(command: &CtlCommand) -> Result<Value, CtlError> {
         CtlCommand::Unpoison { offset, len } => {
             json!({"cmd": cmd::UNPOISON, "offset": offset, "len": len})
         }
+        CtlCommand::Ras {
+            correctable,
+            uncorrectable,
+            header,
+        } => match (correctable, uncorrectable) {
+            (Some(bit), _) => json!({"cmd": cmd::RAS, "class": "correctable", "bit": bit}),
+            (_, Some(bit)) => {
+                json!({"cmd": cmd::RAS, "class": "uncorrectable", "bit": bit, "header": header})
+            }
+            _ => json!({"cmd": cmd::RAS}),
+        },
         CtlCommand::Raw { request } => serde_json::from_str(request)?,
         CtlCommand::Fault(FaultCommand::List) => json!({"cmd": cmd::FAULTS}),
         CtlCommand::Fault(FaultCommand::Clear { id }) => json!({"cmd": cmd::FAULT_CLEAR, "id": id}),
@@ -186,6 +213,7 @@ pub fn request_of(command: &CtlCommand) -> Result<Value, CtlError> {
             late_ms,
             corrupt_length,
             corrupt_status,
+            skip,
         }) => {
             let mut r = json!({"cmd": cmd::FAULT_ADD, "opcode": opcode, "seed": seed,
                 "nth": nth, "every": every, "percent": percent});
@@ -201,6 +229,8 @@ pub fn request_of(command: &CtlCommand) -> Result<Value, CtlError> {
                 json!({"action": "corrupt-length"})
             } else if *corrupt_status {
                 json!({"action": "corrupt-status"})
+            } else if *skip {
+                json!({"action": "skip"})
             } else {
                 return Err(CtlError::NoAction);
             };
@@ -334,6 +364,15 @@ mod tests {
             (r["min_ms"].as_u64(), r["max_ms"].as_u64()),
             (Some(5), Some(9))
         );
+        assert_eq!(
+            req(&["ras", "--uncorrectable", "14", "--header", "0x10,2"]),
+            json!({"cmd": cmd::RAS, "class": "uncorrectable", "bit": 14, "header": [16, 2]})
+        );
+        assert_eq!(
+            req(&["ras", "--correctable", "3"]),
+            json!({"cmd": cmd::RAS, "class": "correctable", "bit": 3})
+        );
+        assert_eq!(req(&["ras"]), json!({"cmd": cmd::RAS}));
         assert_eq!(
             req(&["fault", "clear"]),
             json!({"cmd": cmd::FAULT_CLEAR, "id": null})

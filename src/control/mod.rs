@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::device::cxl::RasError;
 use crate::device::faults::{Action, Model, RuleSpec, Trigger};
 use crate::device::Device;
 use crate::host::poll::wait_readable;
@@ -36,8 +37,9 @@ pub mod cmd {
     pub const MODEL: &str = "model";
     pub const POISON: &str = "poison";
     pub const UNPOISON: &str = "unpoison";
+    pub const RAS: &str = "ras";
     /// Every command, for help texts and checks.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         INFO,
         COUNTERS,
         TRACE,
@@ -50,6 +52,7 @@ pub mod cmd {
         MODEL,
         POISON,
         UNPOISON,
+        RAS,
     ];
 }
 
@@ -233,6 +236,7 @@ fn rule_spec(req: &Value) -> Result<RuleSpec, ControlError> {
         },
         Some("corrupt-length") => Action::CorruptLength,
         Some("corrupt-status") => Action::CorruptStatus,
+        Some("skip") => Action::Skip,
         Some(a) => return Err(bad(format!("unknown action {a}"))),
         None => return Err(bad("\"action\" is missing")),
     };
@@ -253,6 +257,7 @@ fn action_json(a: &Action) -> Value {
         Action::Late { after } => json!({"action": "late", "after_ms": after.as_millis() as u64}),
         Action::CorruptLength => json!({"action": "corrupt-length"}),
         Action::CorruptStatus => json!({"action": "corrupt-status"}),
+        Action::Skip => json!({"action": "skip"}),
     }
 }
 
@@ -411,6 +416,50 @@ pub fn handle(device: &Device, req: &Value) -> Result<Value, ControlError> {
             let (offset, len) = (need_u64(req, "offset")?, need_u64(req, "len")?);
             let hit = device.unpoison(offset, len);
             ok(json!({"cleared": hit}))
+        }
+        cmd::RAS => {
+            let bit = || -> Result<u32, ControlError> {
+                u32::try_from(need_u64(req, "bit")?).map_err(|_| bad("\"bit\" too large"))
+            };
+            let error = match field(req, "class").and_then(Value::as_str) {
+                None => None,
+                Some("correctable") => Some(RasError::Correctable { bit: bit()? }),
+                Some("uncorrectable") => {
+                    let mut header = [0u32; 4];
+                    if let Some(h) = field(req, "header") {
+                        let words = h
+                            .as_array()
+                            .filter(|a| a.len() <= 4)
+                            .ok_or_else(|| bad("\"header\" is a list of up to 4 numbers"))?;
+                        for (slot, w) in header.iter_mut().zip(words) {
+                            *slot = w
+                                .as_u64()
+                                .and_then(|v| u32::try_from(v).ok())
+                                .ok_or_else(|| bad("a \"header\" word is not a 32-bit number"))?;
+                        }
+                    }
+                    Some(RasError::Uncorrectable {
+                        bit: bit()?,
+                        header,
+                    })
+                }
+                Some(c) => return Err(bad(format!("unknown class {c}"))),
+            };
+            let unmasked = match error {
+                Some(e) => Some(
+                    device
+                        .raise_ras(e)
+                        .map_err(|e| bad(e.to_string()))?
+                        .unmasked,
+                ),
+                None => None,
+            };
+            let (ue, ce, ue_mask, ce_mask) = device.cxl().ras_state();
+            ok(
+                json!({"unmasked": unmasked, "ras": {"uncorrectable_status": ue,
+                "correctable_status": ce, "uncorrectable_mask": ue_mask,
+                "correctable_mask": ce_mask}}),
+            )
         }
         other => Err(bad(format!(
             "unknown command {other} (the commands: {})",

@@ -114,6 +114,8 @@ pub struct Raised {
 pub enum CxlError {
     #[error("no such {kind} error bit {bit}")]
     NoSuchBit { kind: &'static str, bit: u32 },
+    #[error("the device has CXL registers only with --attach cxl")]
+    NotCxl,
 }
 
 /// The endpoint's CXL registers.

@@ -121,6 +121,16 @@ impl Device {
                         reply.resp.status = Status::Interrupted as u32;
                     }
                     Some(Action::Fail(status)) => reply.resp.status = status as u32,
+                    Some(Action::Skip) => {
+                        // OK, and for the data movers the count a complete command reports.
+                        reply.resp.status = Status::Ok as u32;
+                        reply.resp.result0 = match &req.cmd {
+                            Command::Copy { src, .. } => src.iter().map(|s| s.len as u64).sum(),
+                            Command::Fill { dst, .. } => dst.iter().map(|s| s.len as u64).sum(),
+                            Command::CopyPages { src, .. } => src.len() as u64,
+                            _ => 0,
+                        };
+                    }
                     Some(Action::Hang) => {
                         // Never answered while the queue runs; a queue stop ends it.
                         while !sleep_unless(Duration::from_secs(3600), &cancelled) {}
@@ -133,7 +143,11 @@ impl Device {
                             Some(Action::Late { after }) => after,
                             _ => Duration::ZERO,
                         };
-                        let (read, written) = traffic(req.hdr.opcode, &reply.resp);
+                        let page_size = match &req.cmd {
+                            Command::CopyPages { page_size, .. } => *page_size,
+                            _ => 0,
+                        };
+                        let (read, written) = traffic(req.hdr.opcode, &reply.resp, page_size);
                         let cost = self.faults.model().cost(read, written);
                         sleep_unless(wait + cost.saturating_sub(start.elapsed()), &cancelled);
                         match fault {

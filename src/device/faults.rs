@@ -40,6 +40,9 @@ pub enum Action {
     CorruptLength,
     /// Completed with a status value the specification does not define.
     CorruptStatus,
+    /// Not executed, yet completed with OK and, for COPY, COPY_PAGES and FILL, the count a
+    /// complete command reports: a device that claims work it did not do.
+    Skip,
 }
 
 /// A status value no version of the specification defines.

@@ -160,12 +160,17 @@ fn log_new_peers(known: &[(u64, u64)], found: &[(u64, u64)]) {
 }
 
 /// Bytes a completed command read and wrote, for the latency and bandwidth model.
-fn traffic(opcode: u16, r: &Resp) -> (u64, u64) {
+fn traffic(opcode: u16, r: &Resp, page_size: u32) -> (u64, u64) {
     if r.status != Status::Ok as u32 {
         return (0, 0);
     }
     match opcode {
-        OP_COPY | OP_COPY_PAGES => (r.result0, r.result0),
+        OP_COPY => (r.result0, r.result0),
+        // result0 counts pages there
+        OP_COPY_PAGES => {
+            let b = r.result0.saturating_mul(page_size as u64);
+            (b, b)
+        }
         OP_FILL => (0, r.result0),
         OP_CHECKSUM => (r.result1, 0),
         OP_ATOMIC => (8, 8),
@@ -367,6 +372,36 @@ impl Device {
         log::warn!("device memory {offset:#x} + {len:#x} poisoned");
         self.post_event(EVENT_POISON, offset, len);
         Ok(())
+    }
+
+    /// Raises a CXL RAS error in the RAS capability (--attach cxl) and, when it is unmasked,
+    /// signals it to the driver with an event, as the device's error detection would.
+    pub fn raise_ras(&self, e: cxl::RasError) -> Result<cxl::Raised, cxl::CxlError> {
+        if self.cfg.attach != Attach::Cxl {
+            return Err(cxl::CxlError::NotCxl);
+        }
+        let raised = self.cxl.raise(e)?;
+        let (class, bit) = match e {
+            cxl::RasError::Correctable { bit } => (0, bit),
+            cxl::RasError::Uncorrectable { bit, .. } => (1, bit),
+        };
+        log::warn!(
+            "CXL RAS: {} error, status bit {bit}{}",
+            if class == 0 {
+                "correctable"
+            } else {
+                "uncorrectable"
+            },
+            if raised.unmasked {
+                ""
+            } else {
+                " (masked: not signalled)"
+            }
+        );
+        if raised.unmasked {
+            self.post_event(EVENT_CXL_RAS, class, 1 << bit);
+        }
+        Ok(raised)
     }
 
     /// Clears poison in [offset, offset + len); the driver hears of it when there was any.

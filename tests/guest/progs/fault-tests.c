@@ -538,6 +538,189 @@ CXLA_TEST_F(fault, corrupted_responses)
 	return PASS;
 }
 
+/* A line "name N" of a sysfs file of the device; -1 when missing */
+static long long sys_field(FIXTURE_DATA(fault) *c, const char *attr,
+			   const char *name)
+{
+	static char buf[8192];
+	const char *l;
+	size_t n = strlen(name);
+
+	if (sys_read(c, attr, buf, sizeof(buf)))
+		return -1;
+	for (l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+		if (!strncmp(l, name, n) && l[n] == ' ')
+			return strtoll(l + n + 1, NULL, 0);
+	return -1;
+}
+
+#define PARAM(name)	"/sys/module/cxl_accel/parameters/" name
+
+/*
+ * A device that answers OK without copying (--skip on COPY_PAGES) would map
+ * stale device memory into the process. With verify_copies the driver
+ * compares each destination with its source before the kernel maps it: the
+ * pages of the skipped copy stay where they were, the next pass moves them,
+ * and the data is whole.
+ */
+CXLA_TEST_F(fault, skipped_copy_caught)
+{
+	const size_t n = 128;
+	struct cxl_accel_migrate mg;
+	struct cxl_accel_hmm_info h;
+	char cpu_copy[32] = "64";
+	long long mism0, fired;
+	uint8_t *p, *ref;
+	int fd;
+	ssize_t got;
+
+	OK(cxla_hmm_info(c->fd, &h));
+	if (!(h.flags & CXL_ACCEL_HMM_COHERENT)) {
+		DETAIL("no coherent device memory (flags %#x)", h.flags);
+		return SKIP;
+	}
+	fd = open(PARAM("cpu_copy_pages"), O_RDONLY);
+	CHECK(fd >= 0, "cpu_copy_pages: %s", strerror(errno));
+	got = read(fd, cpu_copy, sizeof(cpu_copy) - 1);
+	close(fd);
+	cpu_copy[got > 0 ? got : 0] = 0;
+	p = map_anon(n * PG);
+	ref = malloc(n * PG);
+	CHECK(p && ref, "memory");
+	fill_random(ref, n * PG, 27);
+	memcpy(p, ref, n * PG);
+	/* the device copies every window, and the driver checks each page */
+	OK(sys_write(PARAM("cpu_copy_pages"), "0"));
+	OK(sys_write(PARAM("verify_copies"), "1"));
+	mism0 = sys_field(c, "migration", "copy_mismatches");
+	HOST(c, "fault clear; fault add --opcode COPY_PAGES --nth 1 --skip");
+	memset(&mg, 0, sizeof(mg));
+	got = cxla_migrate(c->fd, p, n * PG, true, &mg);
+	sys_write(PARAM("verify_copies"), "0");
+	sys_write(PARAM("cpu_copy_pages"), cpu_copy);
+	HOST(c, "fault list");
+	fired = json_num(reply, "fired");
+	HOST(c, "fault clear");
+	OK(got);
+	CHECK(fired == 1, "the skip rule fired %lld times", fired);
+	CHECK(sys_field(c, "migration", "copy_mismatches") > mism0,
+	      "copy_mismatches did not go up (%lld before)", mism0);
+	CHECK(mg.migrated == n, "%llu of %zu pages migrated (busy %llu)",
+	      (unsigned long long)mg.migrated, n, (unsigned long long)mg.busy);
+	CHECK(!memcmp(p, ref, n * PG), "data differs on the device");
+	OK(cxla_migrate(c->fd, p, n * PG, false, &mg));
+	CHECK(!memcmp(p, ref, n * PG), "data differs back in RAM");
+	munmap(p, n * PG);
+	free(ref);
+	SETTLED(c);
+	DETAIL("COPY_PAGES answered OK without copying: %lld pages caught by verify_copies and moved by the next pass, %zu pages whole there and back",
+	       sys_field(c, "migration", "copy_mismatches") - mism0, n);
+	return PASS;
+}
+
+/* Wait until cxl_ras's field name reaches want; its value */
+static long long wait_ras(FIXTURE_DATA(fault) *c, const char *name,
+			  long long want)
+{
+	long long v = -1;
+	int i;
+
+	for (i = 0; i < 100; i++) {
+		v = sys_field(c, "cxl_ras", name);
+		if (v >= want)
+			break;
+		usleep(50 * 1000);
+	}
+	return v;
+}
+
+static int ras_mask(FIXTURE_DATA(fault) *c, const char *masks)
+{
+	char p[256];
+
+	snprintf(p, sizeof(p), "/sys/class/cxl-accel/%s/cxl_ras_mask", c->name);
+	return sys_write(p, masks);
+}
+
+/*
+ * CXL RAS errors raised through the control channel (--attach cxl): each
+ * class reaches the driver's handler, which logs it and clears the status
+ * as the kernel's CXL code does; a masked error stays in the status
+ * register unsignalled, and the next handled error clears it with its own;
+ * several uncorrectable bits report the first error's bit and header log.
+ */
+CXLA_TEST_F(fault, cxl_ras)
+{
+	char buf[1024];
+	long long ce0, ue0;
+
+	if (sys_read(c, "cxl_ras", buf, sizeof(buf)) || !strncmp(buf, "none", 4)) {
+		DETAIL("not a CXL endpoint (no RAS registers): --attach cxl has them");
+		return SKIP;
+	}
+	ce0 = sys_field(c, "cxl_ras", "correctable_events");
+	ue0 = sys_field(c, "cxl_ras", "uncorrectable_events");
+
+	/* correctable */
+	HOST(c, "ras --correctable 3");
+	CHECK(json_num(reply, "unmasked") == 1, "not signalled: %.200s", reply);
+	CHECK(wait_ras(c, "correctable_events", ce0 + 1) == ce0 + 1,
+	      "correctable_events %lld, expected %lld",
+	      sys_field(c, "cxl_ras", "correctable_events"), ce0 + 1);
+	CHECK(sys_field(c, "cxl_ras", "last_correctable_status") == 0x8,
+	      "last_correctable_status %#llx",
+	      sys_field(c, "cxl_ras", "last_correctable_status"));
+	HOST(c, "ras");
+	CHECK(json_num(reply, "correctable_status") == 0, "status not cleared: %.200s", reply);
+
+	/* uncorrectable, with its header log */
+	HOST(c, "ras --uncorrectable 14 --header 0x11,0x22,0x33,0x44");
+	CHECK(wait_ras(c, "uncorrectable_events", ue0 + 1) == ue0 + 1,
+	      "uncorrectable_events %lld, expected %lld",
+	      sys_field(c, "cxl_ras", "uncorrectable_events"), ue0 + 1);
+	OK(sys_read(c, "cxl_ras", buf, sizeof(buf)));
+	CHECK(sys_field(c, "cxl_ras", "last_uncorrectable_status") == 0x4000 &&
+	      sys_field(c, "cxl_ras", "last_first_error") == 0x4000 &&
+	      strstr(buf, "last_header_log 00000011 00000022 00000033 00000044"),
+	      "what the driver logged: %s", buf);
+	HOST(c, "ras");
+	CHECK(json_num(reply, "uncorrectable_status") == 0, "status not cleared: %.200s", reply);
+
+	/* masked: set, not signalled; the next handled error clears it too */
+	OK(ras_mask(c, "0 0x4"));
+	HOST(c, "ras --correctable 2");
+	CHECK(json_num(reply, "unmasked") == 0, "a masked error was signalled: %.200s", reply);
+	usleep(300 * 1000);
+	CHECK(sys_field(c, "cxl_ras", "correctable_events") == ce0 + 1,
+	      "a masked error reached the handler");
+	HOST(c, "ras");
+	CHECK(json_num(reply, "correctable_status") == 0x4, "status %.200s", reply);
+	OK(ras_mask(c, "0 0"));
+	HOST(c, "ras --correctable 1");
+	CHECK(wait_ras(c, "correctable_events", ce0 + 2) == ce0 + 2, "the unmasked error after it was not handled");
+	CHECK(sys_field(c, "cxl_ras", "last_correctable_status") == 0x6,
+	      "last_correctable_status %#llx, expected both bits",
+	      sys_field(c, "cxl_ras", "last_correctable_status"));
+
+	/* two uncorrectable bits: the first error pointer and its header */
+	OK(ras_mask(c, "0x20 0"));
+	HOST(c, "ras --uncorrectable 5 --header 0xa1,0xa2");
+	OK(ras_mask(c, "0 0"));
+	HOST(c, "ras --uncorrectable 8 --header 0xb1,0xb2");
+	CHECK(wait_ras(c, "uncorrectable_events", ue0 + 2) == ue0 + 2, "the second uncorrectable error was not handled");
+	OK(sys_read(c, "cxl_ras", buf, sizeof(buf)));
+	CHECK(sys_field(c, "cxl_ras", "last_uncorrectable_status") == 0x120 &&
+	      sys_field(c, "cxl_ras", "last_first_error") == 0x20 &&
+	      strstr(buf, "last_header_log 000000a1 000000a2 00000000 00000000"),
+	      "two errors, the first bit 5: %s", buf);
+	HOST(c, "ras");
+	CHECK(json_num(reply, "uncorrectable_status") == 0 &&
+	      json_num(reply, "correctable_status") == 0, "not cleared: %.200s", reply);
+	SETTLED(c);
+	DETAIL("correctable (bit 3), uncorrectable with header log (bit 14), masked (held, cleared with the next), two uncorrectable (first error bit 5 and its header): each handled and cleared by the driver");
+	return PASS;
+}
+
 /* A completion that comes late, within the timeout: the command succeeds */
 CXLA_TEST_F(fault, delayed_completion)
 {

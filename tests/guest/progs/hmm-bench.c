@@ -23,7 +23,9 @@
  * Usage: hmm-bench [-d /dev/cxl-accelN] [-N NODE] [--quick] [--rounds R]
  *                  [--sweep]
  * Prints a table, one "BENCH" line per size and direction (both figures and
- * "ratio N.NN", migrate_vma / move_pages) and a RESULT line.
+ * "ratio N.NN", migrate_vma / move_pages), then where migrate_vma's time went
+ * per page moved (the driver's sysfs migration_stages: setup, destination,
+ * copy, migrate, finalize; one "BENCH stages" line each) and a RESULT line.
  */
 #define _GNU_SOURCE
 #include <stdbool.h>
@@ -48,9 +50,18 @@ struct size {
 	size_t chunk;		/* bytes per call */
 };
 
-/* seconds per round, per target and direction */
+/* the driver's stages of a migration window (sysfs migration_stages) */
+enum { S_WINDOWS, S_PAGES, S_SETUP, S_DEST, S_COPY, S_MIGRATE, S_FINALIZE,
+       S_COUNT };
+static const char *const stage_names[S_COUNT] = {
+	"windows", "pages", "setup", "destination", "copy", "migrate",
+	"finalize",
+};
+
+/* seconds per round, per target and direction; the stages, all rounds */
 struct fig {
 	double s[T_COUNT][2][MAX_ROUNDS];
+	unsigned long long stage[T_COUNT][2][S_COUNT];
 };
 
 static int fd;
@@ -58,6 +69,35 @@ static int node = -1;		/* move_pages() target, -1: none */
 static bool have[T_COUNT];
 static void **mp_pages;		/* move_pages() arrays, for the largest size */
 static int *mp_nodes, *mp_status;
+
+static char stages_path[128];	/* empty: the driver has no stage counters */
+
+/* The stage counters of one kind of window (e.g. "coherent_to_ram"). */
+static bool read_stages(const char *kind, unsigned long long *v)
+{
+	char line[512], name[32];
+	bool found = false;
+	FILE *f;
+
+	if (!*stages_path || !(f = fopen(stages_path, "r")))
+		return false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "%31s windows %llu pages %llu setup_ns %llu destination_ns %llu copy_ns %llu migrate_ns %llu finalize_ns %llu",
+			       name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+			       &v[6]) == 8 && !strcmp(name, kind);
+	fclose(f);
+	return found;
+}
+
+static const char *stage_kind(int t, int dir)
+{
+	static const char *const kinds[2][2] = {
+		{ "coherent_to_dev", "coherent_to_ram" },
+		{ "private_to_dev", "private_to_ram" },
+	};
+
+	return kinds[t == T_PRIVATE][dir];
+}
 
 /* anonymous memory without transparent huge pages; NULL on failure */
 static void *map_pages(size_t len)
@@ -115,10 +155,13 @@ static int round_trip(const struct size *z, struct fig *f, int r, uint8_t *p,
 		if (!have[t])
 			continue;
 		for (dir = 0; dir < 2; dir++) {
+			unsigned long long before[S_COUNT], after[S_COUNT];
+			bool staged = t != T_MOVE_PAGES &&
+				      read_stages(stage_kind(t, dir), before);
 			uint64_t moved, total = 0;
 			double t0 = now_sec();
 			size_t off;
-			int e;
+			int e, k;
 
 			for (off = 0; off < z->bytes; off += z->chunk) {
 				e = move(t, p + off, z->chunk, dir == 0, &moved);
@@ -131,6 +174,9 @@ static int round_trip(const struct size *z, struct fig *f, int r, uint8_t *p,
 				total += moved;
 			}
 			f->s[t][dir][r] = now_sec() - t0;
+			if (staged && read_stages(stage_kind(t, dir), after))
+				for (k = 0; k < S_COUNT; k++)
+					f->stage[t][dir][k] += after[k] - before[k];
 			if (total != z->bytes / PG) {
 				fprintf(stderr, "%s %s: moved %llu pages of %zu\n",
 					z->name, target_names[t],
@@ -266,6 +312,61 @@ static int ram_node(void)
 	return found;
 }
 
+/* Is the kernel told to zero every page it allocates (init_on_alloc)? */
+static const char *init_on_alloc(void)
+{
+	static char v[16] = "default";
+	char cmd[4096], *o;
+	FILE *f = fopen("/proc/cmdline", "r");
+
+	if (f) {
+		if (fgets(cmd, sizeof(cmd), f) &&
+		    (o = strstr(cmd, "init_on_alloc=")))
+			sscanf(o + strlen("init_on_alloc="), "%15[^ \n]", v);
+		fclose(f);
+	}
+	return v;
+}
+
+/*
+ * Where migrate_vma's time went, per page moved, from the driver's stage
+ * counters (all rounds): the kernel's collect and unmap (setup), the
+ * destination pages, the copy, migrate_vma_pages(), the remap (finalize).
+ */
+static void print_stages(const struct size *sizes, const struct fig *figs,
+			 int nsizes)
+{
+	int i, t, dir, k;
+
+	if (!*stages_path)
+		return;
+	printf("migrate_vma stages, us per page moved (kernel command line init_on_alloc=%s: the kernel zeroes every page it allocates unless 0)\n",
+	       init_on_alloc());
+	printf("  %-9s %-9s %-4s", "size", "memory", "to");
+	for (k = S_SETUP; k < S_COUNT; k++)
+		printf(" %11s", stage_names[k]);
+	printf("\n");
+	for (i = 0; i < nsizes; i++)
+		for (t = T_COHERENT; t <= T_PRIVATE; t++)
+			for (dir = 0; have[t] && dir < 2; dir++) {
+				const unsigned long long *v = figs[i].stage[t][dir];
+
+				if (!v[S_PAGES])
+					continue;
+				printf("  %-9s %-9s %-4s", sizes[i].name,
+				       target_names[t], dir ? "RAM" : "dev");
+				for (k = S_SETUP; k < S_COUNT; k++)
+					printf(" %11.2f", v[k] / 1e3 / v[S_PAGES]);
+				printf("\n");
+				printf("BENCH stages %s %s %s", sizes[i].name,
+				       target_names[t], dir ? "to_ram" : "to_dev");
+				for (k = S_SETUP; k < S_COUNT; k++)
+					printf(" %s=%.2f", stage_names[k],
+					       v[k] / 1e3 / v[S_PAGES]);
+				printf("\n");
+			}
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = "/dev/cxl-accel0";
@@ -318,6 +419,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	numa = h.flags & CXL_ACCEL_HMM_NUMA;
+	snprintf(stages_path, sizeof(stages_path),
+		 "/sys/class/cxl-accel/%s/migration_stages",
+		 strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+	if (access(stages_path, R_OK))
+		*stages_path = 0;
 	if (numa) {
 		node = h.numa_node;
 	} else {
@@ -415,6 +521,7 @@ int main(int argc, char **argv)
 					v[T_COHERENT] / v[T_MOVE_PAGES]);
 		}
 	}
+	print_stages(sizes, figs, nsizes);
 	if (numa)
 		printf("RESULT hmm_bench_numa PASS move_pages to node %d and back, %d sizes, data checked\n",
 		       node, nsizes);
