@@ -22,6 +22,9 @@
  * It also goes when virtio-pci lets go of the function (its devres).
  */
 #include <linux/delay.h>
+#include <linux/highmem.h>
+#include <linux/io.h>
+#include <linux/random.h>
 #include <linux/pci.h>
 #include <linux/sizes.h>
 #include <linux/slab.h>
@@ -161,6 +164,38 @@ err:
 	return ret;
 }
 
+/*
+ * Does the region's host-physical range reach device memory? A word
+ * written through the BAR is read back through the region. Stock QEMU
+ * routes CXL window accesses only to its own cxl-type3 devices: loads
+ * read 0 and stores are dropped.
+ */
+static bool cxla_cxl_region_backed(struct cxla_dev *cd,
+				   const struct range *range)
+{
+	u64 marker = get_random_u64() | 1, got = 0, old;
+	void __iomem *hpa;
+	struct cxla_buf *buf;
+	u64 *va;
+
+	if (cxla_buf_alloc(cd, PAGE_SIZE, PAGE_SIZE, &buf))
+		return false;
+	if (range->start + buf->offset + PAGE_SIZE - 1 <= range->end) {
+		hpa = ioremap(range->start + buf->offset, PAGE_SIZE);
+		va = kmap_local_page(cxla_buf_page(buf, 0));
+		old = READ_ONCE(*va);
+		WRITE_ONCE(*va, marker);
+		if (hpa)
+			got = readq(hpa);
+		WRITE_ONCE(*va, old);	/* the page is as it was */
+		kunmap_local(va);
+		if (hpa)
+			iounmap(hpa);
+	}
+	cxla_buf_put(buf);
+	return got == marker;
+}
+
 int cxla_cxl_probe(struct cxla_dev *cd)
 {
 	struct device *parent = cd->vdev->dev.parent;
@@ -200,10 +235,13 @@ int cxla_cxl_probe(struct cxla_dev *cd)
 		return 0;
 	}
 	cd->cxl_range = range;
-	dev_info(&cd->dev, "CXL Type-2 endpoint %s%s: region %#llx-%#llx (%llu MiB of device memory)\n",
+	cd->cxl_backed = cxla_cxl_region_backed(cd, &range);
+	dev_info(&cd->dev, "CXL Type-2 endpoint %s%s: region %#llx-%#llx (%llu MiB of device memory), %s\n",
 		 pci_name(pdev), again ? " (registered before)" : "",
 		 range.start, range.end,
-		 (unsigned long long)range_len(&range) >> 20);
+		 (unsigned long long)range_len(&range) >> 20,
+		 cd->cxl_backed ? "backed: loads and stores reach device memory" :
+		 "not backed by this QEMU (loads read 0, stores are dropped): device memory is used through the BAR");
 	return 0;
 }
 
@@ -259,8 +297,9 @@ static ssize_t cxl_show(struct device *dev, struct device_attribute *attr,
 		return sysfs_emit(buf, "none: not a CXL device\n");
 	if (cd->cxl_status)
 		return sysfs_emit(buf, "none: %d\n", cd->cxl_status);
-	return sysfs_emit(buf, "region %#llx-%#llx\n", cd->cxl_range.start,
-			  cd->cxl_range.end);
+	return sysfs_emit(buf, "region %#llx-%#llx %s\n", cd->cxl_range.start,
+			  cd->cxl_range.end,
+			  cd->cxl_backed ? "backed" : "not-backed");
 }
 static DEVICE_ATTR_RO(cxl);
 

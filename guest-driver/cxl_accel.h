@@ -95,6 +95,7 @@ struct cxla_dev {
 	/* CXL Type-2 endpoint (cxl.c) */
 	struct range cxl_range;		/* the region's host-physical range */
 	int cxl_status;			/* 0: region attached, else why not */
+	bool cxl_backed;		/* the region's range reaches device memory */
 	void *p2p_provider;		/* PCI P2PDMA provider of the BAR, or NULL */
 	struct dev_pagemap pgmap;
 	bool pgmap_live;

@@ -220,6 +220,11 @@ fn run_vfio(args: Args) -> Result<()> {
         args.memory_path.display(),
         args.dma_threads
     );
+    log::info!(
+        "the CXL region's host-physical range is not backed in stock QEMU (it routes CXL \
+         window accesses only to its cxl-type3 devices: loads read 0, stores are dropped); \
+         the guest reaches device memory through BAR4 (the driver checks which it has)"
+    );
     // Peers' memory files exist once QEMU comes (it starts after every daemon), and
     // opening files ends with the sandbox: open them between the two.
     let server = vfio_server::Server::new(listener)?;
