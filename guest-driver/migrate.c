@@ -491,6 +491,29 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 }
 
 /*
+ * A 2 MiB group that does not move: its destinations (one huge folio or
+ * 512 pages) are released and nothing of the group is migrated.
+ */
+static void cxla_mig_drop_group(struct cxla_mig_ctx *x,
+				const struct migrate_vma *args, unsigned long nx)
+{
+	unsigned long i;
+
+	if (x->huge_dst) {
+		folio_unlock(x->huge_dst);
+		folio_put(x->huge_dst);
+		x->huge_dst = NULL;
+	} else {
+		for (i = 0; i < nx; i++) {
+			unlock_page(x->xp[i].dpage);
+			put_page(x->xp[i].dpage);
+			x->xp[i].dpage = NULL;
+		}
+	}
+	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+}
+
+/*
  * Copy the pages: by the device (failed ones get ->failed and lose their
  * destination, which a quarantined command may still write); towards RAM
  * with cpu_fallback (eviction, CPU faults), also by the CPU (into new
@@ -515,17 +538,7 @@ static int cxla_mig_copy_huge(struct cxla_mig_ctx *x,
 		failed += !x->dma || x->xp[i].failed;
 	if (!failed)
 		return ret;
-	if (x->huge_dst) {
-		folio_unlock(x->huge_dst);
-		folio_put(x->huge_dst);
-		x->huge_dst = NULL;
-	} else {
-		for (i = 0; i < nx; i++) {
-			unlock_page(x->xp[i].dpage);
-			put_page(x->xp[i].dpage);
-		}
-	}
-	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+	cxla_mig_drop_group(x, args, nx);
 	if (!x->cpu_fallback || x->mode == CXLA_MIG_TO_DEV)
 		goto busy;
 	for (i = 0; i < nx; i++) {
@@ -683,18 +696,7 @@ static void cxla_mig_verify(struct cxla_mig_ctx *x,
 	if (!x->huge)
 		return;
 	/* a 2 MiB group moves whole or not at all */
-	if (x->huge_dst) {
-		folio_unlock(x->huge_dst);
-		folio_put(x->huge_dst);
-		x->huge_dst = NULL;
-	} else {
-		for (i = 0; i < nx; i++) {
-			unlock_page(x->xp[i].dpage);
-			put_page(x->xp[i].dpage);
-			x->xp[i].dpage = NULL;
-		}
-	}
-	memset(args->dst, 0, args->npages * sizeof(*args->dst));
+	cxla_mig_drop_group(x, args, nx);
 	x->res->busy += nx;
 }
 
