@@ -180,18 +180,19 @@ static bool cxla_cxl_region_backed(struct cxla_dev *cd,
 
 	if (cxla_buf_alloc(cd, PAGE_SIZE, PAGE_SIZE, &buf))
 		return false;
-	if (range->start + buf->offset + PAGE_SIZE - 1 <= range->end) {
-		hpa = ioremap(range->start + buf->offset, PAGE_SIZE);
-		va = kmap_local_page(cxla_buf_page(buf, 0));
-		old = READ_ONCE(*va);
-		WRITE_ONCE(*va, marker);
-		if (hpa)
-			got = readq(hpa);
-		WRITE_ONCE(*va, old);	/* the page is as it was */
-		kunmap_local(va);
-		if (hpa)
-			iounmap(hpa);
-	}
+	if (range->start + buf->offset + PAGE_SIZE - 1 > range->end)
+		goto out;
+	hpa = ioremap(range->start + buf->offset, PAGE_SIZE);
+	if (!hpa)
+		goto out;
+	va = kmap_local_page(cxla_buf_page(buf, 0));
+	old = READ_ONCE(*va);
+	WRITE_ONCE(*va, marker);
+	got = readq(hpa);
+	WRITE_ONCE(*va, old);	/* the page is as it was */
+	kunmap_local(va);
+	iounmap(hpa);
+out:
 	cxla_buf_put(buf);
 	return got == marker;
 }
