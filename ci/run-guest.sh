@@ -15,12 +15,16 @@
 #                        function itself; QEMU >= 11.1), bar (BAR2 of an ivshmem-plain
 #                        sibling; QEMU 10.2), numa (a CPU-less NUMA node), cxl (a PCIe
 #                        function of the daemon's own over vfio-user, a CXL Type-2
-#                        endpoint under a CXL host bridge; QEMU >= 11.1, the CXL
+#                        endpoint under a CXL host bridge; QEMU >= 10.2, the CXL
 #                        regions need Linux 7.3) or auto (default: shmem when the
 #                        QEMU has it, else bar)
 #   --cxl-host-bridges one|each
 #                        with --attach cxl: every device under one CXL host bridge
 #                        (default), or each under one of its own
+#   --cxl-mem-bar        with --attach cxl and a QEMU built with qemu/patches
+#                        (ci/setup.sh --qemu-cxl): the CXL regions reach device
+#                        memory (the daemons get --qemu-cxl-mem-bar, the guest
+#                        cxlaccel.region=backed)
 #   --accel tcg|kvm      default tcg (kvm only on hosts with a real /dev/kvm); the
 #                        CPU model is max under TCG (CXL_ACCEL_TCG_CPU overrides it,
 #                        e.g. max,erms=off), host under KVM
@@ -92,6 +96,7 @@ RAM=1G
 RAM_NODE=
 ATTACH=auto
 CXL_HBS=one
+CXL_MEM_BAR=0
 SOCKET_MODE=server
 ACCEL=tcg
 SMP=2
@@ -126,6 +131,7 @@ while [ $# -gt 0 ]; do
     --ram-node) need "$@"; RAM_NODE=$2; shift 2 ;;
     --attach) need "$@"; ATTACH=$2; shift 2 ;;
     --cxl-host-bridges) need "$@"; CXL_HBS=$2; shift 2 ;;
+    --cxl-mem-bar) CXL_MEM_BAR=1; shift ;;
     --socket-mode) need "$@"; SOCKET_MODE=$2; shift 2 ;;
     --accel) need "$@"; ACCEL=$2; shift 2 ;;
     --smp) need "$@"; SMP=$2; shift 2 ;;
@@ -178,8 +184,14 @@ if [ "$DEVICES" -gt 0 ] && [ ! -x "$DAEMON" ]; then
     die "run-guest: daemon $DAEMON not found; build it (cargo build --release) or use --devices 0"
 fi
 [ "$ATTACH" != auto ] || ATTACH=$(default_attach "$QEMU")
-if [[ "$ATTACH" =~ ^(shmem|cxl)$ ]] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
-    die "run-guest: --attach $ATTACH needs QEMU >= 11.1; $QEMU is $(qemu_version "$QEMU")"
+if [ "$ATTACH" = shmem ] && ! version_ge "$(qemu_version "$QEMU")" 11.1; then
+    die "run-guest: --attach shmem needs QEMU >= 11.1; $QEMU is $(qemu_version "$QEMU")"
+fi
+if [ "$CXL_MEM_BAR" = 1 ]; then
+    [ "$ATTACH" = cxl ] || die "run-guest: --cxl-mem-bar needs --attach cxl"
+    "$QEMU" $QEMU_FIRMWARE_ARGS -device vfio-user-pci,help 2>/dev/null | grep -q x-cxl-mem-bar ||
+        die "run-guest: --cxl-mem-bar needs a QEMU with qemu/patches (ci/setup.sh --qemu-cxl); $QEMU has no x-cxl-mem-bar"
+    APPEND="$APPEND cxlaccel.region=backed"
 fi
 # The root of the kernel's CXL topology, which nothing loads by itself.
 if [ "$ATTACH" = cxl ] && [ -f "${GUEST_MODULES:-}/modules.dep" ] &&
@@ -276,6 +288,7 @@ start_daemon() {
         --attach "$ATTACH" --socket-mode "$SOCKET_MODE")
     if [ "$ATTACH" = cxl ]; then
         common+=(--cxl-host-bridge "$([ "$CXL_HBS" = each ] && echo "$i" || echo 0)")
+        [ "$CXL_MEM_BAR" = 0 ] || common+=(--qemu-cxl-mem-bar)
     fi
     # Every other device's memory is a peer: copies to it count as peer-to-peer.
     local peers=() j

@@ -14,6 +14,9 @@
 #     its headers and compiler in the trixie root (its modules build there);
 #   - with --qemu-floor: QEMU 10.2 built from Debian's source package, the
 #     documented minimum (about 10 minutes, once);
+#   - with --qemu-cxl: the same QEMU 10.2 with qemu/patches applied (the CXL
+#     windows reach the device memory BAR, x-cxl-mem-bar; about 10 minutes,
+#     once per version of the patches), never the default;
 #   - with --linux-source: the Linux source of each guest kernel, for the
 #     kernel's own HMM selftests: Debian's 6.12 source tarball (bookworm-
 #     backports) and, with --kernel 7.3, the linux-source-7.3 package
@@ -25,10 +28,10 @@
 # The host's apt configuration is never changed: every extra Debian suite is
 # read through a private apt configuration in the cache. Every step is
 # skipped when already done and prints a line at least every 15 s while it
-# works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh" and
-# "$CACHE/qemu-10.2.env" (see ci/README.md).
+# works. Writes "$CACHE/env.sh" (6.12), "$CACHE/env-7.3.sh",
+# "$CACHE/qemu-10.2.env" and "$CACHE/qemu-cxl.env" (see ci/README.md).
 #
-# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--linux-source] [--peer-rng]
+# Usage: ci/setup.sh [--kernel 7.3] [--qemu-floor] [--qemu-cxl] [--linux-source] [--peer-rng]
 #        ci/setup.sh --check-host
 #   --check-host  only say whether the automated set-up knows this host
 #                 (CXL_ACCEL_OS_RELEASE: another os-release file, for tests)
@@ -51,6 +54,7 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
 WANT_73=0
 WANT_FLOOR=0
+WANT_CXL=0
 WANT_SRC=0
 WANT_RNG=0
 CHECK_HOST=0
@@ -67,6 +71,7 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     --qemu-floor) WANT_FLOOR=1; shift ;;
+    --qemu-cxl) WANT_CXL=1; shift ;;
     --linux-source) WANT_SRC=1; shift ;;
     --peer-rng) WANT_RNG=1; shift ;;
     --check-host) CHECK_HOST=1; shift ;;
@@ -506,16 +511,17 @@ fetch_qemu_source() {
     QEMU_SRC_VERSION=$(basename "$QEMU_ORIG" | sed -E 's/^qemu_([0-9.]+).*/\1/')
 }
 
-step_qemu_floor() {
-    if [ -x "$QEMU_FLOOR" ] && version_ge "$(qemu_version "$QEMU_FLOOR")" "$QEMU_MIN"; then
-        log "QEMU $(qemu_version "$QEMU_FLOOR") at $QEMU_FLOOR"
-        return 0
-    fi
+# build_qemu_10_2 OUT NAME [PATCH...]: QEMU 10.2 from Debian's source package,
+# with the patches applied, into OUT (a source and a build directory of its
+# own per NAME).
+build_qemu_10_2() {
+    local out=$1 name=$2
+    shift 2
     fetch_qemu_source
-    local ver=$QEMU_SRC_VERSION
-    local srcdir=$QEMU_DIR/qemu-$ver build=$QEMU_DIR/build-$ver venv=$QEMU_DIR/venv
+    local ver=$QEMU_SRC_VERSION p
+    local srcdir=$QEMU_DIR/qemu-$ver$name build=$QEMU_DIR/build-$ver$name venv=$QEMU_DIR/venv
     if [ ! -e "$srcdir/.unpacked" ]; then
-        rm -rf "$srcdir" "$srcdir.tmp"
+        rm -rf "$srcdir" "$srcdir.tmp" "$build"
         mkdir -p "$srcdir.tmp"
         tar -xf "$QEMU_ORIG" -C "$srcdir.tmp" --strip-components=1
         # The +ds tarball strips the EDK2 firmware blobs that the build still
@@ -524,6 +530,10 @@ step_qemu_floor() {
         # shellcheck disable=SC2013 # names without blanks
         for fd in $(grep -oE "edk2-[a-z0-9_.-]+\.fd" "$srcdir.tmp/pc-bios/meson.build" | sort -u); do
             [ -e "$srcdir.tmp/pc-bios/$fd.bz2" ] || bzip2 -c </dev/null >"$srcdir.tmp/pc-bios/$fd.bz2"
+        done
+        for p in "$@"; do
+            log "applying $(basename "$p")"
+            (cd "$srcdir.tmp" && git apply "$p") || die "cxl-accel setup: $p does not apply to QEMU $ver"
         done
         touch "$srcdir.tmp/.unpacked"
         mv "$srcdir.tmp" "$srcdir"
@@ -535,8 +545,8 @@ step_qemu_floor() {
         with_progress "pip install meson" "$QEMU_DIR/pip.log" "$venv/bin/pip" install -q 'meson>=1.5' pycotap ||
             { tail -n 5 "$QEMU_DIR/pip.log" >&2; die "cxl-accel setup: cannot pip install meson/pycotap from PyPI"; }
     fi
-    local blog=$QEMU_DIR/build-$ver.log
-    log "building QEMU $ver in $build (log: $blog, ninja -j$JOBS; about 10 min)"
+    local blog=$QEMU_DIR/build-$ver$name.log
+    log "building QEMU $ver$name in $build (log: $blog, ninja -j$JOBS; about 10 min)"
     mkdir -p "$build"
     if [ ! -f "$build/build.ninja" ]; then
         (cd "$build" && with_progress "QEMU configure" "$blog" env PATH="$venv/bin:$PATH" "$srcdir/configure" \
@@ -548,10 +558,33 @@ step_qemu_floor() {
     fi
     (cd "$build" && with_progress "QEMU build" "$blog.ninja" env PATH="$venv/bin:$PATH" ninja -j"$JOBS" qemu-system-x86_64) ||
         { tail -n 20 "$blog.ninja" >&2; die "cxl-accel setup: QEMU build failed (see $blog.ninja)"; }
-    mkdir -p "$QEMU_DIR/bin"
-    cp "$build/qemu-system-x86_64" "$QEMU_FLOOR.tmp"
-    mv "$QEMU_FLOOR.tmp" "$QEMU_FLOOR"
-    log "QEMU $(qemu_version "$QEMU_FLOOR") at $QEMU_FLOOR"
+    mkdir -p "$(dirname "$out")"
+    cp "$build/qemu-system-x86_64" "$out.tmp"
+    mv "$out.tmp" "$out"
+    log "QEMU $(qemu_version "$out") at $out"
+}
+
+step_qemu_floor() {
+    if [ -x "$QEMU_FLOOR" ] && version_ge "$(qemu_version "$QEMU_FLOOR")" "$QEMU_MIN"; then
+        log "QEMU $(qemu_version "$QEMU_FLOOR") at $QEMU_FLOOR"
+        return 0
+    fi
+    build_qemu_10_2 "$QEMU_FLOOR" ""
+}
+
+# --qemu-cxl: QEMU 10.2 with qemu/patches (x-cxl-mem-bar: the CXL windows
+# reach a vfio-user device's memory BAR). Named after the patches' hash, so
+# that a changed patch builds anew.
+CXL_PATCHES=("$HERE"/../qemu/patches/*.patch)
+step_qemu_cxl() {
+    local hash
+    hash=$(cat "${CXL_PATCHES[@]}" | sha256sum | cut -c1-12)
+    QEMU_CXL=$QEMU_DIR/bin-cxl-$hash/qemu-system-x86_64
+    if [ -x "$QEMU_CXL" ]; then
+        log "QEMU $(qemu_version "$QEMU_CXL") with qemu/patches at $QEMU_CXL"
+        return 0
+    fi
+    build_qemu_10_2 "$QEMU_CXL" "-cxl-$hash" "${CXL_PATCHES[@]}"
 }
 
 # ------------------------------------------------------------ Linux source
@@ -713,6 +746,14 @@ step_env() {
         } >"$CACHE/qemu-10.2.env"
         log "wrote $CACHE/qemu-10.2.env"
     fi
+    if [ "$WANT_CXL" = 1 ]; then
+        {
+            echo "# Written by ci/setup.sh: QEMU 10.2 with qemu/patches (CXL_ACCEL_QEMU_ENV=this file)."
+            printf 'export QEMU=%q\n' "$QEMU_CXL"
+            printf 'export QEMU_FIRMWARE_ARGS=%q\n' "-L /usr/share/seabios -L /usr/share/qemu"
+        } >"$CACHE/qemu-cxl.env"
+        log "wrote $CACHE/qemu-cxl.env"
+    fi
 }
 
 main() {
@@ -728,6 +769,7 @@ main() {
     run_step qemu step_qemu
     [ "$WANT_73" = 0 ] || run_step kernel-7.3 step_kernel_73
     [ "$WANT_FLOOR" = 0 ] || run_step qemu-10.2 step_qemu_floor
+    [ "$WANT_CXL" = 0 ] || run_step qemu-cxl step_qemu_cxl
     [ "$WANT_SRC" = 0 ] || run_step linux-source step_linux_source
     [ "$WANT_RNG" = 0 ] || run_step peer-rng step_peer_rng
     run_step env step_env

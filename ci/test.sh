@@ -40,6 +40,7 @@ RUNS=(
     "suite-cxl|main suite with --attach cxl on 7.3: each device a CXL Type-2 endpoint over vfio-user, under a host bridge of its own|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh ci/guest-suite.sh --attach cxl --cxl-host-bridges each"
     "cxl-one|the CXL suite on 7.3: memdevs, locked decoders, regions, MSI-X per queue, re-probe; two devices under one host bridge|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh one"
     "cxl-each|the CXL suite, each device under a host bridge of its own|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh each"
+    "cxl-region|the CXL suite on QEMU 10.2 with qemu/patches (x-cxl-mem-bar): loads and stores through each region reach device memory, the coherence tests through the region|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh CXL_ACCEL_QEMU_ENV=$CACHE/qemu-cxl.env tests/guest/host/run-cxl.sh one --cxl-mem-bar"
     "hmm-cxl|the kernel's own hmm-tests on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh --attach cxl"
     "faults-cxl|the fault classes on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh --attach cxl"
     "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/host/run-faults.sh --supervise"
@@ -96,7 +97,7 @@ etc_apt_unchanged() {
 
 RESULTS=${CXL_ACCEL_RESULTS:-$ROOT/results}
 T0=$(now)
-"$HERE/setup.sh" --kernel 7.3 --qemu-floor --linux-source --peer-rng
+"$HERE/setup.sh" --kernel 7.3 --qemu-floor --qemu-cxl --linux-source --peer-rng
 T_SETUP=$(elapsed "$T0")
 
 log "== cargo build --release"

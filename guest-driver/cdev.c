@@ -16,6 +16,10 @@
  *    to O_DIRECT I/O;
  *  - the default page protection is write-back cached, which is right for
  *    coherent memory.
+ * With CXL_ACCEL_MMAP_REGION in the offset, a buffer of a CXL device whose
+ * region is backed is mapped through the region's host-physical range
+ * instead (vmf_insert_pfn: loads and stores over CXL.mem); the vma still
+ * holds the buffer, so the pages cannot be reused while it is mapped.
  * On removal the driver zaps every mapping (unmap_mapping_range over each
  * open file) before dropping its own page references and calling
  * memunmap_pages(); later faults get SIGBUS. Poisoned pages (poison.c) are
@@ -44,7 +48,8 @@
 #include "vq.h"
 
 #define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
-#define CXLA_MMAP_PGMASK	((1UL << CXLA_MMAP_PGSHIFT) - 1)
+#define CXLA_MMAP_REGION_PG	(CXL_ACCEL_MMAP_REGION >> PAGE_SHIFT)
+#define CXLA_MMAP_PGMASK	(CXLA_MMAP_REGION_PG - 1)
 
 static dev_t cxla_devt;
 static struct class *cxla_class;
@@ -81,6 +86,12 @@ static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 		/* a media error: SIGBUS with BUS_MCEERR_AR, as a machine check */
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
 		ret = VM_FAULT_HWPOISON;
+	} else if (!cd->dead && buf->pages_held &&
+		   (vma->vm_flags & VM_PFNMAP)) {
+		/* CXL_ACCEL_MMAP_REGION: the page's address in the region */
+		ret = vmf_insert_pfn(vma, vmf->address,
+				     PHYS_PFN(cd->cxl_range.start + buf->offset) +
+				     idx);
 	} else if (!cd->dead && buf->pages_held) {
 		err = vm_insert_page(vma, vmf->address, cxla_buf_page(buf, idx));
 		if (!err || err == -EBUSY)	/* -EBUSY: raced, already mapped */
@@ -129,7 +140,21 @@ static int cxla_mmap(struct file *filp, struct vm_area_struct *vma)
 		cxla_buf_put(buf);
 		return -EINVAL;
 	}
-	vm_flags_set(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	if (vma->vm_pgoff & CXLA_MMAP_REGION_PG) {
+		struct cxla_dev *cd = cf->dev;
+
+		/* the region covers device memory from its start */
+		if (cd->cxl_status || !cd->cxl_backed ||
+		    cd->cxl_range.start + buf->offset +
+		    ((u64)buf->npages << PAGE_SHIFT) - 1 > cd->cxl_range.end) {
+			cxla_buf_put(buf);
+			return -ENXIO;
+		}
+		vm_flags_set(vma, VM_PFNMAP | VM_IO | VM_DONTEXPAND |
+			     VM_DONTDUMP);
+	} else {
+		vm_flags_set(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	}
 	vma->vm_private_data = buf;	/* holds the reference */
 	vma->vm_ops = &cxla_vm_ops;
 	return 0;

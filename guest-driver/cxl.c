@@ -8,8 +8,11 @@
  * capabilities), its capacity, then devm_cxl_probe_mem(), which enumerates
  * the CXL ports above it and attaches the region the firmware stand-in
  * (cxlfw.c) committed. The region's host-physical range is reported in
- * sysfs (cxl); device memory itself stays the BAR (QEMU routes loads and
- * stores to a CXL window only to its own Type-3 devices).
+ * sysfs (cxl); device memory itself stays the BAR. Stock QEMU routes loads
+ * and stores to a CXL window only to its own Type-3 devices; with the
+ * project's QEMU patch (x-cxl-mem-bar) they reach our BAR, which the probe
+ * checks (cxla_cxl_region_backed), and user space may map buffers through
+ * the region (CXL_ACCEL_MMAP_REGION, cdev.c).
  *
  * The CXL state hangs on the PCI function (the CXL core walks up from it to
  * the root port), which virtio-pci owns: it is made in a devres group of

@@ -53,6 +53,8 @@ pub enum ArgsError {
     NoSocketPath,
     #[error("--ram-node needs --guest-ram and --attach shmem or bar")]
     RamNode,
+    #[error("--qemu-cxl-mem-bar needs --attach cxl")]
+    CxlMemBar,
     #[error(transparent)]
     Value(#[from] ValueError),
 }
@@ -195,6 +197,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=4))]
     pub cxl_host_bridges: u32,
 
+    /// With --attach cxl: QEMU carries qemu/patches/0001 (the PCI device property
+    /// x-cxl-mem-bar, which routes a CXL window to the BAR holding a device's memory). The
+    /// QEMU arguments name BAR 4 to it, so loads and stores to the CXL region reach device
+    /// memory; stock QEMU refuses the property.
+    #[arg(long)]
+    pub qemu_cxl_mem_bar: bool,
+
     /// seccomp sandbox once serving: "enforce" (default: an unlisted system call kills the
     /// daemon with a message naming it), "log" (unlisted calls are logged by the kernel's
     /// audit) or "off". Opening files, exec, ptrace, other sockets than unix ones and
@@ -278,6 +287,9 @@ impl Args {
                 qemu_size(self.memory_size),
                 qemu_size(self.memory_size.next_power_of_two()),
             ));
+        }
+        if self.qemu_cxl_mem_bar && self.attach != Attach::Cxl {
+            return Err(ArgsError::CxlMemBar);
         }
         Ok(())
     }
@@ -595,12 +607,15 @@ fn cxl_qemu_args(args: &Args, socket: &std::path::Path, v: &mut Vec<(String, Str
             2 + n
         ),
     ));
-    let socket_json = serde_json::json!({
+    let mut socket_json = serde_json::json!({
         "driver": "vfio-user-pci",
         "id": format!("cxlacc{n}"),
         "bus": format!("cxlrp{n}"),
         "socket": {"type": "unix", "path": socket.to_string_lossy()},
     });
+    if args.qemu_cxl_mem_bar {
+        socket_json["x-cxl-mem-bar"] = crate::vfio::function::DEVMEM_BAR.into();
+    }
     v.push(("-device".into(), socket_json.to_string()));
 }
 
@@ -749,6 +764,16 @@ mod tests {
         assert!(text.contains("pxb-cxl,bus_nr=62,bus=pcie.0,id=cxlhb1"));
         assert!(text.contains("cxl-rp,port=1,bus=cxlhb1,id=cxlrp1"));
         assert!(!text.contains("-M "));
+
+        // A QEMU with qemu/patches is told which BAR the region reaches; stock QEMU is not.
+        assert!(!text.contains("x-cxl-mem-bar"));
+        let patched = with(&["--attach", "cxl", "--qemu-cxl-mem-bar"]);
+        let text = render_qemu_args(&qemu_args(&patched).unwrap());
+        assert!(text.contains(r#""x-cxl-mem-bar":4"#), "{text}");
+        assert_eq!(
+            with(&["--attach", "bar", "--qemu-cxl-mem-bar"]).check(),
+            Err(ArgsError::CxlMemBar)
+        );
 
         // The memory is a BAR: a power of two; host bridges 0-3.
         assert!(with(&["--attach", "cxl", "--memory-size", "96M"])

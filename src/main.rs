@@ -220,11 +220,19 @@ fn run_vfio(args: Args) -> Result<()> {
         args.memory_path.display(),
         args.dma_threads
     );
-    log::info!(
-        "the CXL region's host-physical range is not backed in stock QEMU (it routes CXL \
-         window accesses only to its cxl-type3 devices: loads read 0, stores are dropped); \
-         the guest reaches device memory through BAR4 (the driver checks which it has)"
-    );
+    if args.qemu_cxl_mem_bar {
+        log::info!(
+            "the CXL region's host-physical range reaches device memory (BAR4) through QEMU's \
+             x-cxl-mem-bar (qemu/patches); the driver checks it (sysfs cxl: backed)"
+        );
+    } else {
+        log::info!(
+            "the CXL region's host-physical range is not backed in stock QEMU (it routes CXL \
+             window accesses only to its cxl-type3 devices: loads read 0, stores are dropped); \
+             the guest reaches device memory through BAR4 (the driver checks which it has; \
+             qemu/patches and --qemu-cxl-mem-bar back the region)"
+        );
+    }
     // Peers' memory files exist once QEMU comes (it starts after every daemon), and
     // opening files ends with the sandbox: open them between the two.
     let server = vfio_server::Server::new(listener)?;

@@ -23,7 +23,7 @@ _cxl__accel() {
 
     case "${cmd}" in
         cxl__accel)
-            opts="-h -V --socket-path --fd --socket-mode --memory-path --memory-size --virtio-id --queue-size --dma-threads --cmd-queues --inline-max --poll-us --index --peer-memory-path --attach --cxl-host-bridge --cxl-host-bridges --seccomp --supervise --socket-group --state-path --control-socket --control-fd --worker-fd --resume --print-qemu-args --print-capabilities --guest-ram --ram-node --reconnect-ms --help --version"
+            opts="-h -V --socket-path --fd --socket-mode --memory-path --memory-size --virtio-id --queue-size --dma-threads --cmd-queues --inline-max --poll-us --index --peer-memory-path --attach --cxl-host-bridge --cxl-host-bridges --qemu-cxl-mem-bar --seccomp --supervise --socket-group --state-path --control-socket --control-fd --worker-fd --resume --print-qemu-args --print-capabilities --guest-ram --ram-node --reconnect-ms --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

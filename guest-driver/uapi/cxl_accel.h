@@ -35,6 +35,14 @@
 
 /* Shift of the handle in an mmap offset (mmap_offset = handle << shift). */
 #define CXL_ACCEL_MMAP_SHIFT		40
+/*
+ * Or'ed into an mmap offset: map the buffer through the CXL region's
+ * host-physical range (loads and stores over CXL.mem) instead of its device
+ * memory pages. A PFN map: no struct pages behind it, so no pinning, no
+ * migration, no DMA-BUF. ENXIO where the region does not reach device
+ * memory (not a CXL device, or sysfs "cxl" says not-backed).
+ */
+#define CXL_ACCEL_MMAP_REGION		(1ULL << 39)
 
 /* Features, same bits as the device reports */
 #define CXL_ACCEL_F_ATOMIC_DEVMEM	(1ULL << 0)

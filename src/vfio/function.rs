@@ -33,6 +33,8 @@ const CONFIG_SIZE: usize = 4096;
 const BAR0: u32 = REGION_BAR0;
 const BAR2: u32 = 2;
 const BAR4: u32 = 4;
+/// The BAR of device memory, which a patched QEMU routes the CXL region to (x-cxl-mem-bar).
+pub const DEVMEM_BAR: u32 = BAR4;
 const CONFIG: u32 = REGION_CONFIG;
 
 // Capabilities.

@@ -217,6 +217,68 @@ CXLA_TEST_F(dev, copy_dev_to_dev)
 	return PASS;
 }
 
+/*
+ * A buffer mapped through the CXL region's host-physical range
+ * (CXL_ACCEL_MMAP_REGION) is the same device memory as its own mapping: the
+ * device checksums what the CPU stored through the region, the CPU loads
+ * through the region what the device filled. Where the region does not
+ * reach device memory (not CXL, or a QEMU that does not route the window to
+ * the device: sysfs cxl says so) the mapping is refused with ENXIO, so
+ * nothing reads zeros unawares.
+ */
+CXLA_TEST_F(dev, region_mmap)
+{
+	const uint64_t pat = 0x0123456789abcdefULL;
+	size_t len = 2 * MiB, i;
+	struct cxl_accel_alloc a;
+	char attr[128] = "", path[256];
+	uint8_t *r, *p;
+	uint32_t crc;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl",
+		 strrchr(c->path, '/') + 1);
+	f = fopen(path, "r");
+	CHECK(f, "%s: %s", path, strerror(errno));
+	CHECK(fgets(attr, sizeof(attr), f), "%s: empty", path);
+	fclose(f);
+	attr[strcspn(attr, "\n")] = 0;
+	OK(cxla_alloc(c->fd, len, 0, &a));
+	r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd,
+		 (off_t)(a.mmap_offset | CXL_ACCEL_MMAP_REGION));
+	if (!strstr(attr, " backed")) {
+		CHECK(r == MAP_FAILED && errno == ENXIO,
+		      "the region is '%s' but its mmap gave %s", attr,
+		      r == MAP_FAILED ? strerror(errno) : "a mapping");
+		DETAIL("refused with ENXIO: sysfs cxl says '%s'", attr);
+		return PASS;
+	}
+	CHECK(r != MAP_FAILED, "region mmap (sysfs cxl '%s'): %s", attr,
+	      strerror(errno));
+	p = cxla_map(c->fd, &a);
+	CHECK(p, "mmap: %s", strerror(errno));
+	/* CPU stores through the region, the device reads its memory */
+	for (i = 0; i < len; i += 8)
+		*(volatile uint64_t *)(r + i) = pat ^ (i * 0x9e3779b97f4a7c15ULL);
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), len, 0, &crc));
+	CHECK(crc == crc32c(0, p, len), "device crc %#x, the buffer's %#x", crc,
+	      crc32c(0, p, len));
+	for (i = 0; i < len; i += 8)
+		CHECK(*(uint64_t *)(p + i) == (pat ^ (i * 0x9e3779b97f4a7c15ULL)),
+		      "byte %zu differs through the buffer's own mapping", i);
+	/* the device fills its memory, the CPU loads through the region */
+	OK(cxla_fill(c->fd, cxla_dev(a.handle, 0), len, pat, 0));
+	for (i = 0; i < len; i += 8)
+		CHECK(*(volatile uint64_t *)(r + i) == pat,
+		      "byte %zu through the region: %#llx", i,
+		      (unsigned long long)*(volatile uint64_t *)(r + i));
+	munmap(r, len);
+	munmap(p, len);
+	DETAIL("sysfs cxl '%s': 2 MiB stored through the region checksummed by the device (crc %#x), a device fill loaded through it",
+	       attr, crc);
+	return PASS;
+}
+
 /* Pointers into an mmap of device memory are valid "user memory" too. */
 CXLA_TEST_F(dev, copy_mmap_pointer)
 {

@@ -67,11 +67,21 @@ static inline int cxla_free(int fd, uint32_t handle)
 	return cxla_ioctl(fd, CXL_ACCEL_IOC_FREE, &f);
 }
 
-/* Map a whole buffer; NULL on failure (errno set). */
+/*
+ * Map a whole buffer; NULL on failure (errno set). With CXLA_MAP_REGION=1 in
+ * the environment, through the CXL region (CXL_ACCEL_MMAP_REGION): the same
+ * tests then check loads and stores over CXL.mem.
+ */
 static inline void *cxla_map(int fd, const struct cxl_accel_alloc *a)
 {
-	void *p = mmap(NULL, a->alloc_size, PROT_READ | PROT_WRITE, MAP_SHARED,
-		       fd, (off_t)a->mmap_offset);
+	static int region = -1;
+	void *p;
+
+	if (region < 0)
+		region = getenv("CXLA_MAP_REGION") &&
+			 !strcmp(getenv("CXLA_MAP_REGION"), "1");
+	p = mmap(NULL, a->alloc_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		 (off_t)(a->mmap_offset | (region ? CXL_ACCEL_MMAP_REGION : 0)));
 
 	return p == MAP_FAILED ? NULL : p;
 }

@@ -22,6 +22,11 @@ KO=$(find_file cxl_accel.ko /lib/modules/extra)
 TESTS=$(find_file cxl-accel-tests)
 CXL=/sys/bus/cxl/devices
 want_hb=$(sed -n 's/.*cxlaccel\.hostbridges=\([a-z]*\).*/\1/p' /proc/cmdline)
+if grep -q 'cxlaccel\.region=backed' /proc/cmdline; then
+    want_backing=backed qemu_kind="QEMU with x-cxl-mem-bar"
+else
+    want_backing=not-backed qemu_kind="stock QEMU"
+fi
 
 if ! lsmod | grep -q '^cxl_accel '; then
     insmod "$KO" || { result cxl.load FAIL "insmod $KO"; exit 1; }
@@ -72,11 +77,12 @@ check_device() {
     backing=${r##* }
     r=${r%% *}
     start=${r%-*}
-    # Stock QEMU routes CXL window accesses only to cxl-type3: the driver must say so.
-    if [ "$backing" = not-backed ]; then
+    # Stock QEMU routes CXL window accesses only to cxl-type3: the driver must
+    # say so. With qemu/patches (run-guest --cxl-mem-bar) the region is backed.
+    if [ "$backing" = "$want_backing" ]; then
         result "$p.region_backing" PASS "$dev: the region's range is $backing (the driver wrote a word through the BAR and read the region at that offset)"
     else
-        result "$p.region_backing" FAIL "$dev: the driver says '$backing', expected not-backed (stock QEMU)"
+        result "$p.region_backing" FAIL "$dev: the driver says '$backing', expected $want_backing ($qemu_kind)"
     fi
     size=$(hex $((${r#*-} - start + 1)))
     mem=$(memdev_of "$bdf")
@@ -214,6 +220,33 @@ for dev in $(device_list); do
         result "$dev.works_after_reprobe" FAIL "$(tail -n 3 /tmp/t.out | tr '\n' ' ')"
     fi
 done
+
+# Loads and stores through each region: the device memory behind it (a QEMU
+# with x-cxl-mem-bar), or an mmap refused with ENXIO (stock QEMU).
+want_path='refused with ENXIO'
+[ "$want_backing" = not-backed ] || want_path='stored through the region'
+for dev in $(device_list); do
+    if "$TESTS" -d "/dev/$dev" -t region_mmap >/tmp/t.out 2>&1 &&
+        grep -q "$want_path" /tmp/t.out; then
+        result "$dev.region_data_path" PASS "$(sed -n 's/.*region_mmap PASS //p' /tmp/t.out | head -n 1)"
+    else
+        result "$dev.region_data_path" FAIL "$want_backing: $(tail -n 3 /tmp/t.out | tr '\n' ' ')"
+    fi
+done
+
+# The coherence tests on device memory with each buffer mapped through the
+# region, and (for their figures, in the same boot) through the BAR.
+if [ "$want_backing" = backed ]; then
+    for dev in $(device_list); do
+        for via in region bar; do
+            env CXLA_MAP_REGION="$([ $via = region ] && echo 1 || echo 0)" \
+                "$TESTS" -d "/dev/$dev" -p "$dev.via_$via." \
+                -t devmem_cpu_write_dev_checksum -t devmem_dev_fill_cpu_read \
+                -t copy_dev_to_dev -t atomics_devmem -t msgpass_dev_to_cpu_devmem \
+                -t msgpass_cpu_to_dev_devmem || RC=1
+        done
+    done
+fi
 
 # (an unsigned module's taint note is not a failure of ours)
 warn=$(dmesg | grep -E 'WARNING:|BUG:|Call Trace|cxl.*(error|failed)' |
