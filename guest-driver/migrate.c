@@ -16,6 +16,7 @@
  * The page copy engine is in xcopy.c, the page pool in pool.c, eviction in
  * evict.c.
  */
+#include <linux/completion.h>
 #include <linux/delay.h>
 #include <linux/highmem.h>
 #include <linux/mempolicy.h>
@@ -27,6 +28,7 @@
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/workqueue.h>
 
 #include "cxl_accel.h"
 #include "compat.h"
@@ -93,51 +95,93 @@ int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages)
 
 /*
  * System RAM destination pages. A window with at least 2 MiB to move takes
- * them from order-9 blocks split into single pages when the allocator has
- * such blocks at hand (no reclaim for them): one allocation instead of 512,
- * and physically contiguous destinations the device copies as 2 MiB pages.
- * Otherwise (or when the vma has a memory policy of its own) page by page
- * with alloc_page_vma().
+ * them from 2 MiB blocks (1 MiB ones for a single 2 MiB) split into single
+ * pages, when the allocator has such blocks at hand (no reclaim for them):
+ * a few allocations instead of one per page, and physically contiguous
+ * destinations the device copies in large pieces. The kernel zeroes every
+ * new page (init_on_alloc, on by default in distributions), which costs as
+ * much as the rest of a move back to RAM, so a helper on another CPU
+ * allocates blocks while this CPU allocates the others. Otherwise (the
+ * vma or the task has a memory policy, which the blocks would not follow)
+ * page by page with alloc_page_vma().
  */
-#define CXLA_RAM_BLOCK_ORDER	(21 - PAGE_SHIFT)
+#define CXLA_RAM_BLOCKS_MAX	(CXLA_MIG_WINDOW >> (20 - PAGE_SHIFT))
 
-struct cxla_ram_block {
-	struct page *base;
-	unsigned int next;
+struct cxla_ram_blocks {
+	struct work_struct work;	/* the helper */
+	struct completion helped;
+	struct page *blk[CXLA_RAM_BLOCKS_MAX];
+	atomic_t next;			/* the next block to allocate */
+	unsigned int n, order;
+	int nid;
+	unsigned int cur, used;		/* handing out: block, pages of it */
 };
 
-static struct page *cxla_ram_page(struct cxla_ram_block *b, unsigned long left,
+static void cxla_ram_blocks_alloc(struct cxla_ram_blocks *rb)
+{
+	const gfp_t gfp = (GFP_HIGHUSER_MOVABLE & ~__GFP_DIRECT_RECLAIM) |
+			  __GFP_NORETRY | __GFP_NOWARN;
+	unsigned int i;
+
+	while ((i = atomic_inc_return(&rb->next) - 1) < rb->n) {
+		rb->blk[i] = alloc_pages_node(rb->nid, gfp, rb->order);
+		if (rb->blk[i])
+			split_page(rb->blk[i], rb->order);
+	}
+}
+
+static void cxla_ram_blocks_help(struct work_struct *work)
+{
+	struct cxla_ram_blocks *rb = container_of(work, struct cxla_ram_blocks,
+						  work);
+
+	cxla_ram_blocks_alloc(rb);
+	complete(&rb->helped);
+}
+
+/* The blocks for npages destinations in vma (none: page by page) */
+static void cxla_ram_blocks_get(struct cxla_ram_blocks *rb,
+				unsigned long npages,
+				struct vm_area_struct *vma)
+{
+	unsigned long n2m = npages >> (21 - PAGE_SHIFT);
+
+	rb->n = 0;
+	rb->cur = 0;
+	rb->used = 0;
+	if (!n2m || vma_policy(vma) || current->mempolicy)
+		return;
+	rb->order = n2m > 1 ? 21 - PAGE_SHIFT : 20 - PAGE_SHIFT;
+	rb->n = n2m > 1 ? n2m : 2;
+	rb->nid = numa_node_id();	/* where the default policy allocates */
+	atomic_set(&rb->next, 0);
+	if (num_online_cpus() < 2) {
+		cxla_ram_blocks_alloc(rb);
+		return;
+	}
+	INIT_WORK_ONSTACK(&rb->work, cxla_ram_blocks_help);
+	init_completion(&rb->helped);
+	queue_work(cxla_wq, &rb->work);
+	cxla_ram_blocks_alloc(rb);
+	wait_for_completion(&rb->helped);
+	destroy_work_on_stack(&rb->work);
+}
+
+static struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
 				  struct vm_area_struct *vma, unsigned long addr)
 {
-	const unsigned int n = 1U << CXLA_RAM_BLOCK_ORDER;
-
-	/* alloc_pages() follows the task's policy, not the vma's */
-	if (!b->base && left >= n && !vma_policy(vma)) {
-		b->base = alloc_pages((GFP_HIGHUSER_MOVABLE & ~__GFP_DIRECT_RECLAIM) |
-				      __GFP_NORETRY | __GFP_NOWARN,
-				      CXLA_RAM_BLOCK_ORDER);
-		if (b->base) {
-			split_page(b->base, CXLA_RAM_BLOCK_ORDER);
-			b->next = 0;
-		}
-	}
-	if (b->base) {
-		struct page *p = b->base + b->next++;
-
-		if (b->next == n)
-			b->base = NULL;
-		return p;
-	}
+	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
+		if (rb->blk[rb->cur] && rb->used < (1U << rb->order))
+			return rb->blk[rb->cur] + rb->used++;
 	return alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, addr);
 }
 
-static void cxla_ram_block_put(struct cxla_ram_block *b)
+/* The pages of the blocks that were not handed out */
+static void cxla_ram_blocks_put(struct cxla_ram_blocks *rb)
 {
-	const unsigned int n = 1U << CXLA_RAM_BLOCK_ORDER;
-
-	while (b->base && b->next < n)
-		__free_page(b->base + b->next++);
-	b->base = NULL;
+	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
+		while (rb->blk[rb->cur] && rb->used < (1U << rb->order))
+			__free_page(rb->blk[rb->cur] + rb->used++);
 }
 
 /* A page of this device to bring back: coherent, or private (x->priv) */
@@ -434,7 +478,7 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 {
 	struct cxla_mig *mig = x->mig;
 	struct cxl_accel_migrate *res = x->res;
-	struct cxla_ram_block blk = { };
+	struct cxla_ram_blocks rb;
 	unsigned long i, got;
 
 	/*
@@ -470,12 +514,12 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 		}
 		return got;
 	}
+	cxla_ram_blocks_get(&rb, nx, vma);
 	for (i = 0, got = 0; i < nx; i++) {
 		struct cxla_xpage *e = &x->xp[i];
 		struct page *dp;
 
-		dp = cxla_ram_page(&blk, nx - i, vma,
-				   start + (e->idx << PAGE_SHIFT));
+		dp = cxla_ram_page(&rb, vma, start + (e->idx << PAGE_SHIFT));
 		if (!dp) {
 			res->busy++;
 			*err = -ENOMEM;
@@ -486,7 +530,7 @@ static unsigned long cxla_mig_dst_pages(struct cxla_mig_ctx *x,
 		e->dst = page_to_phys(dp);
 		x->xp[got++] = *e;
 	}
-	cxla_ram_block_put(&blk);
+	cxla_ram_blocks_put(&rb);
 	return got;
 }
 
