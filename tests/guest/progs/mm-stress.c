@@ -14,7 +14,9 @@
  * operations on it (half the trees only read it with the device, and
  * those start from one region that the top process wrote, inside a
  * transparent huge page, so that their pages are shared copy-on-write
- * across trees until migrations and writes split them): CPU writes, migration to either device and back, device
+ * across trees until migrations and writes split them): CPU writes,
+ * migration to either device (coherent, and device-private where the
+ * kernel has it) and back, device
  * writes and reads through SVM (some with a 1 ms timeout, so that they are
  * given up and land later), long-term-pinned checksums, EVICT, munmap and
  * mmap, madvise(DONTNEED), mprotect, vmsplice() into pipes kept open, fork
@@ -67,7 +69,7 @@ enum {
 	OP_SVM_FILL_SHORT, OP_SVM_CRC, OP_PIN_CRC, OP_EVICT, OP_REMAP,
 	OP_DONTNEED, OP_MPROTECT, OP_SPLICE, OP_UNSPLICE, OP_FORK, OP_KILL,
 	OP_KILL_PARENT, OP_BUF_NEW, OP_BUF_WORK, OP_BUF_FREE, OP_BUF_DMABUF,
-	OP_IMPORT_WORK,
+	OP_IMPORT_WORK, OP_TO_PRIVATE,
 	OP_COUNT
 };
 
@@ -76,11 +78,13 @@ static const char *const op_names[OP_COUNT] = {
 	"svm_fill_1ms", "svm_crc", "pin_crc", "evict", "remap", "dontneed",
 	"mprotect", "splice", "unsplice", "fork", "kill", "kill_parent",
 	"buf_new", "buf_work", "buf_free", "buf_dmabuf", "import_work",
+	"to_private",
 };
 
 /* relative weights (-x sets some to 0) */
 static unsigned int op_weight[OP_COUNT] = {
 	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1, 2,
+	6,	/* to_private: 0 where the kernel has no DEVICE_PRIVATE */
 };
 
 /* shared by every process of the run */
@@ -370,14 +374,16 @@ static void do_svm_fill(struct proc *p, int op, bool short_timeout)
 	settle_given_up_write(p, op, first, n, &fill);
 }
 
-static void do_migrate(struct proc *p, int op, int fd, bool to_dev)
+static void do_migrate(struct proc *p, int op, int fd, bool to_dev,
+		       uint32_t flags)
 {
 	struct cxl_accel_migrate m;
 	size_t first, n;
 	int r;
 
 	pick_range(p, &first, &n);
-	r = cxla_migrate(fd, p->region + first * PG, n * PG, to_dev, &m);
+	r = cxla_migrate_flags(fd, p->region + first * PG, n * PG, to_dev,
+			       flags, &m);
 	if (r && !benign(r))
 		fail_op(p, op, r);
 	if (!r)
@@ -986,15 +992,22 @@ static void worker(struct proc *p)
 					write_page(p, i);
 			break;
 		case OP_TO_DEV:
-			do_migrate(p, op, p->fd, true);
+			do_migrate(p, op, p->fd, true, 0);
 			break;
 		case OP_TO_PEER:
 			if (p->pfd >= 0)
-				do_migrate(p, op, p->pfd, true);
+				do_migrate(p, op, p->pfd, true, 0);
+			break;
+		case OP_TO_PRIVATE:
+			do_migrate(p, op, rnd_below(p, 2) && p->pfd >= 0 ?
+				   p->pfd : p->fd, true, CXL_ACCEL_MIGRATE_PRIVATE);
 			break;
 		case OP_TO_RAM:
+			/* private pages come back only when asked for by name */
 			do_migrate(p, op, rnd_below(p, 2) && p->pfd >= 0 ?
-				   p->pfd : p->fd, false);
+				   p->pfd : p->fd, false,
+				   op_weight[OP_TO_PRIVATE] && rnd_below(p, 2) ?
+				   CXL_ACCEL_MIGRATE_PRIVATE : 0);
 			break;
 		case OP_SVM_FILL:
 		case OP_SVM_FILL_SHORT:
@@ -1170,13 +1183,22 @@ CXLA_TEST_F(devs, mm_stress)
 
 	if (!seed_given)
 		run_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+	{
+		struct cxl_accel_hmm_info h;
+
+		/* device-private migrations where the kernel has them */
+		if (cxla_hmm_info(c->fd, &h) || !(h.flags & CXL_ACCEL_HMM_PRIVATE))
+			op_weight[OP_TO_PRIVATE] = 0;
+	}
 	alarm(run_secs + 600);	/* after every process's own (run_secs + 300) */
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(sh != MAP_FAILED, "mmap: %s", strerror(errno));
-	printf("mm-stress: seed %llu, %d processes, %d s, devices %s%s%s\n",
+	printf("mm-stress: seed %llu, %d processes, %d s, devices %s%s%s, %s\n",
 	       (unsigned long long)run_seed, nprocs, run_secs, dev,
-	       peer ? " and " : "", peer ? peer : "");
+	       peer ? " and " : "", peer ? peer : "",
+	       op_weight[OP_TO_PRIVATE] ? "coherent and private migrations" :
+	       "coherent migrations");
 	fflush(stdout);
 	/* orphaned grandchildren come to us: their verdicts count */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
