@@ -584,6 +584,13 @@ step_qemu_cxl() {
         log "QEMU $(qemu_version "$QEMU_CXL") with qemu/patches at $QEMU_CXL"
         return 0
     fi
+    # earlier versions of the patches: their sources, builds and binaries go
+    local d
+    for d in "$QEMU_DIR"/qemu-*-cxl-* "$QEMU_DIR"/build-*-cxl-* "$QEMU_DIR"/bin-cxl-*; do
+        if [ -e "$d" ] && [[ "$d" != *"-cxl-$hash"* ]]; then
+            rm -rf "$d"
+        fi
+    done
     build_qemu_10_2 "$QEMU_CXL" "-cxl-$hash" "${CXL_PATCHES[@]}"
 }
 
