@@ -912,7 +912,10 @@ CXLA_TEST_F(dev, garbage_mmap)
 			{ "negative offset", PG, -(off_t)PG, MAP_SHARED },
 			{ "handle 0", PG, 0, MAP_SHARED },
 			{ "unknown handle", PG, off + (5LL << 40), MAP_SHARED },
-			{ "page bits beyond 2^40", PG, off | (1LL << 39), MAP_SHARED },
+			{ "page offset beyond any buffer", PG, off | (1LL << 38), MAP_SHARED },
+			/* bit 39 is CXL_ACCEL_MMAP_REGION: bounds first */
+			{ "region, past the end", PG,
+			  (off + len) | CXL_ACCEL_MMAP_REGION, MAP_SHARED },
 			{ "private", PG, off, MAP_PRIVATE },
 			{ "hugetlb", PG, off, MAP_SHARED | MAP_HUGETLB },
 		};
