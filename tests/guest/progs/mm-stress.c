@@ -973,7 +973,7 @@ static void worker(struct proc *p)
 		op = pick_op(p);
 		/* with -T, the helper thread does these */
 		if (with_helper && (op == OP_SPLICE || op == OP_UNSPLICE ||
-				    op >= OP_BUF_NEW))
+				    (op >= OP_BUF_NEW && op <= OP_IMPORT_WORK)))
 			continue;
 		p->history[p->opno % HISTORY] = op;
 		switch (op) {
