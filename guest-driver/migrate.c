@@ -167,21 +167,29 @@ static void cxla_ram_blocks_get(struct cxla_ram_blocks *rb,
 	destroy_work_on_stack(&rb->work);
 }
 
-static struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
-				  struct vm_area_struct *vma, unsigned long addr)
+/* The next page of the blocks not handed out yet, or NULL */
+static struct page *cxla_ram_blocks_next(struct cxla_ram_blocks *rb)
 {
 	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
 		if (rb->blk[rb->cur] && rb->used < (1U << rb->order))
 			return rb->blk[rb->cur] + rb->used++;
-	return alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, addr);
+	return NULL;
+}
+
+static struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
+				  struct vm_area_struct *vma, unsigned long addr)
+{
+	return cxla_ram_blocks_next(rb) ?:
+	       alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, addr);
 }
 
 /* The pages of the blocks that were not handed out */
 static void cxla_ram_blocks_put(struct cxla_ram_blocks *rb)
 {
-	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
-		while (rb->blk[rb->cur] && rb->used < (1U << rb->order))
-			__free_page(rb->blk[rb->cur] + rb->used++);
+	struct page *p;
+
+	while ((p = cxla_ram_blocks_next(rb)))
+		__free_page(p);
 }
 
 /* A page of this device to bring back: coherent, or private (x->priv) */
