@@ -28,27 +28,34 @@ fi
     ${CXLA_STRESS_SEED:+-s "$CXLA_STRESS_SEED"} ${CXLA_STRESS_EXCLUDE:+-x "$CXLA_STRESS_EXCLUDE"} \
     -d "/dev/$1" ${2:+-P "/dev/$2"} ${CXLA_STRESS_ARGS:-} || RC=1
 
-# pages of exited processes come back asynchronously
+# Pages, mirrors and commands of exited processes go asynchronously: a
+# command given up on (quarantined) keeps its pages and its SVM mirror until
+# the device hands it back, so all three are read once nothing is pending
+# any more (or after 30 s).
 leaks=
 for dev in "$@"; do
-    m=/sys/class/cxl-accel/$dev/migration
+    d=/sys/class/cxl-accel/$dev
     i=0
-    while [ $i -lt 50 ] && ! grep -q '^pool_pages_used 0$' "$m"; do
+    while [ $i -lt 300 ]; do
+        used=$(sed -n 's/^pool_pages_used //p' "$d/migration")
+        mirrors=$(sed -n 's/^svm_mirrors //p' "$d/migration")
+        quar=$(cat "$d/quarantined")
+        [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ] && break
         sleep 0.1
         i=$((i + 1))
     done
-    used=$(sed -n 's/^pool_pages_used //p' "$m")
-    mirrors=$(sed -n 's/^svm_mirrors //p' "$m")
-    q=/sys/class/cxl-accel/$dev/quarantined
-    i=0
-    while [ $i -lt 100 ] && [ "$(cat "$q")" != 0 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    quar=$(cat "$q")
-    [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ] ||
+    if [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ]; then
+        :
+    else
         leaks="$leaks $dev: $used pool pages, $mirrors mirrors, $quar quarantined;"
-    echo "  $dev: pool pages in use $used, mirrors $mirrors, commands quarantined $quar"
+        # who still holds the device open (nobody should: every process exited)
+        for f in /proc/[0-9]*/fd/*; do
+            case $(readlink "$f" 2>/dev/null) in
+            */"$dev") echo "  $dev still open: $f" ;;
+            esac
+        done
+    fi
+    echo "  $dev: pool pages in use $used, mirrors $mirrors, commands quarantined $quar (after $((i / 10)).$((i % 10)) s)"
 done
 if [ -z "$leaks" ]; then
     result mm_stress_leaks PASS "every migration pool empty, no device mirror, no quarantined command"
