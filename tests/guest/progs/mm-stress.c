@@ -69,7 +69,7 @@ enum {
 	OP_SVM_FILL_SHORT, OP_SVM_CRC, OP_PIN_CRC, OP_EVICT, OP_REMAP,
 	OP_DONTNEED, OP_MPROTECT, OP_SPLICE, OP_UNSPLICE, OP_FORK, OP_KILL,
 	OP_KILL_PARENT, OP_BUF_NEW, OP_BUF_WORK, OP_BUF_FREE, OP_BUF_DMABUF,
-	OP_IMPORT_WORK, OP_TO_PRIVATE,
+	OP_IMPORT_WORK, OP_TO_PRIVATE, OP_COPY_MODE,
 	OP_COUNT
 };
 
@@ -78,14 +78,24 @@ static const char *const op_names[OP_COUNT] = {
 	"svm_fill_1ms", "svm_crc", "pin_crc", "evict", "remap", "dontneed",
 	"mprotect", "splice", "unsplice", "fork", "kill", "kill_parent",
 	"buf_new", "buf_work", "buf_free", "buf_dmabuf", "import_work",
-	"to_private",
+	"to_private", "copy_mode",
 };
 
 /* relative weights (-x sets some to 0) */
 static unsigned int op_weight[OP_COUNT] = {
 	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1, 2,
 	6,	/* to_private: 0 where the kernel has no DEVICE_PRIVATE */
+	1,	/* copy_mode: 0 where the driver has no cpu_copy_pages */
 };
+
+/*
+ * The driver copies small migrations with the CPU (cpu_copy_pages): most
+ * of this stress's sub-ranges would never see the device's copy engine,
+ * its page holds and quarantine. copy_mode switches the whole guest
+ * between that and device copies for every migration, so a run has both.
+ */
+#define COPY_PARAM "/sys/module/cxl_accel/parameters/cpu_copy_pages"
+static unsigned int copy_default;	/* the value before the run */
 
 /* shared by every process of the run */
 struct shared {
@@ -872,6 +882,28 @@ static void helper_start(struct proc *p)
 	pthread_detach(t);
 }
 
+static int copy_mode_set(unsigned int pages)
+{
+	char v[16];
+	int fd = open(COPY_PARAM, O_WRONLY), n, r;
+
+	if (fd < 0)
+		return -errno;
+	n = snprintf(v, sizeof(v), "%u\n", pages);
+	r = write(fd, v, n) == n ? 0 : -errno;
+	close(fd);
+	return r;
+}
+
+/* Device copies for every migration, or the driver's default again */
+static void do_copy_mode(struct proc *p, int op)
+{
+	int r = copy_mode_set(rnd_below(p, 2) ? 0 : copy_default);
+
+	if (r)
+		fail_op(p, op, r);
+}
+
 static void do_fork(struct proc *p)
 {
 	uint32_t slot;
@@ -1070,6 +1102,9 @@ static void worker(struct proc *p)
 		case OP_BUF_DMABUF:
 			do_buf_dmabuf(p, op);
 			break;
+		case OP_COPY_MODE:
+			do_copy_mode(p, op);
+			break;
 		}
 		__sync_fetch_and_add(&sh->ops[op], 1);
 		verify(p, op);
@@ -1190,15 +1225,27 @@ CXLA_TEST_F(devs, mm_stress)
 		if (cxla_hmm_info(c->fd, &h) || !(h.flags & CXL_ACCEL_HMM_PRIVATE))
 			op_weight[OP_TO_PRIVATE] = 0;
 	}
+	{
+		FILE *f = fopen(COPY_PARAM, "r");
+
+		/* a driver without the CPU copy copies with the device anyway */
+		if (!f || fscanf(f, "%u", &copy_default) != 1 ||
+		    access(COPY_PARAM, W_OK))
+			op_weight[OP_COPY_MODE] = 0;
+		if (f)
+			fclose(f);
+	}
 	alarm(run_secs + 600);	/* after every process's own (run_secs + 300) */
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(sh != MAP_FAILED, "mmap: %s", strerror(errno));
-	printf("mm-stress: seed %llu, %d processes, %d s, devices %s%s%s, %s\n",
+	printf("mm-stress: seed %llu, %d processes, %d s, devices %s%s%s, %s%s\n",
 	       (unsigned long long)run_seed, nprocs, run_secs, dev,
 	       peer ? " and " : "", peer ? peer : "",
 	       op_weight[OP_TO_PRIVATE] ? "coherent and private migrations" :
-	       "coherent migrations");
+	       "coherent migrations",
+	       op_weight[OP_COPY_MODE] ? ", copies by the CPU and the device" :
+	       ", copies by the device");
 	fflush(stdout);
 	/* orphaned grandchildren come to us: their verdicts count */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -1273,6 +1320,8 @@ CXLA_TEST_F(devs, mm_stress)
 			       WTERMSIG(status));
 		}
 	}
+	if (op_weight[OP_COPY_MODE])
+		copy_mode_set(copy_default);
 	for (i = 0; i < OP_COUNT; i++)
 		total += sh->ops[i];
 	printf("mm-stress: %llu operations in %.0f s by %u processes (%llu forks, %llu killed): %llu pages migrated, %llu device writes given up (landed later), %llu pages verified\n",
