@@ -170,6 +170,7 @@ static double deadline;
 static bool verbose;		/* -v */
 static bool with_helper;	/* -T: a second thread per process */
 static bool own_files;		/* -F: every process opens the devices itself */
+static bool self_test;		/* -B: a page changes behind the oracle's back */
 static const char *dev_path, *peer_path;
 
 static uint64_t splitmix(uint64_t x)
@@ -261,6 +262,105 @@ static bool page_ok(struct proc *p, size_t i, uint8_t *scratch)
 	return !memcmp(p->region + i * PG, scratch, PG);
 }
 
+/* The frame a virtual page is mapped to (root's pagemap), or 0 */
+static uint64_t frame_of(const void *addr)
+{
+	uint64_t e = 0;
+	int fd = open("/proc/self/pagemap", O_RDONLY);
+
+	if (fd < 0)
+		return 0;
+	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / PG * sizeof(e)) != sizeof(e))
+		e = 0;
+	close(fd);
+	return e >> 63 ? e & ((1ULL << 55) - 1) : 0;
+}
+
+/* What page i holds instead, if it is something this run wrote: a guess. */
+static void identify(struct proc *p, size_t i, char *buf, size_t len)
+{
+	const uint8_t *got = p->region + i * PG;
+	uint8_t *cand = malloc(PG);
+	struct pstate s = { .kind = ST_DATA };
+	size_t j;
+
+	snprintf(buf, len, "nothing this run wrote there");
+	if (!cand)
+		return;
+	for (j = 0; j < p->npages; j++) {
+		if (j != i && !memcmp(got, p->shadow + j * PG, PG)) {
+			snprintf(buf, len, "what page %zu must hold", j);
+			goto out;
+		}
+	}
+	memset(cand, 0, PG);
+	if (!memcmp(got, cand, PG)) {
+		snprintf(buf, len, "zeros");
+		goto out;
+	}
+	/* older data of any process at this page */
+	for (s.writer = 0; s.writer < sh->next_slot; s.writer++) {
+		for (s.gen = 1; s.gen <= p->st[i].gen + 16; s.gen++) {
+			page_expect(&s, i, cand);
+			if (!memcmp(got, cand, PG)) {
+				snprintf(buf, len, "data of process %u generation %u",
+					 s.writer, s.gen);
+				goto out;
+			}
+		}
+	}
+out:
+	free(cand);
+}
+
+/*
+ * Before the report: how many pages are wrong, what they hold, and whether
+ * the CPU saw what the page tables map. The device reads through the page
+ * tables (SVM CHECKSUM); an mprotect() round trip flushes every CPU's TLB
+ * for the region, and a page that reads differently after it was read
+ * through a stale TLB entry.
+ */
+static void diagnose(struct proc *p)
+{
+	uint8_t *before = malloc(p->npages * PG);
+	size_t i, bad = 0, shown = 0, changed = 0;
+	char what[96];
+
+	if (!before)
+		return;
+	memcpy(before, p->region, p->npages * PG);
+	for (i = 0; i < p->npages; i++) {
+		struct cxl_accel_svm sv = {
+			.addr = (uintptr_t)(p->region + i * PG),
+			.len = PG, .op = CXL_ACCEL_SVM_CHECKSUM,
+		};
+		bool dev_ok;
+
+		if (!memcmp(before + i * PG, p->shadow + i * PG, PG))
+			continue;
+		bad++;
+		if (shown == 8)
+			continue;
+		shown++;
+		dev_ok = !cxla_ioctl(p->fd, CXL_ACCEL_IOC_SVM, &sv);
+		identify(p, i, what, sizeof(what));
+		printf("mm-stress:   page %zu (frame %#llx) holds %s; the device reads %s\n",
+		       i, (unsigned long long)frame_of(p->region + i * PG), what,
+		       !dev_ok ? "nothing (SVM failed)" :
+		       (uint32_t)sv.value == crc32c(0, before + i * PG, PG) ?
+		       "the same" :
+		       (uint32_t)sv.value == crc32c(0, p->shadow + i * PG, PG) ?
+		       "what it must hold" : "something else");
+	}
+	if (!mprotect(p->region, p->npages * PG, PROT_READ) &&
+	    !mprotect(p->region, p->npages * PG, PROT_READ | PROT_WRITE))
+		for (i = 0; i < p->npages; i++)
+			changed += !!memcmp(before + i * PG, p->region + i * PG, PG);
+	printf("mm-stress:   %zu of %zu pages wrong; %zu read differently after a TLB flush\n",
+	       bad, p->npages, changed);
+	free(before);
+}
+
 static void verify(struct proc *p, int op)
 {
 	uint8_t want[PG];
@@ -281,6 +381,7 @@ static void verify(struct proc *p, int op)
 			while (k < PG && got[k] == want[k])
 				k++;
 			describe(&p->st[i], d, sizeof(d));
+			diagnose(p);
 			report(p, op, "page %zu of %zu differs from byte %zu on (must hold %s; holds %02x%02x%02x%02x%02x%02x%02x%02x...)",
 			       i, p->npages, k, d, got[0], got[1], got[2],
 			       got[3], got[4], got[5], got[6], got[7]);
@@ -1107,6 +1208,12 @@ static void worker(struct proc *p)
 			break;
 		}
 		__sync_fetch_and_add(&sh->ops[op], 1);
+		if (self_test && !p->depth && p->opno == 10) {
+			/* the oracle's own test: it must find this and say what */
+			size_t k = rnd_below(p, p->npages);
+
+			p->region[k * PG + 100] ^= 0x5a;
+		}
 		verify(p, op);
 		verify_bufs(p, op);
 		if (verbose && !(p->opno % 500))
@@ -1391,6 +1498,12 @@ CXLA_OPTION(helper, "-T", NULL)
 CXLA_OPTION(own_files, "-F", NULL)
 {
 	own_files = true;
+}
+
+/* -B: the oracle's self-test (the run must fail: one page wrong per tree) */
+CXLA_OPTION(self_test, "-B", NULL)
+{
+	self_test = true;
 }
 
 /* no alarm from the runner: the test sets its own from -t */
