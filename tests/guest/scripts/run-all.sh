@@ -367,7 +367,7 @@ if want stress && [ -n "$STRESSRUN" ]; then
     if echo "$out" | grep -q 'CORRUPTION' &&
         echo "$out" | grep -q 'holds nothing this run wrote there; the device reads the same' &&
         echo "$out" | grep -q ' 1 of [0-9]* pages wrong; 0 read differently after a TLB flush'; then
-        result mm_stress_oracle PASS "$(echo "$out" | grep -E 'holds nothing|pages wrong' | sed 's/^mm-stress: *//' | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+        result mm_stress_oracle PASS "$(echo "$out" | grep -E 'holds nothing|pages wrong' | sed 's/^mm-stress: *//' | tr '\n' ';' | sed 's/;$//; s/;\([^ ]\)/; \1/g')"
     else
         echo "$out" | grep -v '^RESULT' | tail -n 20
         result mm_stress_oracle FAIL "the page changed behind the oracle's back was not reported as expected"
