@@ -80,19 +80,19 @@ static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 	if (idx >= buf->npages)
 		return VM_FAULT_SIGBUS;
 	down_read(&cd->map_sem);
-	if (!cd->dead && buf->pages_held &&
-	    cxla_poison_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),
-			    PAGE_SIZE)) {
+	if (cd->dead || !buf->pages_held) {
+		ret = VM_FAULT_SIGBUS;	/* the device or the buffer's memory is gone */
+	} else if (cxla_poison_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),
+				   PAGE_SIZE)) {
 		/* a media error: SIGBUS with BUS_MCEERR_AR, as a machine check */
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
 		ret = VM_FAULT_HWPOISON;
-	} else if (!cd->dead && buf->pages_held &&
-		   (vma->vm_flags & VM_PFNMAP)) {
+	} else if (vma->vm_flags & VM_PFNMAP) {
 		/* CXL_ACCEL_MMAP_REGION: the page's address in the region */
 		ret = vmf_insert_pfn(vma, vmf->address,
 				     PHYS_PFN(cd->cxl_range.start + buf->offset) +
 				     idx);
-	} else if (!cd->dead && buf->pages_held) {
+	} else {
 		err = vm_insert_page(vma, vmf->address, cxla_buf_page(buf, idx));
 		if (!err || err == -EBUSY)	/* -EBUSY: raced, already mapped */
 			ret = VM_FAULT_NOPAGE;
