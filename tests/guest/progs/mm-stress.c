@@ -69,7 +69,7 @@ enum {
 	OP_SVM_FILL_SHORT, OP_SVM_CRC, OP_PIN_CRC, OP_EVICT, OP_REMAP,
 	OP_DONTNEED, OP_MPROTECT, OP_SPLICE, OP_UNSPLICE, OP_FORK, OP_KILL,
 	OP_KILL_PARENT, OP_BUF_NEW, OP_BUF_WORK, OP_BUF_FREE, OP_BUF_DMABUF,
-	OP_IMPORT_WORK, OP_TO_PRIVATE, OP_COPY_MODE,
+	OP_IMPORT_WORK, OP_TO_PRIVATE, OP_COPY_MODE, OP_BAD_MIGRATE,
 	OP_COUNT
 };
 
@@ -78,7 +78,7 @@ static const char *const op_names[OP_COUNT] = {
 	"svm_fill_1ms", "svm_crc", "pin_crc", "evict", "remap", "dontneed",
 	"mprotect", "splice", "unsplice", "fork", "kill", "kill_parent",
 	"buf_new", "buf_work", "buf_free", "buf_dmabuf", "import_work",
-	"to_private", "copy_mode",
+	"to_private", "copy_mode", "bad_migrate",
 };
 
 /* relative weights (-x sets some to 0) */
@@ -86,6 +86,7 @@ static unsigned int op_weight[OP_COUNT] = {
 	10, 8, 4, 6, 6, 3, 4, 2, 1, 2, 2, 2, 2, 2, 2, 2, 1, 2, 3, 2, 1, 2,
 	6,	/* to_private: 0 where the kernel has no DEVICE_PRIVATE */
 	1,	/* copy_mode: 0 where the driver has no cpu_copy_pages */
+	2,	/* bad_migrate */
 };
 
 /*
@@ -534,6 +535,53 @@ static void do_crc(struct proc *p, int op, bool pin)
 	if (got != want)
 		report(p, op, "device crc32c of pages %zu-%zu is %#x, their contents give %#x",
 		       first, first + n - 1, got, want);
+}
+
+/*
+ * A migration a hostile program asks for: misaligned, empty, flags or
+ * reserved fields set, a bad argument pointer, or a range that runs past
+ * the region into what lies beyond it (mapped or not). The answer is an
+ * error or a partial migration; the region must stay as it was.
+ */
+static void do_bad_migrate(struct proc *p, int op)
+{
+	unsigned long req = rnd_below(p, 2) ? CXL_ACCEL_IOC_MIGRATE_TO_DEV :
+				CXL_ACCEL_IOC_MIGRATE_TO_RAM;
+	int fd = rnd_below(p, 2) && p->pfd >= 0 ? p->pfd : p->fd;
+	struct cxl_accel_migrate m = { 0 };
+	size_t first, n;
+	int r, how = rnd_below(p, 6);
+
+	pick_range(p, &first, &n);
+	m.addr = (uintptr_t)(p->region + first * PG);
+	m.len = n * PG;
+	switch (how) {
+	case 0:
+		m.addr += 1 + rnd_below(p, PG - 1);
+		break;
+	case 1:
+		m.len = 0;
+		break;
+	case 2:
+		m.flags = 1U << (1 + rnd_below(p, 31));
+		break;
+	case 3:
+		m.reserved[rnd_below(p, 2)] = 1;
+		break;
+	case 4:
+		/* past the end of the region, by up to 16 pages */
+		m.len = (p->npages - first + 1 + rnd_below(p, 16)) * PG;
+		break;
+	default:
+		r = ioctl(fd, req, (void *)16) ? -errno : 0;
+		if (r != -EFAULT)
+			fail_op(p, op, r);
+		return;
+	}
+	r = ioctl(fd, req, &m) ? -errno : 0;
+	if (how < 4 ? r != -EINVAL :
+	    r && r != -EFAULT && r != -EINVAL && !benign(r))
+		fail_op(p, op, r);
 }
 
 static void do_remap(struct proc *p, int op, bool dontneed)
@@ -1205,6 +1253,9 @@ static void worker(struct proc *p)
 			break;
 		case OP_COPY_MODE:
 			do_copy_mode(p, op);
+			break;
+		case OP_BAD_MIGRATE:
+			do_bad_migrate(p, op);
 			break;
 		}
 		__sync_fetch_and_add(&sh->ops[op], 1);
