@@ -56,6 +56,8 @@ for dev in "$@"; do
         done
     fi
     echo "  $dev: pool pages in use $used, mirrors $mirrors, commands quarantined $quar (after $((i / 10)).$((i % 10)) s)"
+    # which copy paths the run went through (copy_mode switches between them)
+    echo "  $dev: $(grep -E '^(migrated_to_dev|migrated_to_ram|evicted|copy_commands|copy_failures|cpu_copied) ' "$d/migration" | tr '\n' ' ')"
 done
 if [ -z "$leaks" ]; then
     result mm_stress_leaks PASS "every migration pool empty, no device mirror, no quarantined command"
