@@ -318,8 +318,8 @@ out:
  * Before the report: how many pages are wrong, what they hold, and whether
  * the CPU saw what the page tables map. The device reads through the page
  * tables (SVM CHECKSUM); an mprotect() round trip flushes every CPU's TLB
- * for the region, and a page that reads differently after it was read
- * through a stale TLB entry.
+ * for the region: a page that reads differently after it had been read
+ * through a stale TLB entry before.
  */
 static void diagnose(struct proc *p)
 {
