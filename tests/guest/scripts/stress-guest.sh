@@ -32,21 +32,21 @@ fi
 # command given up on (quarantined) keeps its pages and its SVM mirror until
 # the device hands it back, so all three are read once nothing is pending
 # any more (or after 30 s).
+settled() { # reads used, mirrors, quar of $d; true when all three are 0
+    used=$(sed -n 's/^pool_pages_used //p' "$d/migration")
+    mirrors=$(sed -n 's/^svm_mirrors //p' "$d/migration")
+    quar=$(cat "$d/quarantined")
+    [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ]
+}
 leaks=
 for dev in "$@"; do
     d=/sys/class/cxl-accel/$dev
     i=0
-    while [ $i -lt 300 ]; do
-        used=$(sed -n 's/^pool_pages_used //p' "$d/migration")
-        mirrors=$(sed -n 's/^svm_mirrors //p' "$d/migration")
-        quar=$(cat "$d/quarantined")
-        [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ] && break
+    until settled || [ $i -ge 300 ]; do
         sleep 0.1
         i=$((i + 1))
     done
-    if [ "$used" = 0 ] && [ "$mirrors" = 0 ] && [ "$quar" = 0 ]; then
-        :
-    else
+    if [ "$used" != 0 ] || [ "$mirrors" != 0 ] || [ "$quar" != 0 ]; then
         leaks="$leaks $dev: $used pool pages, $mirrors mirrors, $quar quarantined;"
         # who still holds the device open (nobody should: every process exited)
         for f in /proc/[0-9]*/fd/*; do
