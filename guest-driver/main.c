@@ -25,6 +25,7 @@
 #include "ras.h"
 #include "pool.h"
 #include "private.h"
+#include "ramblk.h"
 #include "test_hmm.h"
 #include "vq.h"
 
@@ -376,9 +377,12 @@ static int __init cxla_init(void)
 	ret = cxla_chrdev_init();
 	if (ret)
 		goto err_wq;
-	ret = cxla_devmem_notifier_register();
+	ret = cxla_ram_reserve_init();
 	if (ret)
 		goto err_chrdev;
+	ret = cxla_devmem_notifier_register();
+	if (ret)
+		goto err_reserve;
 	/* what platform firmware would have done for CXL functions (cxlfw.c) */
 	cxla_cxl_firmware();
 	ret = register_virtio_driver(&cxla_driver);
@@ -393,6 +397,8 @@ err_driver:
 	unregister_virtio_driver(&cxla_driver);
 err_notifier:
 	cxla_devmem_notifier_unregister();
+err_reserve:
+	cxla_ram_reserve_exit();
 err_chrdev:
 	cxla_chrdev_exit();
 err_wq:
@@ -411,6 +417,7 @@ static void __exit cxla_exit(void)
 	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */
 	destroy_workqueue(cxla_wq);
+	cxla_ram_reserve_exit();
 	cxla_chrdev_exit();
 	ida_destroy(&cxla_ida);
 }

@@ -14,12 +14,10 @@
  * 2 MiB are sent as one large page), FILL for the zero pages of holes,
  * several commands in flight on the device's engines.
  * The page copy engine is in xcopy.c, the page pool in pool.c, eviction in
- * evict.c.
+ * evict.c, the RAM destinations of moves back in ramblk.c.
  */
-#include <linux/completion.h>
 #include <linux/delay.h>
 #include <linux/highmem.h>
-#include <linux/mempolicy.h>
 #include <linux/memremap.h>
 #include <linux/migrate.h>
 #include <linux/mm.h>
@@ -28,7 +26,6 @@
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
-#include <linux/workqueue.h>
 
 #include "cxl_accel.h"
 #include "compat.h"
@@ -37,6 +34,7 @@
 #include "migrate.h"
 #include "pool.h"
 #include "private.h"
+#include "ramblk.h"
 #include "sysfs.h"
 
 /* ------------------------------------------------ migrate_vma ranges */
@@ -91,105 +89,6 @@ int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages)
 		return -ENOMEM;
 	}
 	return 0;
-}
-
-/*
- * System RAM destination pages. A window with at least 2 MiB to move takes
- * them from 2 MiB blocks (1 MiB ones for a single 2 MiB) split into single
- * pages, when the allocator has such blocks at hand (no reclaim for them):
- * a few allocations instead of one per page, and physically contiguous
- * destinations the device copies in large pieces. The kernel zeroes every
- * new page (init_on_alloc, on by default in distributions), which costs as
- * much as the rest of a move back to RAM, so a helper on another CPU
- * allocates blocks while this CPU allocates the others. Otherwise (the
- * vma or the task has a memory policy, which the blocks would not follow)
- * page by page with alloc_page_vma().
- */
-#define CXLA_RAM_BLOCKS_MAX	(CXLA_MIG_WINDOW >> (20 - PAGE_SHIFT))
-
-struct cxla_ram_blocks {
-	struct work_struct work;	/* the helper */
-	struct completion helped;
-	struct page *blk[CXLA_RAM_BLOCKS_MAX];
-	atomic_t next;			/* the next block to allocate */
-	unsigned int n, order;
-	int nid;
-	unsigned int cur, used;		/* handing out: block, pages of it */
-};
-
-static void cxla_ram_blocks_alloc(struct cxla_ram_blocks *rb)
-{
-	const gfp_t gfp = (GFP_HIGHUSER_MOVABLE & ~__GFP_DIRECT_RECLAIM) |
-			  __GFP_NORETRY | __GFP_NOWARN;
-	unsigned int i;
-
-	while ((i = atomic_inc_return(&rb->next) - 1) < rb->n) {
-		rb->blk[i] = alloc_pages_node(rb->nid, gfp, rb->order);
-		if (rb->blk[i])
-			split_page(rb->blk[i], rb->order);
-	}
-}
-
-static void cxla_ram_blocks_help(struct work_struct *work)
-{
-	struct cxla_ram_blocks *rb = container_of(work, struct cxla_ram_blocks,
-						  work);
-
-	cxla_ram_blocks_alloc(rb);
-	complete(&rb->helped);
-}
-
-/* The blocks for npages destinations in vma (none: page by page) */
-static void cxla_ram_blocks_get(struct cxla_ram_blocks *rb,
-				unsigned long npages,
-				struct vm_area_struct *vma)
-{
-	unsigned long n2m = npages >> (21 - PAGE_SHIFT);
-
-	rb->n = 0;
-	rb->cur = 0;
-	rb->used = 0;
-	if (!n2m || vma_policy(vma) || current->mempolicy)
-		return;
-	rb->order = n2m > 1 ? 21 - PAGE_SHIFT : 20 - PAGE_SHIFT;
-	rb->n = n2m > 1 ? n2m : 2;
-	rb->nid = numa_node_id();	/* where the default policy allocates */
-	atomic_set(&rb->next, 0);
-	if (num_online_cpus() < 2) {
-		cxla_ram_blocks_alloc(rb);
-		return;
-	}
-	INIT_WORK_ONSTACK(&rb->work, cxla_ram_blocks_help);
-	init_completion(&rb->helped);
-	queue_work(cxla_wq, &rb->work);
-	cxla_ram_blocks_alloc(rb);
-	wait_for_completion(&rb->helped);
-	destroy_work_on_stack(&rb->work);
-}
-
-/* The next page of the blocks not handed out yet, or NULL */
-static struct page *cxla_ram_blocks_next(struct cxla_ram_blocks *rb)
-{
-	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
-		if (rb->blk[rb->cur] && rb->used < (1U << rb->order))
-			return rb->blk[rb->cur] + rb->used++;
-	return NULL;
-}
-
-static struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
-				  struct vm_area_struct *vma, unsigned long addr)
-{
-	return cxla_ram_blocks_next(rb) ?:
-	       alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, addr);
-}
-
-/* The pages of the blocks that were not handed out */
-static void cxla_ram_blocks_put(struct cxla_ram_blocks *rb)
-{
-	struct page *p;
-
-	while ((p = cxla_ram_blocks_next(rb)))
-		__free_page(p);
 }
 
 /* A page of this device to bring back: coherent, or private (x->priv) */
@@ -1158,10 +1057,12 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 			      char *buf)
 {
 	struct cxl_accel_hmm_info h;
+	struct cxla_ram_stats rs;
 
 	cxla_hmm_info(to_cxla_dev(dev), &h);
+	cxla_ram_reserve_stats(&rs);
 	return sysfs_emit(buf,
-			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\ncpu_copied %llu\ncopy_mismatches %llu\n",
+			  "mode %s%s\nnuma_node %d\npool_chunks %llu\npool_pages_used %llu\npool_pages_free %llu\nmigrated_to_dev %llu\nmigrated_to_ram %llu\nevicted %llu\ncpu_evicted %llu\ncopy_commands %llu\ncopy_failures %llu\nsvm_faults %llu\nsvm_retries %llu\nsvm_mirror_hits %llu\nsvm_invalidations %llu\nsvm_invalidate_waits %llu\nsvm_mirrors %llu\nprivate_pages %llu\ncpu_faults %llu\npool_pages_poisoned %llu\npoison_skipped %llu\ncpu_copied %llu\ncopy_mismatches %llu\nram_reserve_pages %lu\nram_reserve_taken %lu\nram_reserve_missed %lu\n",
 			  h.flags & CXL_ACCEL_HMM_NUMA ? "numa" :
 			  h.flags & CXL_ACCEL_HMM_COHERENT ? "coherent" : "none",
 			  h.flags & CXL_ACCEL_HMM_PRIVATE ? " private" : "",
@@ -1173,7 +1074,8 @@ static ssize_t migration_show(struct device *dev, struct device_attribute *attr,
 			  h.svm_invalidate_waits, h.svm_mirrors, h.private_pages,
 			  h.cpu_faults, h.pool_pages_poisoned, h.poison_skipped,
 			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_CPU_COPIED]),
-			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_COPY_MISMATCH]));
+			  (u64)atomic64_read(&to_cxla_dev(dev)->mig->stat[CXLA_MS_COPY_MISMATCH]),
+			  rs.pages, rs.taken, rs.missed);
 }
 static DEVICE_ATTR_RO(migration);
 

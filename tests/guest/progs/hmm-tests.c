@@ -1558,6 +1558,168 @@ CXLA_TEST_F(mig, small_windows_cpu_copy)
 	return PASS;
 }
 
+static int read_sys(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	buf[0] = 0;
+	if (!f)
+		return -errno;
+	n = fread(buf, 1, len - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	buf[strcspn(buf, "\n")] = 0;
+	return 0;
+}
+
+/* The number after "KEY " in cxl-accelN's migration attribute, or -1 */
+static long long migration_stat(unsigned int minor, const char *key)
+{
+	char path[128], line[160];
+	size_t n = strlen(key);
+	long long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/cxl-accel%u/migration",
+		 minor);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, n) && line[n] == ' ') {
+			v = strtoll(line + n + 1, NULL, 10);
+			break;
+		}
+	fclose(f);
+	return v;
+}
+
+static int write_str(const char *path, const char *s)
+{
+	FILE *f = fopen(path, "w");
+	int r;
+
+	if (!f)
+		return -errno;
+	r = fputs(s, f) < 0 ? -EIO : 0;
+	return fclose(f) ? -errno : r;
+}
+
+/* Waits up to 5 s for the RAM reserve to hold pages; whether it did */
+static bool reserve_holds(unsigned int minor, long long pages)
+{
+	int i;
+
+	for (i = 0; i < 250; i++) {
+		if (migration_stat(minor, "ram_reserve_pages") == pages)
+			return true;
+		usleep(20000);
+	}
+	return false;
+}
+
+#define RESERVE_PARAM	"/sys/module/cxl_accel/parameters/ram_reserve_mb"
+
+/*
+ * Moves back to RAM take their destinations from the driver's reserve of
+ * 2 MiB blocks (ram_reserve_mb): 4 MiB back takes two of them, the reserve
+ * fills again once migrations pause, the kernel's shrinkers empty it
+ * (drop_caches), and at 0 MiB it stays empty while moves allocate their
+ * own. The data arrives every time.
+ */
+CXLA_TEST_F(mig, ram_reserve)
+{
+	size_t len = 4 * MiB;
+	unsigned int minor = c->id.minor;
+	long long taken, missed;
+	struct cxl_accel_migrate m;
+	char old[32];
+	int round, ret = FAIL;
+	uint8_t *p;
+
+	if (read_sys(RESERVE_PARAM, old, sizeof(old)) || !old[0]) {
+		DETAIL("no ram_reserve_mb parameter");
+		return FAIL;
+	}
+	strcat(old, "\n");
+	p = map_aligned(len, 2 * MiB);
+	CHECK(p, "mmap");
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill_pages(p, len, 77);
+	if (write_str(RESERVE_PARAM, "4\n")) {
+		DETAIL("cannot set ram_reserve_mb");
+		goto out;
+	}
+	/* round 0 fills the reserve; 1 takes from it; 2 finds it empty at 0 MiB */
+	for (round = 0; round < 3; round++) {
+		taken = migration_stat(minor, "ram_reserve_taken");
+		missed = migration_stat(minor, "ram_reserve_missed");
+		if (MIGRATE(c->fd, p, len, true, &m) || m.migrated != len / PG ||
+		    MIGRATE(c->fd, p, len, false, &m) || m.migrated != len / PG) {
+			DETAIL("round %d: %llu of %zu pages moved: %s", round,
+			       (unsigned long long)m.migrated, len / PG, strerror(errno));
+			goto out;
+		}
+		if (check_pages(p, len, 77) >= 0) {
+			DETAIL("round %d: page %zd wrong back in RAM", round,
+			       check_pages(p, len, 77));
+			goto out;
+		}
+		if (round == 1 &&
+		    (migration_stat(minor, "ram_reserve_taken") != taken + 2 ||
+		     migration_stat(minor, "ram_reserve_missed") != missed)) {
+			DETAIL("4 MiB back took %lld blocks of the reserve and missed %lld, not 2 and 0",
+			       migration_stat(minor, "ram_reserve_taken") - taken,
+			       migration_stat(minor, "ram_reserve_missed") - missed);
+			goto out;
+		}
+		if (round == 2 &&
+		    (migration_stat(minor, "ram_reserve_missed") != missed + 2 ||
+		     migration_stat(minor, "ram_reserve_taken") != taken)) {
+			DETAIL("at 0 MiB, 4 MiB back missed %lld blocks and took %lld, not 2 and 0",
+			       migration_stat(minor, "ram_reserve_missed") - missed,
+			       migration_stat(minor, "ram_reserve_taken") - taken);
+			goto out;
+		}
+		if (round == 0 && !reserve_holds(minor, 2 * MiB / PG * 2)) {
+			DETAIL("the reserve holds %lld pages, not 1024, after a move back",
+			       migration_stat(minor, "ram_reserve_pages"));
+			goto out;
+		}
+		if (round == 1) {
+			if (!reserve_holds(minor, 2 * MiB / PG * 2)) {
+				DETAIL("the reserve did not fill again: %lld pages",
+				       migration_stat(minor, "ram_reserve_pages"));
+				goto out;
+			}
+			if (write_str("/proc/sys/vm/drop_caches", "2\n") ||
+			    migration_stat(minor, "ram_reserve_pages") != 0) {
+				DETAIL("after drop_caches the reserve holds %lld pages",
+				       migration_stat(minor, "ram_reserve_pages"));
+				goto out;
+			}
+			if (write_str(RESERVE_PARAM, "0\n"))
+				goto out;
+		}
+	}
+	usleep(200000);		/* a refill would have run by now */
+	if (migration_stat(minor, "ram_reserve_pages") != 0) {
+		DETAIL("at 0 MiB the reserve holds %lld pages",
+		       migration_stat(minor, "ram_reserve_pages"));
+		goto out;
+	}
+	DETAIL("%s: 4 MiB back took 2 blocks of the reserve, which filled again; drop_caches emptied it; at 0 MiB it stayed empty; data checked each time",
+	       PRIVATE ? "private" : "coherent");
+	ret = PASS;
+out:
+	write_str(RESERVE_PARAM, old);
+	munmap(p, len);
+	if (ret == PASS)
+		PRIVATE_IDLE(c->fd);
+	return ret;
+}
+
 /*
  * hmm-tests snapshot: every kind of page; a private page is on the device
  * (LOCAL) but not in the CPU page table (not PRESENT)
@@ -2716,21 +2878,6 @@ static long pages_on(void *p, size_t len, int node)
 	for (i = 0; i < len / PG; i++)
 		k += node_of((uint8_t *)p + i * PG) == node;
 	return k;
-}
-
-static int read_sys(const char *path, char *buf, size_t len)
-{
-	FILE *f = fopen(path, "r");
-	size_t n;
-
-	buf[0] = 0;
-	if (!f)
-		return -errno;
-	n = fread(buf, 1, len - 1, f);
-	buf[n] = 0;
-	fclose(f);
-	buf[strcspn(buf, "\n")] = 0;
-	return 0;
 }
 
 CXLA_TEST_F(numa, numa_info)
