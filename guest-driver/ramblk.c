@@ -2,18 +2,18 @@
 /*
  * cxl-accel: system RAM destination pages of migrations back to RAM.
  *
- * A window with at least 2 MiB to move takes its destinations from 2 MiB
- * blocks (1 MiB ones for a single 2 MiB) split into single pages: a few
- * allocations instead of one per page, and physically contiguous
- * destinations the device copies in large pieces. The kernel zeroes every
- * new page (init_on_alloc, on by default in distributions), which costs as
- * much as the rest of a move back to RAM, so the allocation is taken off
- * the migrating task where it can be:
+ * Destinations come from 2 MiB blocks split into single pages (1 MiB ones
+ * for a single 2 MiB): a few allocations instead of one per page, and
+ * physically contiguous destinations the device copies in large pieces.
+ * The kernel zeroes every new page (init_on_alloc, on by default in
+ * distributions), which costs as much as the rest of a move back to RAM,
+ * so the allocation is taken off the migrating task where it can be:
  *  - a reserve of 2 MiB blocks per NUMA node (ram_reserve_mb), filled by a
- *    work item once migrations pause, hands out ready blocks; a shrinker
- *    gives them back to the kernel under memory pressure;
- *  - what the reserve lacks, this CPU and a helper on another allocate at
- *    once.
+ *    work item once migrations pause, hands out ready pages: whole blocks
+ *    for each 2 MiB of a window, the rest (and small windows) from one
+ *    block they share; a shrinker gives it all back under memory pressure;
+ *  - the blocks the reserve lacks, this CPU and a helper on another
+ *    allocate at once; single pages it lacks come from alloc_page_vma().
  * A vma or task with a memory policy, which the blocks would not follow,
  * gets its pages one by one from alloc_page_vma().
  */
@@ -39,6 +39,7 @@
  */
 #define CXLA_RESERVE_GFP	(CXLA_BLOCK_GFP(GFP_HIGHUSER) | __GFP_THISNODE)
 #define CXLA_RESERVE_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB blocks */
+#define CXLA_BLOCK_PAGES	(1U << CXLA_RESERVE_ORDER)
 #define CXLA_RESERVE_MAX	32			/* per node: 64 MiB */
 
 static unsigned int cxla_ram_reserve_mb = 16;
@@ -49,14 +50,15 @@ MODULE_PARM_DESC(ram_reserve_mb,
 struct cxla_ram_node {
 	spinlock_t lock;
 	unsigned int n;
-	bool used;		/* a migration took blocks here: keep it filled */
+	bool used;		/* a migration took pages here: keep it filled */
+	struct cxla_ram_run part;	/* the rest of the block being shared */
 	struct page *blk[CXLA_RESERVE_MAX];
 };
 
 static struct cxla_ram_node *cxla_ram_nodes;	/* nr_node_ids of them */
 static atomic_long_t cxla_ram_held;		/* pages in the reserve */
-static atomic_long_t cxla_ram_taken;		/* blocks migrations took */
-static atomic_long_t cxla_ram_missed;		/* blocks the reserve lacked */
+static atomic_long_t cxla_ram_taken;		/* pages migrations took */
+static atomic_long_t cxla_ram_missed;		/* pages the reserve lacked */
 static struct shrinker *cxla_ram_shrinker;
 
 static void cxla_ram_refill(struct work_struct *work);
@@ -88,50 +90,80 @@ static struct page *cxla_block_alloc(int nid, unsigned int order, gfp_t gfp)
 	return p;
 }
 
-static void cxla_block_free(struct page *p, unsigned int order)
+static void cxla_pages_free(struct page *p, unsigned int n)
 {
-	unsigned int i;
-
-	for (i = 0; i < 1U << order; i++)
-		__free_page(p + i);
+	while (n--)
+		__free_page(p++);
 }
 
-/* One block out of node nid's reserve, or NULL */
-static struct page *cxla_ram_reserve_pop(struct cxla_ram_node *rn)
+/* The shared block's rest, else a whole block, out of rn; n 0: none */
+static struct cxla_ram_run cxla_ram_reserve_pop(struct cxla_ram_node *rn)
 {
-	struct page *p = NULL;
+	struct cxla_ram_run r = {};
 
 	spin_lock(&rn->lock);
-	if (rn->n)
-		p = rn->blk[--rn->n];
+	if (rn->part.n) {
+		r = rn->part;
+		rn->part.n = 0;
+	} else if (rn->n) {
+		r.p = rn->blk[--rn->n];
+		r.n = CXLA_BLOCK_PAGES;
+	}
 	spin_unlock(&rn->lock);
-	if (p)
-		atomic_long_sub(1L << CXLA_RESERVE_ORDER, &cxla_ram_held);
-	return p;
+	atomic_long_sub(r.n, &cxla_ram_held);
+	return r;
 }
 
-/* Up to want blocks of node nid's reserve into blk; how many it had */
-static unsigned int cxla_ram_reserve_take(int nid, struct page **blk,
-					  unsigned int want)
+/*
+ * Up to npages pages of node nid's reserve as runs of consecutive pages:
+ * a whole block for each 2 MiB, the rest from the shared block (a new one
+ * when it runs out). Returns the runs; *blocks: whole blocks among them,
+ * which come first.
+ */
+static unsigned int cxla_ram_reserve_take(int nid, struct cxla_ram_run *run,
+					  unsigned long npages,
+					  unsigned int *blocks)
 {
+	unsigned long got, rest = npages % CXLA_BLOCK_PAGES;
+	unsigned long n2m = npages / CXLA_BLOCK_PAGES;
 	struct cxla_ram_node *rn;
-	unsigned int got = 0;
+	unsigned int nr = 0, k;
 
+	*blocks = 0;
 	if (!cxla_ram_nodes)
 		return 0;
 	rn = &cxla_ram_nodes[nid];
 	spin_lock(&rn->lock);
-	while (got < want && rn->n)
-		blk[got++] = rn->blk[--rn->n];
+	while (nr < n2m && rn->n)
+		run[nr++] = (struct cxla_ram_run){ rn->blk[--rn->n],
+						   CXLA_BLOCK_PAGES };
+	*blocks = nr;
+	got = (unsigned long)nr * CXLA_BLOCK_PAGES;
+	if (rest && rn->part.n) {
+		k = min_t(unsigned long, rest, rn->part.n);
+		run[nr++] = (struct cxla_ram_run){ rn->part.p, k };
+		rn->part.p += k;
+		rn->part.n -= k;
+		rest -= k;
+		got += k;
+	}
+	if (rest && rn->n) {
+		struct page *b = rn->blk[--rn->n];
+
+		run[nr++] = (struct cxla_ram_run){ b, rest };
+		rn->part = (struct cxla_ram_run){ b + rest,
+						  CXLA_BLOCK_PAGES - rest };
+		got += rest;
+	}
 	rn->used = true;
 	spin_unlock(&rn->lock);
-	atomic_long_sub((long)got << CXLA_RESERVE_ORDER, &cxla_ram_held);
+	atomic_long_sub(got, &cxla_ram_held);
 	atomic_long_add(got, &cxla_ram_taken);
-	atomic_long_add(want - got, &cxla_ram_missed);
+	atomic_long_add(npages - got, &cxla_ram_missed);
 	if (cxla_ram_target())
 		mod_delayed_work(system_unbound_wq, &cxla_ram_refill_work,
 				 msecs_to_jiffies(CXLA_REFILL_QUIET_MS));
-	return got;
+	return nr;
 }
 
 /*
@@ -155,9 +187,8 @@ static void cxla_ram_refill(struct work_struct *work)
 			more = rn->used && rn->n < target;
 			spin_unlock(&rn->lock);
 			if (p) {
-				atomic_long_sub(1L << CXLA_RESERVE_ORDER,
-						&cxla_ram_held);
-				cxla_block_free(p, CXLA_RESERVE_ORDER);
+				atomic_long_sub(CXLA_BLOCK_PAGES, &cxla_ram_held);
+				cxla_pages_free(p, CXLA_BLOCK_PAGES);
 				continue;
 			}
 			if (!more)
@@ -173,10 +204,10 @@ static void cxla_ram_refill(struct work_struct *work)
 			}
 			spin_unlock(&rn->lock);
 			if (p) {
-				cxla_block_free(p, CXLA_RESERVE_ORDER);
+				cxla_pages_free(p, CXLA_BLOCK_PAGES);
 				break;
 			}
-			atomic_long_add(1L << CXLA_RESERVE_ORDER, &cxla_ram_held);
+			atomic_long_add(CXLA_BLOCK_PAGES, &cxla_ram_held);
 		}
 	}
 }
@@ -206,12 +237,12 @@ static unsigned long cxla_ram_scan(struct shrinker *s,
 	int nid;
 
 	for_each_node_state(nid, N_MEMORY) {
-		struct page *p;
+		struct cxla_ram_run r;
 
 		while (freed < sc->nr_to_scan &&
-		       (p = cxla_ram_reserve_pop(&cxla_ram_nodes[nid]))) {
-			cxla_block_free(p, CXLA_RESERVE_ORDER);
-			freed += 1UL << CXLA_RESERVE_ORDER;
+		       (r = cxla_ram_reserve_pop(&cxla_ram_nodes[nid])).n) {
+			cxla_pages_free(r.p, r.n);
+			freed += r.n;
 		}
 	}
 	return freed ?: SHRINK_STOP;
@@ -247,24 +278,26 @@ void cxla_ram_reserve_exit(void)
 	shrinker_free(cxla_ram_shrinker);
 	cancel_delayed_work_sync(&cxla_ram_refill_work);
 	for (nid = 0; nid < nr_node_ids; nid++) {
-		struct page *p;
+		struct cxla_ram_run r;
 
-		while ((p = cxla_ram_reserve_pop(&cxla_ram_nodes[nid])))
-			cxla_block_free(p, CXLA_RESERVE_ORDER);
+		while ((r = cxla_ram_reserve_pop(&cxla_ram_nodes[nid])).n)
+			cxla_pages_free(r.p, r.n);
 	}
 	kfree(cxla_ram_nodes);
 	cxla_ram_nodes = NULL;
 }
 
-/* ------------------------------------------------ one window's blocks */
+/* ------------------------------------------------ one window's pages */
 
 static void cxla_ram_blocks_alloc(struct cxla_ram_blocks *rb)
 {
 	unsigned int i;
 
-	while ((i = atomic_inc_return(&rb->next) - 1) < rb->n)
-		rb->blk[i] = cxla_block_alloc(rb->nid, rb->order,
-					      CXLA_BLOCK_GFP(GFP_HIGHUSER_MOVABLE));
+	while ((i = atomic_inc_return(&rb->next) - 1) < rb->n) {
+		rb->run[i].p = cxla_block_alloc(rb->nid, rb->order,
+						CXLA_BLOCK_GFP(GFP_HIGHUSER_MOVABLE));
+		rb->run[i].n = rb->run[i].p ? 1U << rb->order : 0;
+	}
 }
 
 static void cxla_ram_blocks_help(struct work_struct *work)
@@ -276,29 +309,33 @@ static void cxla_ram_blocks_help(struct work_struct *work)
 	complete(&rb->helped);
 }
 
-/* The blocks for npages destinations in vma (none: page by page) */
+/* The pages for npages destinations in vma (none: page by page) */
 void cxla_ram_blocks_get(struct cxla_ram_blocks *rb, unsigned long npages,
 			 struct vm_area_struct *vma)
 {
-	unsigned long n2m = npages >> (21 - PAGE_SHIFT);
-	unsigned int taken;
+	unsigned long n2m = npages / CXLA_BLOCK_PAGES;
+	unsigned int nr, blocks, missing;
 
 	rb->n = 0;
 	rb->cur = 0;
 	rb->used = 0;
-	if (!n2m || vma_policy(vma) || current->mempolicy)
+	if (!npages || vma_policy(vma) || current->mempolicy)
 		return;
 	rb->nid = numa_mem_id();	/* where the default policy allocates */
-	taken = cxla_ram_reserve_take(rb->nid, rb->blk, n2m);
-	if (taken || n2m > 1) {
-		rb->order = 21 - PAGE_SHIFT;
-		rb->n = n2m;
+	nr = cxla_ram_reserve_take(rb->nid, rb->run, npages, &blocks);
+	rb->n = nr;
+	missing = n2m - blocks;
+	if (!missing)
+		return;
+	if (blocks || missing > 1) {
+		rb->order = CXLA_RESERVE_ORDER;
 	} else {	/* a single 2 MiB: a 1 MiB half on each CPU */
-		rb->order = 20 - PAGE_SHIFT;
-		rb->n = 2;
+		rb->order = CXLA_RESERVE_ORDER - 1;
+		missing = 2;
 	}
-	atomic_set(&rb->next, taken);
-	if (rb->n - taken < 2 || num_online_cpus() < 2) {
+	atomic_set(&rb->next, nr);
+	rb->n = nr + missing;
+	if (missing < 2 || num_online_cpus() < 2) {
 		cxla_ram_blocks_alloc(rb);
 		return;
 	}
@@ -310,12 +347,12 @@ void cxla_ram_blocks_get(struct cxla_ram_blocks *rb, unsigned long npages,
 	destroy_work_on_stack(&rb->work);
 }
 
-/* The next page of the blocks not handed out yet, or NULL */
+/* The next page of the runs not handed out yet, or NULL */
 static struct page *cxla_ram_blocks_next(struct cxla_ram_blocks *rb)
 {
 	for (; rb->cur < rb->n; rb->cur++, rb->used = 0)
-		if (rb->blk[rb->cur] && rb->used < (1U << rb->order))
-			return rb->blk[rb->cur] + rb->used++;
+		if (rb->used < rb->run[rb->cur].n)
+			return rb->run[rb->cur].p + rb->used++;
 	return NULL;
 }
 
@@ -326,7 +363,7 @@ struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
 	       alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, addr);
 }
 
-/* The pages of the blocks that were not handed out */
+/* The pages of the runs that were not handed out */
 void cxla_ram_blocks_put(struct cxla_ram_blocks *rb)
 {
 	struct page *p;

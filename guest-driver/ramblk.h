@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * cxl-accel: system RAM destination pages of migrations back to RAM
- * (ramblk.c): 2 MiB blocks from a reserve kept filled in the background,
- * else allocated by this CPU and a helper on another at once.
+ * (ramblk.c): pages of 2 MiB blocks from a reserve kept filled in the
+ * background, else allocated by this CPU and a helper on another at once.
  */
 #ifndef CXL_ACCEL_RAMBLK_H
 #define CXL_ACCEL_RAMBLK_H
@@ -16,17 +16,24 @@
 struct page;
 struct vm_area_struct;
 
-#define CXLA_RAM_BLOCKS_MAX	(CXLA_MIG_WINDOW >> (20 - PAGE_SHIFT))
+/* n consecutive pages from p, each a page of its own (refcount 1) */
+struct cxla_ram_run {
+	struct page *p;
+	unsigned int n;
+};
 
-/* The blocks of one window, handed out page by page */
+/* Runs of a window: whole blocks, up to 2 pieces of a shared block */
+#define CXLA_RAM_RUNS_MAX	((CXLA_MIG_WINDOW >> (20 - PAGE_SHIFT)) + 2)
+
+/* The pages of one window, handed out one by one */
 struct cxla_ram_blocks {
 	struct work_struct work;	/* the helper */
 	struct completion helped;
-	struct page *blk[CXLA_RAM_BLOCKS_MAX];
+	struct cxla_ram_run run[CXLA_RAM_RUNS_MAX];
 	atomic_t next;			/* the next block to allocate */
 	unsigned int n, order;
 	int nid;
-	unsigned int cur, used;		/* handing out: block, pages of it */
+	unsigned int cur, used;		/* handing out: run, pages of it */
 };
 
 void cxla_ram_blocks_get(struct cxla_ram_blocks *rb, unsigned long npages,
@@ -35,7 +42,7 @@ struct page *cxla_ram_page(struct cxla_ram_blocks *rb,
 			   struct vm_area_struct *vma, unsigned long addr);
 void cxla_ram_blocks_put(struct cxla_ram_blocks *rb);
 
-/* The reserve: pages in it now; 2 MiB blocks it gave, and lacked, so far */
+/* The reserve: pages in it now; pages it gave, and lacked, so far */
 struct cxla_ram_stats {
 	unsigned long pages, taken, missed;
 };

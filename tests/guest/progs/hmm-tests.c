@@ -1623,7 +1623,8 @@ static bool reserve_holds(unsigned int minor, long long pages)
 
 /*
  * Moves back to RAM take their destinations from the driver's reserve of
- * 2 MiB blocks (ram_reserve_mb): 4 MiB back takes two of them, the reserve
+ * 2 MiB blocks (ram_reserve_mb), counted in pages: 4 MiB back takes two
+ * blocks, 64 KiB back 16 pages of a block it starts sharing; the reserve
  * fills again once migrations pause, the kernel's shrinkers empty it
  * (drop_caches), and at 0 MiB it stays empty while moves allocate their
  * own. The data arrives every time.
@@ -1647,8 +1648,10 @@ CXLA_TEST_F(mig, ram_reserve)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 77);
-	if (write_str(RESERVE_PARAM, "4\n")) {
-		DETAIL("cannot set ram_reserve_mb");
+	/* an empty reserve (earlier moves may have left part of a block) */
+	if (write_str(RESERVE_PARAM, "4\n") ||
+	    write_str("/proc/sys/vm/drop_caches", "2\n")) {
+		DETAIL("cannot set ram_reserve_mb or drop caches");
 		goto out;
 	}
 	/* round 0 fills the reserve; 1 takes from it; 2 finds it empty at 0 MiB */
@@ -1667,30 +1670,42 @@ CXLA_TEST_F(mig, ram_reserve)
 			goto out;
 		}
 		if (round == 1 &&
-		    (migration_stat(minor, "ram_reserve_taken") != taken + 2 ||
+		    (migration_stat(minor, "ram_reserve_taken") != taken + 1024 ||
 		     migration_stat(minor, "ram_reserve_missed") != missed)) {
-			DETAIL("4 MiB back took %lld blocks of the reserve and missed %lld, not 2 and 0",
+			DETAIL("4 MiB back took %lld pages of the reserve and missed %lld, not 1024 and 0",
 			       migration_stat(minor, "ram_reserve_taken") - taken,
 			       migration_stat(minor, "ram_reserve_missed") - missed);
 			goto out;
 		}
 		if (round == 2 &&
-		    (migration_stat(minor, "ram_reserve_missed") != missed + 2 ||
+		    (migration_stat(minor, "ram_reserve_missed") != missed + 1024 ||
 		     migration_stat(minor, "ram_reserve_taken") != taken)) {
-			DETAIL("at 0 MiB, 4 MiB back missed %lld blocks and took %lld, not 2 and 0",
+			DETAIL("at 0 MiB, 4 MiB back missed %lld pages and took %lld, not 1024 and 0",
 			       migration_stat(minor, "ram_reserve_missed") - missed,
 			       migration_stat(minor, "ram_reserve_taken") - taken);
 			goto out;
 		}
-		if (round == 0 && !reserve_holds(minor, 2 * MiB / PG * 2)) {
+		if (round == 0 && !reserve_holds(minor, 1024)) {
 			DETAIL("the reserve holds %lld pages, not 1024, after a move back",
 			       migration_stat(minor, "ram_reserve_pages"));
 			goto out;
 		}
 		if (round == 1) {
-			if (!reserve_holds(minor, 2 * MiB / PG * 2)) {
+			if (!reserve_holds(minor, 1024)) {
 				DETAIL("the reserve did not fill again: %lld pages",
 				       migration_stat(minor, "ram_reserve_pages"));
+				goto out;
+			}
+			/* 64 KiB back takes 16 pages of a block it starts sharing */
+			taken = migration_stat(minor, "ram_reserve_taken");
+			if (MIGRATE(c->fd, p, 16 * PG, true, &m) || m.migrated != 16 ||
+			    MIGRATE(c->fd, p, 16 * PG, false, &m) || m.migrated != 16 ||
+			    migration_stat(minor, "ram_reserve_taken") != taken + 16 ||
+			    check_pages(p, len, 77) >= 0) {
+				DETAIL("64 KiB back: %llu moved, %lld pages of the reserve, data %s",
+				       (unsigned long long)m.migrated,
+				       migration_stat(minor, "ram_reserve_taken") - taken,
+				       check_pages(p, len, 77) >= 0 ? "wrong" : "right");
 				goto out;
 			}
 			if (write_str("/proc/sys/vm/drop_caches", "2\n") ||
@@ -1709,7 +1724,7 @@ CXLA_TEST_F(mig, ram_reserve)
 		       migration_stat(minor, "ram_reserve_pages"));
 		goto out;
 	}
-	DETAIL("%s: 4 MiB back took 2 blocks of the reserve, which filled again; drop_caches emptied it; at 0 MiB it stayed empty; data checked each time",
+	DETAIL("%s: 4 MiB back took 2 blocks of the reserve, which filled again; 64 KiB back took 16 pages; drop_caches emptied it; at 0 MiB it stayed empty; data checked each time",
 	       PRIVATE ? "private" : "coherent");
 	ret = PASS;
 out:
