@@ -370,19 +370,22 @@ static int __init cxla_init(void)
 {
 	int ret;
 
+	/* first in, last out: every migration back to RAM may use it */
+	ret = cxla_ram_reserve_init();
+	if (ret)
+		return ret;
 	/* no CPU affinity needed (7.x warns when neither is said) */
 	cxla_wq = alloc_workqueue("cxl_accel", WQ_UNBOUND, 0);
-	if (!cxla_wq)
-		return -ENOMEM;
+	if (!cxla_wq) {
+		ret = -ENOMEM;
+		goto err_reserve;
+	}
 	ret = cxla_chrdev_init();
 	if (ret)
 		goto err_wq;
-	ret = cxla_ram_reserve_init();
-	if (ret)
-		goto err_chrdev;
 	ret = cxla_devmem_notifier_register();
 	if (ret)
-		goto err_reserve;
+		goto err_chrdev;
 	/* what platform firmware would have done for CXL functions (cxlfw.c) */
 	cxla_cxl_firmware();
 	ret = register_virtio_driver(&cxla_driver);
@@ -397,12 +400,12 @@ err_driver:
 	unregister_virtio_driver(&cxla_driver);
 err_notifier:
 	cxla_devmem_notifier_unregister();
-err_reserve:
-	cxla_ram_reserve_exit();
 err_chrdev:
 	cxla_chrdev_exit();
 err_wq:
 	destroy_workqueue(cxla_wq);
+err_reserve:
+	cxla_ram_reserve_exit();
 	return ret;
 }
 
@@ -417,9 +420,9 @@ static void __exit cxla_exit(void)
 	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */
 	destroy_workqueue(cxla_wq);
-	cxla_ram_reserve_exit();
 	cxla_chrdev_exit();
 	ida_destroy(&cxla_ida);
+	cxla_ram_reserve_exit();
 }
 
 module_init(cxla_init);

@@ -17,6 +17,7 @@
  * A vma or task with a memory policy, which the blocks would not follow,
  * gets its pages one by one from alloc_page_vma().
  */
+#include <linux/cpuset.h>
 #include <linux/gfp.h>
 #include <linux/mempolicy.h>
 #include <linux/mm.h>
@@ -30,22 +31,20 @@
 #include "devmem.h"
 #include "ramblk.h"
 
-/* no reclaim for blocks: a window can take single pages instead */
-#define CXLA_BLOCK_GFP(gfp)	(((gfp) & ~__GFP_DIRECT_RECLAIM) | \
-				 __GFP_NORETRY | __GFP_NOWARN)
+/* no direct reclaim for a window's blocks: it can take single pages */
+#define CXLA_BLOCK_GFP	((GFP_HIGHUSER_MOVABLE & ~__GFP_DIRECT_RECLAIM) | \
+			 __GFP_NORETRY | __GFP_NOWARN)
 /*
- * The reserve's blocks are not movable: held for long, they would stand in
- * the way of whoever must empty ZONE_MOVABLE or a CMA area.
+ * The reserve's blocks: no reclaim at all (under memory pressure it stays
+ * short rather than push out other memory or wake kswapd, whose shrinking
+ * would empty it again), and not movable: held for long, they would stand
+ * in the way of whoever must empty ZONE_MOVABLE or a CMA area.
  */
-#define CXLA_RESERVE_GFP	(CXLA_BLOCK_GFP(GFP_HIGHUSER) | __GFP_THISNODE)
+#define CXLA_RESERVE_GFP	((GFP_HIGHUSER & ~__GFP_RECLAIM) | __GFP_NORETRY | \
+				 __GFP_NOWARN | __GFP_THISNODE)
 #define CXLA_RESERVE_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB blocks */
 #define CXLA_BLOCK_PAGES	(1U << CXLA_RESERVE_ORDER)
 #define CXLA_RESERVE_MAX	32			/* per node: 64 MiB */
-
-static unsigned int cxla_ram_reserve_mb = 16;
-module_param_named(ram_reserve_mb, cxla_ram_reserve_mb, uint, 0644);
-MODULE_PARM_DESC(ram_reserve_mb,
-		 "System RAM per NUMA node kept allocated for migrations back to RAM, in 2 MiB blocks (0 = none, at most 64; a change applies from the next such migration)");
 
 struct cxla_ram_node {
 	spinlock_t lock;
@@ -63,6 +62,8 @@ static struct shrinker *cxla_ram_shrinker;
 
 static void cxla_ram_refill(struct work_struct *work);
 static DECLARE_DELAYED_WORK(cxla_ram_refill_work, cxla_ram_refill);
+static DEFINE_SPINLOCK(cxla_ram_live_lock);
+static bool cxla_ram_live;	/* between init and exit: the refill may run */
 
 /*
  * The refill waits until migrations pause this long: its zeroing would
@@ -70,6 +71,36 @@ static DECLARE_DELAYED_WORK(cxla_ram_refill_work, cxla_ram_refill);
  * 2 MiB move back slower than no reserve at all).
  */
 #define CXLA_REFILL_QUIET_MS	20
+
+static void cxla_ram_refill_after(unsigned long delay)
+{
+	spin_lock(&cxla_ram_live_lock);
+	if (cxla_ram_live)
+		mod_delayed_work(system_unbound_wq, &cxla_ram_refill_work, delay);
+	spin_unlock(&cxla_ram_live_lock);
+}
+
+static unsigned int cxla_ram_reserve_mb = 16;
+
+/* A new size applies at once: the refill trims or fills to it */
+static int cxla_ram_reserve_mb_set(const char *val,
+				   const struct kernel_param *kp)
+{
+	int ret = param_set_uint(val, kp);
+
+	if (!ret)
+		cxla_ram_refill_after(0);
+	return ret;
+}
+
+static const struct kernel_param_ops cxla_ram_reserve_mb_ops = {
+	.set = cxla_ram_reserve_mb_set,
+	.get = param_get_uint,
+};
+module_param_cb(ram_reserve_mb, &cxla_ram_reserve_mb_ops, &cxla_ram_reserve_mb,
+		0644);
+MODULE_PARM_DESC(ram_reserve_mb,
+		 "System RAM per NUMA node kept allocated for migrations back to RAM, in 2 MiB blocks (0 = none, at most 64)");
 
 /* Blocks per node the reserve holds */
 static unsigned int cxla_ram_target(void)
@@ -129,9 +160,6 @@ static unsigned int cxla_ram_reserve_take(int nid, struct cxla_ram_run *run,
 	struct cxla_ram_node *rn;
 	unsigned int nr = 0, k;
 
-	*blocks = 0;
-	if (!cxla_ram_nodes)
-		return 0;
 	rn = &cxla_ram_nodes[nid];
 	spin_lock(&rn->lock);
 	while (nr < n2m && rn->n)
@@ -161,15 +189,13 @@ static unsigned int cxla_ram_reserve_take(int nid, struct cxla_ram_run *run,
 	atomic_long_add(got, &cxla_ram_taken);
 	atomic_long_add(npages - got, &cxla_ram_missed);
 	if (cxla_ram_target())
-		mod_delayed_work(system_unbound_wq, &cxla_ram_refill_work,
-				 msecs_to_jiffies(CXLA_REFILL_QUIET_MS));
+		cxla_ram_refill_after(msecs_to_jiffies(CXLA_REFILL_QUIET_MS));
 	return nr;
 }
 
 /*
  * Fills every used node's reserve up to ram_reserve_mb and trims the ones
- * above it. Allocations do not reclaim: under memory pressure the reserve
- * stays short rather than pushing out other memory.
+ * above it (at 0, the shared block's rest too).
  */
 static void cxla_ram_refill(struct work_struct *work)
 {
@@ -178,8 +204,18 @@ static void cxla_ram_refill(struct work_struct *work)
 
 	for_each_node_state(nid, N_MEMORY) {
 		struct cxla_ram_node *rn = &cxla_ram_nodes[nid];
+		struct cxla_ram_run r = {};
 		struct page *p;
 		bool more;
+
+		spin_lock(&rn->lock);
+		if (!target) {
+			r = rn->part;
+			rn->part.n = 0;
+		}
+		spin_unlock(&rn->lock);
+		atomic_long_sub(r.n, &cxla_ram_held);
+		cxla_pages_free(r.p, r.n);
 
 		for (;;) {
 			spin_lock(&rn->lock);
@@ -224,26 +260,27 @@ void cxla_ram_reserve_stats(struct cxla_ram_stats *st)
 	st->missed = atomic_long_read(&cxla_ram_missed);
 }
 
+/* The shrinker is NUMA aware: reclaim on one node empties that node's */
 static unsigned long cxla_ram_count(struct shrinker *s,
 				    struct shrink_control *sc)
 {
-	return cxla_ram_reserve_pages() ?: SHRINK_EMPTY;
+	struct cxla_ram_node *rn = &cxla_ram_nodes[sc->nid];
+	unsigned long pages = (unsigned long)READ_ONCE(rn->n) * CXLA_BLOCK_PAGES +
+			      READ_ONCE(rn->part.n);
+
+	return pages ?: SHRINK_EMPTY;
 }
 
 static unsigned long cxla_ram_scan(struct shrinker *s,
 				   struct shrink_control *sc)
 {
+	struct cxla_ram_node *rn = &cxla_ram_nodes[sc->nid];
 	unsigned long freed = 0;
-	int nid;
+	struct cxla_ram_run r;
 
-	for_each_node_state(nid, N_MEMORY) {
-		struct cxla_ram_run r;
-
-		while (freed < sc->nr_to_scan &&
-		       (r = cxla_ram_reserve_pop(&cxla_ram_nodes[nid])).n) {
-			cxla_pages_free(r.p, r.n);
-			freed += r.n;
-		}
+	while (freed < sc->nr_to_scan && (r = cxla_ram_reserve_pop(rn)).n) {
+		cxla_pages_free(r.p, r.n);
+		freed += r.n;
 	}
 	return freed ?: SHRINK_STOP;
 }
@@ -258,7 +295,8 @@ int cxla_ram_reserve_init(void)
 		return -ENOMEM;
 	for (nid = 0; nid < nr_node_ids; nid++)
 		spin_lock_init(&cxla_ram_nodes[nid].lock);
-	cxla_ram_shrinker = shrinker_alloc(0, "cxl_accel-ram-reserve");
+	cxla_ram_shrinker = shrinker_alloc(SHRINKER_NUMA_AWARE,
+					   "cxl_accel-ram-reserve");
 	if (!cxla_ram_shrinker) {
 		kfree(cxla_ram_nodes);
 		cxla_ram_nodes = NULL;
@@ -267,14 +305,21 @@ int cxla_ram_reserve_init(void)
 	cxla_ram_shrinker->count_objects = cxla_ram_count;
 	cxla_ram_shrinker->scan_objects = cxla_ram_scan;
 	shrinker_register(cxla_ram_shrinker);
+	spin_lock(&cxla_ram_live_lock);
+	cxla_ram_live = true;
+	spin_unlock(&cxla_ram_live_lock);
 	return 0;
 }
 
-/* After every device is gone: no migration takes blocks any more */
+/* After every device is gone: no migration takes pages any more */
 void cxla_ram_reserve_exit(void)
 {
 	int nid;
 
+	/* a parameter write until the module's files go cannot queue it again */
+	spin_lock(&cxla_ram_live_lock);
+	cxla_ram_live = false;
+	spin_unlock(&cxla_ram_live_lock);
 	shrinker_free(cxla_ram_shrinker);
 	cancel_delayed_work_sync(&cxla_ram_refill_work);
 	for (nid = 0; nid < nr_node_ids; nid++) {
@@ -295,7 +340,7 @@ static void cxla_ram_blocks_alloc(struct cxla_ram_blocks *rb)
 
 	while ((i = atomic_inc_return(&rb->next) - 1) < rb->n) {
 		rb->run[i].p = cxla_block_alloc(rb->nid, rb->order,
-						CXLA_BLOCK_GFP(GFP_HIGHUSER_MOVABLE));
+						CXLA_BLOCK_GFP);
 		rb->run[i].n = rb->run[i].p ? 1U << rb->order : 0;
 	}
 }
@@ -322,7 +367,11 @@ void cxla_ram_blocks_get(struct cxla_ram_blocks *rb, unsigned long npages,
 	if (!npages || vma_policy(vma) || current->mempolicy)
 		return;
 	rb->nid = numa_mem_id();	/* where the default policy allocates */
-	nr = cxla_ram_reserve_take(rb->nid, rb->run, npages, &blocks);
+	nr = 0;
+	blocks = 0;
+	/* what the task's cpuset allows (the allocations below keep to it) */
+	if (node_isset(rb->nid, cpuset_current_mems_allowed))
+		nr = cxla_ram_reserve_take(rb->nid, rb->run, npages, &blocks);
 	rb->n = nr;
 	missing = n2m - blocks;
 	if (!missing)

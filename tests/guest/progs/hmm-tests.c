@@ -1621,22 +1621,57 @@ static bool reserve_holds(unsigned int minor, long long pages)
 
 #define RESERVE_PARAM	"/sys/module/cxl_accel/parameters/ram_reserve_mb"
 
+/* The reserve's counters; taken and missed since the last call */
+struct reserve_seen {
+	long long taken, missed;
+};
+
+static void reserve_since(unsigned int minor, struct reserve_seen *s,
+			  long long *taken, long long *missed)
+{
+	long long t = migration_stat(minor, "ram_reserve_taken");
+	long long m = migration_stat(minor, "ram_reserve_missed");
+
+	*taken = t - s->taken;
+	*missed = m - s->missed;
+	s->taken = t;
+	s->missed = m;
+}
+
+/* Pages [first, first + n) of p there and back; whether all moved each way */
+static bool round_trip_pages(int fd, uint32_t flags, uint8_t *p, size_t first,
+			     size_t n)
+{
+	struct cxl_accel_migrate m = { .addr = (uintptr_t)(p + first * PG),
+				       .len = n * PG, .flags = flags };
+
+	if (cxla_ioctl(fd, CXL_ACCEL_IOC_MIGRATE_TO_DEV, &m) || m.migrated != n)
+		return false;
+	memset(&m, 0, sizeof(m));
+	m.addr = (uintptr_t)(p + first * PG);
+	m.len = n * PG;
+	m.flags = flags;
+	return !cxla_ioctl(fd, CXL_ACCEL_IOC_MIGRATE_TO_RAM, &m) && m.migrated == n;
+}
+
 /*
  * Moves back to RAM take their destinations from the driver's reserve of
- * 2 MiB blocks (ram_reserve_mb), counted in pages: 4 MiB back takes two
- * blocks, 64 KiB back 16 pages of a block it starts sharing; the reserve
- * fills again once migrations pause, the kernel's shrinkers empty it
- * (drop_caches), and at 0 MiB it stays empty while moves allocate their
- * own. The data arrives every time.
+ * 2 MiB blocks (ram_reserve_mb), counted in pages: at 0 MiB it is empty and
+ * moves allocate their own; set to 4 MiB it fills at once, 4 MiB back takes
+ * its two whole blocks, and it fills again once migrations pause; windows
+ * of 16, 16 and 500 pages back share blocks (the third takes the first
+ * block's last 480 pages and 20 of a second); drop_caches (the kernel's
+ * shrinkers) empties it. The data arrives every time.
  */
 CXLA_TEST_F(mig, ram_reserve)
 {
-	size_t len = 4 * MiB;
+	static const size_t small[][2] = { { 0, 16 }, { 16, 16 }, { 32, 500 } };
+	size_t len = 4 * MiB, i;
 	unsigned int minor = c->id.minor;
+	struct reserve_seen seen = { 0 };
 	long long taken, missed;
-	struct cxl_accel_migrate m;
+	int step = 0, ret = FAIL;
 	char old[32];
-	int round, ret = FAIL;
 	uint8_t *p;
 
 	if (read_sys(RESERVE_PARAM, old, sizeof(old)) || !old[0]) {
@@ -1648,86 +1683,68 @@ CXLA_TEST_F(mig, ram_reserve)
 	CHECK(p, "mmap");
 	madvise(p, len, MADV_NOHUGEPAGE);
 	fill_pages(p, len, 77);
-	/* an empty reserve (earlier moves may have left part of a block) */
-	if (write_str(RESERVE_PARAM, "4\n") ||
-	    write_str("/proc/sys/vm/drop_caches", "2\n")) {
-		DETAIL("cannot set ram_reserve_mb or drop caches");
-		goto out;
-	}
-	/* round 0 fills the reserve; 1 takes from it; 2 finds it empty at 0 MiB */
-	for (round = 0; round < 3; round++) {
-		taken = migration_stat(minor, "ram_reserve_taken");
-		missed = migration_stat(minor, "ram_reserve_missed");
-		if (MIGRATE(c->fd, p, len, true, &m) || m.migrated != len / PG ||
-		    MIGRATE(c->fd, p, len, false, &m) || m.migrated != len / PG) {
-			DETAIL("round %d: %llu of %zu pages moved: %s", round,
-			       (unsigned long long)m.migrated, len / PG, strerror(errno));
-			goto out;
-		}
-		if (check_pages(p, len, 77) >= 0) {
-			DETAIL("round %d: page %zd wrong back in RAM", round,
-			       check_pages(p, len, 77));
-			goto out;
-		}
-		if (round == 1 &&
-		    (migration_stat(minor, "ram_reserve_taken") != taken + 1024 ||
-		     migration_stat(minor, "ram_reserve_missed") != missed)) {
-			DETAIL("4 MiB back took %lld pages of the reserve and missed %lld, not 1024 and 0",
-			       migration_stat(minor, "ram_reserve_taken") - taken,
-			       migration_stat(minor, "ram_reserve_missed") - missed);
-			goto out;
-		}
-		if (round == 2 &&
-		    (migration_stat(minor, "ram_reserve_missed") != missed + 1024 ||
-		     migration_stat(minor, "ram_reserve_taken") != taken)) {
-			DETAIL("at 0 MiB, 4 MiB back missed %lld pages and took %lld, not 1024 and 0",
-			       migration_stat(minor, "ram_reserve_missed") - missed,
-			       migration_stat(minor, "ram_reserve_taken") - taken);
-			goto out;
-		}
-		if (round == 0 && !reserve_holds(minor, 1024)) {
-			DETAIL("the reserve holds %lld pages, not 1024, after a move back",
-			       migration_stat(minor, "ram_reserve_pages"));
-			goto out;
-		}
-		if (round == 1) {
-			if (!reserve_holds(minor, 1024)) {
-				DETAIL("the reserve did not fill again: %lld pages",
-				       migration_stat(minor, "ram_reserve_pages"));
-				goto out;
-			}
-			/* 64 KiB back takes 16 pages of a block it starts sharing */
-			taken = migration_stat(minor, "ram_reserve_taken");
-			if (MIGRATE(c->fd, p, 16 * PG, true, &m) || m.migrated != 16 ||
-			    MIGRATE(c->fd, p, 16 * PG, false, &m) || m.migrated != 16 ||
-			    migration_stat(minor, "ram_reserve_taken") != taken + 16 ||
-			    check_pages(p, len, 77) >= 0) {
-				DETAIL("64 KiB back: %llu moved, %lld pages of the reserve, data %s",
-				       (unsigned long long)m.migrated,
-				       migration_stat(minor, "ram_reserve_taken") - taken,
-				       check_pages(p, len, 77) >= 0 ? "wrong" : "right");
-				goto out;
-			}
-			if (write_str("/proc/sys/vm/drop_caches", "2\n") ||
-			    migration_stat(minor, "ram_reserve_pages") != 0) {
-				DETAIL("after drop_caches the reserve holds %lld pages",
-				       migration_stat(minor, "ram_reserve_pages"));
-				goto out;
-			}
-			if (write_str(RESERVE_PARAM, "0\n"))
-				goto out;
-		}
-	}
+#define RESERVE_STEP(cond, ...)	do { step++;				\
+		if (!(cond)) { DETAIL(__VA_ARGS__); goto out; } } while (0)
+	/* at 0 MiB the reserve empties and moves allocate their own */
+	RESERVE_STEP(!write_str(RESERVE_PARAM, "0\n") && reserve_holds(minor, 0),
+		     "at 0 MiB the reserve holds %lld pages",
+		     migration_stat(minor, "ram_reserve_pages"));
+	reserve_since(minor, &seen, &taken, &missed);
+	RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, 0, len / PG),
+		     "4 MiB round trip: %s", strerror(errno));
+	reserve_since(minor, &seen, &taken, &missed);
+	RESERVE_STEP(taken == 0 && missed == 1024,
+		     "at 0 MiB, 4 MiB back took %lld pages and missed %lld, not 0 and 1024",
+		     taken, missed);
+	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong at 0 MiB",
+		     check_pages(p, len, 77));
 	usleep(200000);		/* a refill would have run by now */
-	if (migration_stat(minor, "ram_reserve_pages") != 0) {
-		DETAIL("at 0 MiB the reserve holds %lld pages",
-		       migration_stat(minor, "ram_reserve_pages"));
-		goto out;
+	RESERVE_STEP(migration_stat(minor, "ram_reserve_pages") == 0,
+		     "at 0 MiB the reserve filled to %lld pages",
+		     migration_stat(minor, "ram_reserve_pages"));
+	/* 4 MiB: two blocks, at once */
+	RESERVE_STEP(!write_str(RESERVE_PARAM, "4\n") && reserve_holds(minor, 1024),
+		     "at 4 MiB the reserve holds %lld pages, not 1024",
+		     migration_stat(minor, "ram_reserve_pages"));
+	RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, 0, len / PG),
+		     "4 MiB round trip: %s", strerror(errno));
+	reserve_since(minor, &seen, &taken, &missed);
+	RESERVE_STEP(taken == 1024 && missed == 0,
+		     "4 MiB back took %lld pages of the reserve and missed %lld, not 1024 and 0",
+		     taken, missed);
+	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong after 4 MiB back",
+		     check_pages(p, len, 77));
+	RESERVE_STEP(reserve_holds(minor, 1024), "the reserve did not fill again: %lld pages",
+		     migration_stat(minor, "ram_reserve_pages"));
+	for (i = 0; i < 3; i++) {
+		RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, small[i][0],
+					      small[i][1]),
+			     "%zu pages at %zu: %s", small[i][1], small[i][0], strerror(errno));
+		reserve_since(minor, &seen, &taken, &missed);
+		RESERVE_STEP(taken == (long long)small[i][1] && missed == 0,
+			     "%zu pages back took %lld of the reserve, missed %lld",
+			     small[i][1], taken, missed);
 	}
-	DETAIL("%s: 4 MiB back took 2 blocks of the reserve, which filled again; 64 KiB back took 16 pages; drop_caches emptied it; at 0 MiB it stayed empty; data checked each time",
-	       PRIVATE ? "private" : "coherent");
+	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong after the small windows",
+		     check_pages(p, len, 77));
+	/* refilled: two blocks and the shared one's last 492 pages; then shrunk */
+	RESERVE_STEP(reserve_holds(minor, 1024 + 492), "the reserve holds %lld pages, not 1516",
+		     migration_stat(minor, "ram_reserve_pages"));
+	RESERVE_STEP(!write_str("/proc/sys/vm/drop_caches", "2\n") &&
+		     migration_stat(minor, "ram_reserve_pages") == 0,
+		     "drop_caches left %lld pages in the reserve",
+		     migration_stat(minor, "ram_reserve_pages"));
+#undef RESERVE_STEP
+	DETAIL("%s: at 0 MiB empty; at 4 MiB 4 MiB back took 2 whole blocks and the reserve filled again; 16, 16 and 500 pages back shared blocks; drop_caches emptied it; data checked each time (%d steps)",
+	       PRIVATE ? "private" : "coherent", step);
 	ret = PASS;
 out:
+	if (ret != PASS) {
+		char why[DETAIL_LEN];
+
+		snprintf(why, sizeof(why), "%s", cxla_detail);
+		DETAIL("step %d: %s", step, why);
+	}
 	write_str(RESERVE_PARAM, old);
 	munmap(p, len);
 	if (ret == PASS)
