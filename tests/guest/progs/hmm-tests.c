@@ -57,6 +57,17 @@ FIXTURE_VARIANT(mig) {
 };
 FIXTURE_VARIANT_ADD_DEFAULT(mig, coherent) { .flags = 0 };
 FIXTURE_VARIANT_ADD(mig, private) { .flags = CXL_ACCEL_MIGRATE_PRIVATE };
+/*
+ * migration tests of what the module shares between devices (the RAM
+ * reserve): in the two-device phase, which runs alone (run-all.sh)
+ */
+FIXTURE_ALIAS(mig_alone, dev);
+FIXTURE_PEER(mig_alone);
+FIXTURE_VARIANT(mig_alone) {
+	uint32_t flags;
+};
+FIXTURE_VARIANT_ADD_DEFAULT(mig_alone, coherent) { .flags = 0 };
+FIXTURE_VARIANT_ADD(mig_alone, private) { .flags = CXL_ACCEL_MIGRATE_PRIVATE };
 
 /* in a test of fixture mig: migrate the variant's kind of pages */
 #define MIGRATE(fd, p, len, to_dev, m)					\
@@ -371,6 +382,20 @@ FIXTURE_SETUP(mig)
 }
 
 FIXTURE_APPLIES(mig)
+{
+	return !numa_mode();
+}
+
+FIXTURE_SETUP(mig_alone)
+{
+	int r = hmm_setup(c, CXLA_NEED_PEER, false);
+
+	if (r == PASS && PRIVATE && need_private(c))
+		return SKIP;
+	return r;
+}
+
+FIXTURE_APPLIES(mig_alone)
 {
 	return !numa_mode();
 }
@@ -1664,9 +1689,9 @@ static bool round_trip_pages(int fd, uint32_t flags, uint8_t *p, size_t first,
  * 16, 16 and 500 pages back share blocks (the third takes the first
  * block's last 480 pages and 20 of a second); drop_caches (the kernel's
  * shrinkers) empties it. The data arrives every time: no page is handed
- * out twice.
+ * out twice. Run alone: every migration of the guest uses the reserve.
  */
-CXLA_TEST_F(mig, ram_reserve)
+CXLA_TEST_F(mig_alone, ram_reserve)
 {
 	static const size_t small[][2] = { { 0, 16 }, { 16, 16 }, { 32, 500 } };
 	size_t len = 4 * MiB, i;
