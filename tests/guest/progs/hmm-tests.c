@@ -372,13 +372,16 @@ FIXTURE_APPLIES(numa_peer)
 }
 
 /* the private variant needs a kernel with CONFIG_DEVICE_PRIVATE */
+static int mig_setup(FIXTURE_DATA(dev) *c, enum cxla_peer peer, bool private)
+{
+	int r = hmm_setup(c, peer, false);
+
+	return r == PASS && private && need_private(c) ? SKIP : r;
+}
+
 FIXTURE_SETUP(mig)
 {
-	int r = hmm_setup(c, CXLA_NO_PEER, false);
-
-	if (r == PASS && PRIVATE && need_private(c))
-		return SKIP;
-	return r;
+	return mig_setup(c, CXLA_NO_PEER, PRIVATE);
 }
 
 FIXTURE_APPLIES(mig)
@@ -388,11 +391,7 @@ FIXTURE_APPLIES(mig)
 
 FIXTURE_SETUP(mig_alone)
 {
-	int r = hmm_setup(c, CXLA_NEED_PEER, false);
-
-	if (r == PASS && PRIVATE && need_private(c))
-		return SKIP;
-	return r;
+	return mig_setup(c, CXLA_NEED_PEER, PRIVATE);
 }
 
 FIXTURE_APPLIES(mig_alone)
