@@ -55,7 +55,6 @@ struct cxla_ram_node {
 };
 
 static struct cxla_ram_node *cxla_ram_nodes;	/* nr_node_ids of them */
-static atomic_long_t cxla_ram_held;		/* pages in the reserve */
 static atomic_long_t cxla_ram_taken;		/* pages migrations took */
 static atomic_long_t cxla_ram_missed;		/* pages the reserve lacked */
 static struct shrinker *cxla_ram_shrinker;
@@ -141,8 +140,28 @@ static struct cxla_ram_run cxla_ram_reserve_pop(struct cxla_ram_node *rn)
 		r.n = CXLA_BLOCK_PAGES;
 	}
 	spin_unlock(&rn->lock);
-	atomic_long_sub(r.n, &cxla_ram_held);
 	return r;
+}
+
+/* Frees rn's pages, the shared block's rest first, until at least max */
+static unsigned long cxla_ram_node_free(struct cxla_ram_node *rn,
+					unsigned long max)
+{
+	unsigned long freed = 0;
+	struct cxla_ram_run r;
+
+	while (freed < max && (r = cxla_ram_reserve_pop(rn)).n) {
+		cxla_pages_free(r.p, r.n);
+		freed += r.n;
+	}
+	return freed;
+}
+
+/* Pages in rn: its whole blocks and the shared block's rest */
+static unsigned long cxla_ram_node_pages(const struct cxla_ram_node *rn)
+{
+	return (unsigned long)READ_ONCE(rn->n) * CXLA_BLOCK_PAGES +
+	       READ_ONCE(rn->part.n);
 }
 
 /*
@@ -185,7 +204,6 @@ static unsigned int cxla_ram_reserve_take(int nid, struct cxla_ram_run *run,
 	}
 	rn->used = true;
 	spin_unlock(&rn->lock);
-	atomic_long_sub(got, &cxla_ram_held);
 	atomic_long_add(got, &cxla_ram_taken);
 	atomic_long_add(npages - got, &cxla_ram_missed);
 	if (cxla_ram_target())
@@ -214,7 +232,6 @@ static void cxla_ram_refill(struct work_struct *work)
 			rn->part.n = 0;
 		}
 		spin_unlock(&rn->lock);
-		atomic_long_sub(r.n, &cxla_ram_held);
 		cxla_pages_free(r.p, r.n);
 
 		for (;;) {
@@ -223,7 +240,6 @@ static void cxla_ram_refill(struct work_struct *work)
 			more = rn->used && rn->n < target;
 			spin_unlock(&rn->lock);
 			if (p) {
-				atomic_long_sub(CXLA_BLOCK_PAGES, &cxla_ram_held);
 				cxla_pages_free(p, CXLA_BLOCK_PAGES);
 				continue;
 			}
@@ -243,14 +259,18 @@ static void cxla_ram_refill(struct work_struct *work)
 				cxla_pages_free(p, CXLA_BLOCK_PAGES);
 				break;
 			}
-			atomic_long_add(CXLA_BLOCK_PAGES, &cxla_ram_held);
 		}
 	}
 }
 
-unsigned long cxla_ram_reserve_pages(void)
+static unsigned long cxla_ram_reserve_pages(void)
 {
-	return max_t(long, atomic_long_read(&cxla_ram_held), 0);
+	unsigned long pages = 0;
+	int nid;
+
+	for (nid = 0; nid < nr_node_ids; nid++)
+		pages += cxla_ram_node_pages(&cxla_ram_nodes[nid]);
+	return pages;
 }
 
 void cxla_ram_reserve_stats(struct cxla_ram_stats *st)
@@ -264,25 +284,14 @@ void cxla_ram_reserve_stats(struct cxla_ram_stats *st)
 static unsigned long cxla_ram_count(struct shrinker *s,
 				    struct shrink_control *sc)
 {
-	struct cxla_ram_node *rn = &cxla_ram_nodes[sc->nid];
-	unsigned long pages = (unsigned long)READ_ONCE(rn->n) * CXLA_BLOCK_PAGES +
-			      READ_ONCE(rn->part.n);
-
-	return pages ?: SHRINK_EMPTY;
+	return cxla_ram_node_pages(&cxla_ram_nodes[sc->nid]) ?: SHRINK_EMPTY;
 }
 
 static unsigned long cxla_ram_scan(struct shrinker *s,
 				   struct shrink_control *sc)
 {
-	struct cxla_ram_node *rn = &cxla_ram_nodes[sc->nid];
-	unsigned long freed = 0;
-	struct cxla_ram_run r;
-
-	while (freed < sc->nr_to_scan && (r = cxla_ram_reserve_pop(rn)).n) {
-		cxla_pages_free(r.p, r.n);
-		freed += r.n;
-	}
-	return freed ?: SHRINK_STOP;
+	return cxla_ram_node_free(&cxla_ram_nodes[sc->nid], sc->nr_to_scan) ?:
+	       SHRINK_STOP;
 }
 
 int cxla_ram_reserve_init(void)
@@ -322,12 +331,8 @@ void cxla_ram_reserve_exit(void)
 	spin_unlock(&cxla_ram_live_lock);
 	shrinker_free(cxla_ram_shrinker);
 	cancel_delayed_work_sync(&cxla_ram_refill_work);
-	for (nid = 0; nid < nr_node_ids; nid++) {
-		struct cxla_ram_run r;
-
-		while ((r = cxla_ram_reserve_pop(&cxla_ram_nodes[nid])).n)
-			cxla_pages_free(r.p, r.n);
-	}
+	for (nid = 0; nid < nr_node_ids; nid++)
+		cxla_ram_node_free(&cxla_ram_nodes[nid], ULONG_MAX);
 	kfree(cxla_ram_nodes);
 	cxla_ram_nodes = NULL;
 }

@@ -47,7 +47,6 @@ struct cxla_ram_stats {
 	unsigned long pages, taken, missed;
 };
 
-unsigned long cxla_ram_reserve_pages(void);
 void cxla_ram_reserve_stats(struct cxla_ram_stats *st);
 int cxla_ram_reserve_init(void);
 void cxla_ram_reserve_exit(void);
