@@ -97,6 +97,7 @@ static unsigned int op_weight[OP_COUNT] = {
  */
 #define COPY_PARAM "/sys/module/cxl_accel/parameters/cpu_copy_pages"
 static unsigned int copy_default;	/* the value before the run */
+static pid_t copy_owner;		/* the process that puts it back */
 
 /* shared by every process of the run */
 struct shared {
@@ -1044,6 +1045,31 @@ static int copy_mode_set(unsigned int pages)
 	return r;
 }
 
+/*
+ * Put the value from before the run back when the top process ends: at the
+ * end, at a failed check (any return: the harness then _exit()s) and at its
+ * alarm, so that a cut-off run does not leave the guest copying every
+ * migration with the device.
+ */
+static void copy_mode_restore(void)
+{
+	if (getpid() == copy_owner)	/* not in forked children */
+		copy_mode_set(copy_default);
+}
+
+static void copy_mode_restore_on_alarm(int sig)
+{
+	copy_mode_restore();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void copy_mode_restore_at_return(pid_t *owner)
+{
+	(void)owner;
+	copy_mode_restore();
+}
+
 /* Device copies for every migration, or the driver's default again */
 static void do_copy_mode(struct proc *p, int op)
 {
@@ -1392,7 +1418,14 @@ CXLA_TEST_F(devs, mm_stress)
 			op_weight[OP_COPY_MODE] = 0;
 		if (f)
 			fclose(f);
+		if (op_weight[OP_COPY_MODE]) {
+			copy_owner = getpid();
+			signal(SIGALRM, copy_mode_restore_on_alarm);
+		}
 	}
+	/* the end and every failed check below put copy_mode back */
+	pid_t restorer __attribute__((cleanup(copy_mode_restore_at_return))) =
+		copy_owner;
 	alarm(run_secs + 600);	/* after every process's own (run_secs + 300) */
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -1478,8 +1511,6 @@ CXLA_TEST_F(devs, mm_stress)
 			       WTERMSIG(status));
 		}
 	}
-	if (op_weight[OP_COPY_MODE])
-		copy_mode_set(copy_default);
 	for (i = 0; i < OP_COUNT; i++)
 		total += sh->ops[i];
 	printf("mm-stress: %llu operations in %.0f s by %u processes (%llu forks, %llu killed): %llu pages migrated, %llu device writes given up (landed later), %llu pages verified\n",
