@@ -222,18 +222,11 @@ static void cxla_ram_refill(struct work_struct *work)
 
 	for_each_node_state(nid, N_MEMORY) {
 		struct cxla_ram_node *rn = &cxla_ram_nodes[nid];
-		struct cxla_ram_run r = {};
 		struct page *p;
 		bool more;
 
-		spin_lock(&rn->lock);
-		if (!target) {
-			r = rn->part;
-			rn->part.n = 0;
-		}
-		spin_unlock(&rn->lock);
-		cxla_pages_free(r.p, r.n);
-
+		if (!target)
+			cxla_ram_node_free(rn, ULONG_MAX);
 		for (;;) {
 			spin_lock(&rn->lock);
 			p = rn->n > target ? rn->blk[--rn->n] : NULL;
