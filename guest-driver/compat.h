@@ -166,9 +166,12 @@ static inline struct page *cxla_make_exclusive(struct mm_struct *mm,
 	 * The range call gives no page for a part of a large folio, and its
 	 * FOLL_SPLIT_PMD leaves the folio whole: split a THP that may be
 	 * there first. A migration's look at the page splits it (nothing
-	 * moves: no destination is given).
+	 * moves: no destination is given). Not where KSM merges: a KSM page
+	 * must never reach migrate_vma_setup() (migrate.c), and KSM splits
+	 * the THPs it merges anyway.
 	 */
-	if (vma && vma_is_anonymous(vma) && huge >= vma->vm_start &&
+	if (vma && vma_is_anonymous(vma) && !(vma->vm_flags & VM_MERGEABLE) &&
+	    huge >= vma->vm_start &&
 	    huge + PMD_SIZE <= vma->vm_end) {
 		unsigned long src = 0, dst = 0;
 		struct migrate_vma args = {

@@ -18,6 +18,8 @@
  */
 #include <linux/delay.h>
 #include <linux/highmem.h>
+#include <linux/hmm.h>
+#include <linux/mmu_notifier.h>
 #include <linux/memremap.h>
 #include <linux/migrate.h>
 #include <linux/mm.h>
@@ -838,6 +840,158 @@ bool cxla_vma_migratable(struct vm_area_struct *vma, bool to_dev)
 
 #define CXLA_MIG_BUSY_PASSES	3	/* busy pages are looked at again */
 
+/*
+ * KSM pages never reach migrate_vma_setup() (issue 41). It unmaps what it
+ * collects through the page table, but puts a page it did not move back
+ * through the rmap, and a KSM page's rmap (its stable node's rmap_items)
+ * need not list every address that maps it: ksmd drops an item when a scan
+ * finds the address without a present page (an earlier migration's entry)
+ * and adds it again a scan later, a fork's child is found through its
+ * parent's item, a fresh merge maps the page before it appends the item.
+ * A KSM page collected at such an address keeps a migration entry for a
+ * page that is unlocked again: 6.12 BUGs at the next access
+ * (migration_entry_wait_on_locked), 7.3 corrupts page state and rss
+ * counters. Checking folio_test_ksm() after setup is too late.
+ *
+ * Only VM_MERGEABLE vmas hold KSM pages (unmerging clears the flag after
+ * breaking every KSM page in the range). There, a window to the device is
+ * migrated with the mmap_lock held for writing, which keeps ksmd from
+ * merging in this mm (it merges under the read lock), in runs that leave
+ * out the KSM pages a look at the page table (hmm_range_fault(), faulting
+ * nothing) found. Moves back select device pages only: no KSM page there.
+ */
+struct cxla_ksm_guard {
+	struct mmu_interval_notifier mni;	/* hmm_range_fault() needs one */
+	unsigned long *ksm;	/* bitmap of a window: KSM page, or unknown */
+	int state;		/* 0 not set up, 1 ready, <0 cannot look */
+};
+
+static bool cxla_ksm_invalidate(struct mmu_interval_notifier *mni,
+				const struct mmu_notifier_range *range,
+				unsigned long cur_seq)
+{
+	mmu_interval_set_seq(mni, cur_seq);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops cxla_ksm_ops = {
+	.invalidate = cxla_ksm_invalidate,
+};
+
+/* Before the first VM_MERGEABLE window of a pass (mmap_lock not held) */
+static void cxla_ksm_guard_start(struct cxla_ksm_guard *g, struct mm_struct *mm,
+				 unsigned long start, unsigned long end)
+{
+	if (g->state)
+		return;
+	g->ksm = bitmap_zalloc(CXLA_MIG_WINDOW, GFP_KERNEL);
+	if (!g->ksm) {
+		g->state = -ENOMEM;
+		return;
+	}
+	g->state = mmu_interval_notifier_insert(&g->mni, mm, start, end - start,
+						&cxla_ksm_ops) ?: 1;
+}
+
+static void cxla_ksm_guard_end(struct cxla_ksm_guard *g)
+{
+	if (g->state == 1)
+		mmu_interval_notifier_remove(&g->mni);
+	bitmap_free(g->ksm);
+}
+
+/*
+ * Marks the KSM pages of [start, end) in g->ksm (the mmap_lock held for
+ * writing: nothing becomes one meanwhile). Pages hmm_range_fault() does not
+ * show present are not collected by migrate_vma_setup() either (holes are,
+ * without a page to lock). An error: nothing could be looked at.
+ */
+static int cxla_ksm_scan(struct cxla_ksm_guard *g, unsigned long *pfns,
+			 unsigned long start, unsigned long end)
+{
+	struct hmm_range range = {
+		.notifier = &g->mni,
+		.start = start,
+		.end = end,
+		.hmm_pfns = pfns,
+		.default_flags = 0,	/* look, do not fault */
+		.pfn_flags_mask = 0,
+	};
+	unsigned long i, n = (end - start) >> PAGE_SHIFT;
+	int ret = -EBUSY, tries;
+
+	if (g->state != 1)
+		return g->state ?: -EINVAL;
+	for (tries = 0; tries < 8 && ret == -EBUSY; tries++) {
+		range.notifier_seq = mmu_interval_read_begin(&g->mni);
+		ret = hmm_range_fault(&range);
+	}
+	if (ret)
+		return ret;
+	bitmap_zero(g->ksm, n);
+	for (i = 0; i < n; i++) {
+		struct page *page;
+
+		if (!(pfns[i] & HMM_PFN_VALID))
+			continue;
+		page = hmm_pfn_to_page(pfns[i]);
+		if (!is_zone_device_page(page) && folio_test_ksm(page_folio(page)))
+			__set_bit(i, g->ksm);
+	}
+	return 0;
+}
+
+/*
+ * A window of a VM_MERGEABLE vma to the device (mmap_lock held for
+ * writing): its runs without KSM pages; the KSM pages are refused, as
+ * they were once setup had collected them.
+ */
+static int cxla_mig_window_ksm(struct cxla_mig_ctx *x, struct cxla_ksm_guard *g,
+			       struct vm_area_struct *vma, unsigned long start,
+			       unsigned long end)
+{
+	unsigned long n = (end - start) >> PAGE_SHIFT, a, b;
+	int ret;
+
+	if (cxla_ksm_scan(g, x->src, start, end)) {
+		x->res->refused += n;
+		return 0;
+	}
+	for (a = 0; a < n; a = b) {
+		if (test_bit(a, g->ksm)) {
+			b = find_next_zero_bit(g->ksm, n, a);
+			x->res->refused += b - a;
+			continue;
+		}
+		b = find_next_bit(g->ksm, n, a);
+		ret = cxla_mig_window(x, vma, start + (a << PAGE_SHIFT),
+				      start + (b << PAGE_SHIFT));
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static int cxla_mmap_lock(struct mm_struct *mm, bool write, bool intr)
+{
+	if (!write) {
+		mmap_read_lock(mm);
+		return 0;
+	}
+	if (intr)
+		return mmap_write_lock_killable(mm);
+	mmap_write_lock(mm);
+	return 0;
+}
+
+static void cxla_mmap_unlock(struct mm_struct *mm, bool write)
+{
+	if (write)
+		mmap_write_unlock(mm);
+	else
+		mmap_read_unlock(mm);
+}
+
 static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 			     unsigned long start, unsigned long end);
 
@@ -893,7 +1047,9 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	/* compound windows are one aligned 2 MiB: a folio offered whole fills it */
 	unsigned long addr, next, win = x->compound ? SZ_2M :
 					CXLA_MIG_WINDOW << PAGE_SHIFT;
+	struct cxla_ksm_guard ksm = { };
 	struct vm_area_struct *vma;
+	bool wlock = false, merge;
 	int ret = 0;
 
 	down_read(&mig->sem);
@@ -922,13 +1078,24 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 			ret = -EINTR;
 			break;
 		}
-		mmap_read_lock(mm);
+		ret = cxla_mmap_lock(mm, wlock, x->intr);
+		if (ret)
+			break;
 		vma = find_vma(mm, addr);
 		if (!vma || vma->vm_start >= end) {
 			/* unmapped meanwhile */
-			mmap_read_unlock(mm);
+			cxla_mmap_unlock(mm, wlock);
 			res->refused += (end - addr) >> PAGE_SHIFT;
 			break;
+		}
+		merge = to_dev && (vma->vm_flags & VM_MERGEABLE);
+		if (merge && !wlock) {
+			/* this window again, locked for writing */
+			cxla_mmap_unlock(mm, false);
+			cxla_ksm_guard_start(&ksm, mm, start, end);
+			wlock = true;
+			next = addr;
+			continue;
 		}
 		if (vma->vm_start > addr) {
 			res->refused += (vma->vm_start - addr) >> PAGE_SHIFT;
@@ -937,13 +1104,18 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 		next = min3(end, vma->vm_end, ALIGN_DOWN(addr, win) + win);
 		if (!cxla_vma_migratable(vma, to_dev))
 			res->refused += (next - addr) >> PAGE_SHIFT;
+		else if (merge)
+			ret = cxla_mig_window_ksm(x, &ksm, vma, addr, next);
 		else
 			ret = cxla_mig_window(x, vma, addr, next);
-		mmap_read_unlock(mm);
+		cxla_mmap_unlock(mm, wlock);
+		/* the vma's next window is mergeable too */
+		wlock = merge && next < vma->vm_end;
 		if (ret)
 			break;
 		cond_resched();
 	}
+	cxla_ksm_guard_end(&ksm);
 out:
 	up_read(&mig->sem);
 	return ret;

@@ -342,8 +342,8 @@ struct cxl_accel_dmabuf_import {
  * RAM. The data is copied by the device's DMA engine (COPY_PAGES, FILL),
  * from a peer device's memory peer-to-peer. Pages that cannot move are
  * counted, not failed: shared mappings (MAP_SHARED, shmem), page-cache
- * pages of file mappings, mappings without access, special mappings and
- * hugetlbfs are refused; pinned pages and pages another migration holds
+ * pages of file mappings, KSM pages, mappings without access, special
+ * mappings and hugetlbfs are refused; pinned pages and pages another migration holds
  * are busy. The range must be mapped (else -EFAULT); THP is split first.
  *
  * EVICT moves every page of this device's memory that a process maps back

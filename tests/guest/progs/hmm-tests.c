@@ -1786,6 +1786,255 @@ out:
 	return ret;
 }
 
+/* ------------------------------------------------------------------ KSM */
+
+#define KSM_SYS		"/sys/kernel/mm/ksm/"
+#define KSM_PAGES	128	/* a region: 3 of 4 pages hold one of 3 common contents */
+#define KSM_SECS	4
+
+static long long ksm_get(const char *name)
+{
+	char path[96], buf[32];
+
+	snprintf(path, sizeof(path), KSM_SYS "%s", name);
+	if (read_sys(path, buf, sizeof(buf)) || !buf[0])
+		return -1;
+	return strtoll(buf, NULL, 10);
+}
+
+static int ksm_set(const char *name, long long v)
+{
+	char path[96], buf[32];
+
+	snprintf(path, sizeof(path), KSM_SYS "%s", name);
+	snprintf(buf, sizeof(buf), "%lld\n", v);
+	return write_str(path, buf);
+}
+
+/* this process's pages that KSM merged (/proc/self/ksm_merging_pages) */
+static long ksm_merged_here(void)
+{
+	char buf[32];
+
+	if (read_sys("/proc/self/ksm_merging_pages", buf, sizeof(buf)) || !buf[0])
+		return -1;
+	return strtol(buf, NULL, 10);
+}
+
+/* page i of a KSM region: a common content (merged), or one of its own */
+static void ksm_page(uint8_t *pg, size_t i, uint64_t own)
+{
+	uint64_t seed = i % 4 == 3 ? own + i : 1000 + i % 3;
+
+	fill_random(pg, PG, seed);
+}
+
+struct ksm_mover {
+	int fd[2];		/* the device and the peer */
+	uint32_t flags;		/* the variant's */
+	uint8_t *p;
+	uint64_t seed;
+	volatile int stop;
+	long ops, errors;
+	int err;		/* the first unexpected errno */
+	int op;			/* and its operation */
+};
+
+/* moves random sub-ranges to either device and back, and evicts */
+static void *ksm_move(void *arg)
+{
+	struct ksm_mover *mv = arg;
+
+	while (!mv->stop) {
+		size_t first = rnd64(&mv->seed) % KSM_PAGES;
+		size_t n = 1 + rnd64(&mv->seed) % (KSM_PAGES - first);
+		int fd = mv->fd[rnd64(&mv->seed) % 2], op = rnd64(&mv->seed) % 8, r;
+		struct cxl_accel_migrate m;
+
+		if (op == 0)
+			r = evict(fd, NULL);
+		else
+			r = cxla_migrate_flags(fd, mv->p + first * PG, n * PG, op < 5,
+					       op < 5 ? mv->flags : 0, &m);
+		mv->ops++;
+		if (r && errno != EBUSY && !mv->err) {
+			mv->err = errno;
+			mv->op = op;
+		}
+		mv->errors += !!r;
+	}
+	return NULL;
+}
+
+/*
+ * One process's part: a mergeable region, merged by ksmd (within the region
+ * and with the other process's), moved whole to the device and back, then
+ * for KSM_SECS moved in pieces by a thread while this one reads and writes
+ * it (writes of a common content are merged again) against a reference.
+ * The empty string, or what went wrong.
+ */
+static void ksm_part(FIXTURE_DATA(dev) *c, uint32_t flags, uint64_t own,
+		     char *msg, size_t mlen)
+{
+	size_t len = KSM_PAGES * PG, i;
+	uint8_t *p = map_anon(len), *ref = malloc(len), pg[PG];
+	struct ksm_mover mv = { .fd = { c->fd, c->pfd }, .flags = flags,
+				.seed = own * 7919 + 1 };
+	struct cxl_accel_migrate m;
+	uint64_t s = own;
+	long merged = 0, checks = 0, writes = 0;
+	double end;
+	pthread_t t;
+
+	if (!p || !ref) {
+		snprintf(msg, mlen, "mmap: %s", strerror(errno));
+		return;
+	}
+	mv.p = p;
+	madvise(p, len, MADV_NOHUGEPAGE);
+	for (i = 0; i < KSM_PAGES; i++)
+		ksm_page(p + i * PG, i, own);
+	memcpy(ref, p, len);
+	if (madvise(p, len, MADV_MERGEABLE)) {
+		snprintf(msg, mlen, "MADV_MERGEABLE: %s", strerror(errno));
+		return;
+	}
+	/* 96 pages of 3 contents: at least most of them merged */
+	for (end = now_sec() + 20; now_sec() < end; usleep(20000)) {
+		merged = ksm_merged_here();
+		if (merged >= 64)
+			break;
+	}
+	if (merged < 64) {
+		snprintf(msg, mlen, "pid %d: ksmd merged %ld pages, not 64 in 20 s",
+			 getpid(), merged);
+		return;
+	}
+	/* merged pages stay in RAM, shared (refused); the others move */
+	if (cxla_migrate_flags(c->fd, p, len, true, flags, &m)) {
+		snprintf(msg, mlen, "to the device: %s", strerror(errno));
+		return;
+	}
+	if (memcmp(p, ref, len)) {	/* every page read: mapped again? */
+		snprintf(msg, mlen, "contents changed by the move to the device");
+		return;
+	}
+	if (m.migrated + m.refused + m.busy != KSM_PAGES ||
+	    m.refused < (uint64_t)merged) {
+		snprintf(msg, mlen, "to the device with %ld merged: migrated %llu refused %llu busy %llu",
+			 merged, (unsigned long long)m.migrated,
+			 (unsigned long long)m.refused, (unsigned long long)m.busy);
+		return;
+	}
+	if (cxla_migrate_flags(c->fd, p, len, false, 0, &m) || memcmp(p, ref, len)) {
+		snprintf(msg, mlen, "back to RAM: %s", strerror(errno));
+		return;
+	}
+	if (pthread_create(&t, NULL, ksm_move, &mv)) {
+		snprintf(msg, mlen, "thread");
+		return;
+	}
+	for (end = now_sec() + KSM_SECS; now_sec() < end && !msg[0];) {
+		i = rnd64(&s) % KSM_PAGES;
+		if (rnd64(&s) % 3) {
+			checks++;
+			if (memcmp(p + i * PG, ref + i * PG, PG))
+				snprintf(msg, mlen, "pid %d: page %zu differs from its reference after %ld checks, %ld writes, %ld moves",
+					 getpid(), i, checks, writes, mv.ops);
+			continue;
+		}
+		/* a common content again (KSM merges it), or a new one of its own */
+		ksm_page(pg, rnd64(&s) % 2 ? i - i % 4 : i, own + ++writes * 131);
+		memcpy(p + i * PG, pg, PG);
+		memcpy(ref + i * PG, pg, PG);
+		if (!(writes % 64))
+			usleep(1000);	/* ksmd's turn */
+	}
+	mv.stop = 1;
+	pthread_join(t, NULL);
+	if (!msg[0] && mv.err)
+		snprintf(msg, mlen, "pid %d: a move (%s) failed: %s", getpid(),
+			 mv.op ? mv.op < 5 ? "to the device" : "to RAM" : "EVICT",
+			 strerror(mv.err));
+	if (!msg[0] && cxla_migrate_flags(c->fd, p, len, false, 0, &m))
+		snprintf(msg, mlen, "back to RAM at the end: %s", strerror(errno));
+	if (!msg[0] && cxla_migrate_flags(c->pfd, p, len, false, 0, &m))
+		snprintf(msg, mlen, "back to RAM from the peer at the end: %s", strerror(errno));
+	for (i = 0; !msg[0] && i < KSM_PAGES; i++)
+		if (memcmp(p + i * PG, ref + i * PG, PG))
+			snprintf(msg, mlen, "pid %d: page %zu differs at the end", getpid(), i);
+	if (!msg[0])
+		snprintf(msg, mlen, "ok %ld %ld %ld %ld", merged, checks, writes, mv.ops);
+	munmap(p, len);
+	free(ref);
+}
+
+/*
+ * KSM-merged pages under migration: ksmd merges identical pages of a
+ * region (within a process and across two) while they move to either
+ * device and back (MIGRATE_TO_DEV, MIGRATE_TO_RAM, EVICT) and the CPU reads
+ * and writes them. Merged pages stay in RAM (refused); the data stays
+ * right; the kernel stays sane (the runner fails on any kernel warning).
+ * Run alone: KSM's settings are the whole guest's.
+ */
+CXLA_TEST_F(mig_alone, ksm_merged_pages)
+{
+	static const char *const knobs[] = { "run", "pages_to_scan", "sleep_millisecs" };
+	long long old[3];
+	char msg[256] = "", kid[256] = "";
+	int pipefd[2], status, i, ret = FAIL;
+	pid_t pid;
+
+	for (i = 0; i < 3; i++)
+		old[i] = ksm_get(knobs[i]);
+	if (old[0] < 0) {
+		DETAIL("no KSM in this kernel (" KSM_SYS ")");
+		return SKIP;
+	}
+	CHECK(!ksm_set("pages_to_scan", 4000) && !ksm_set("sleep_millisecs", 5) &&
+	      !ksm_set("run", 1), "KSM settings: %s", strerror(errno));
+	CHECK(!pipe(pipefd), "pipe");
+	pid = fork();
+	if (!pid) {
+		ksm_part(c, variant->flags, 2000003, kid, sizeof(kid));
+		if (write(pipefd[1], kid, sizeof(kid)) < 0)
+			_exit(2);
+		_exit(0);
+	}
+	if (pid > 0) {
+		ksm_part(c, variant->flags, 1000003, msg, sizeof(msg));
+		if (read(pipefd[0], kid, sizeof(kid)) <= 0)
+			snprintf(kid, sizeof(kid), "the child died");
+		waitpid(pid, &status, 0);
+	}
+	/* unmerge everything, then KSM as it was */
+	ksm_set("run", 2);
+	for (i = 2; i >= 0; i--)
+		ksm_set(knobs[i], old[i]);
+	close(pipefd[0]);
+	close(pipefd[1]);
+	CHECK(pid > 0, "fork");
+	if (strncmp(msg, "ok ", 3))
+		DETAIL("parent: %s", msg);
+	else if (strncmp(kid, "ok ", 3))
+		DETAIL("child: %s", kid);
+	else {
+		long a[4], b[4];
+
+		sscanf(msg, "ok %ld %ld %ld %ld", &a[0], &a[1], &a[2], &a[3]);
+		sscanf(kid, "ok %ld %ld %ld %ld", &b[0], &b[1], &b[2], &b[3]);
+		DETAIL("%s: two processes, %ld and %ld pages merged by ksmd; %ld and %ld moves, %ld and %ld CPU writes, %ld and %ld checks, data right",
+		       PRIVATE ? "private" : "coherent", a[0], b[0], a[3], b[3],
+		       a[2], b[2], a[1], b[1]);
+		ret = PASS;
+	}
+	if (ret == PASS) {
+		PRIVATE_IDLE(c->fd);
+		PRIVATE_IDLE(c->pfd);
+	}
+	return ret;
+}
+
 /*
  * hmm-tests snapshot: every kind of page; a private page is on the device
  * (LOCAL) but not in the CPU page table (not PRESENT)
