@@ -193,6 +193,157 @@ fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     None
 }
 
+/// The types a file's code defines (struct, enum, union, type alias, trait).
+fn defined_types(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let mut t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("pub") {
+            // pub, pub(crate), pub(super), pub(in path)
+            t = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')').map_or("", |(_, r)| r),
+                None => rest,
+            }
+            .trim_start();
+        }
+        for kw in ["struct ", "enum ", "union ", "type ", "trait "] {
+            if let Some(rest) = t.strip_prefix(kw) {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The self types of a file's inherent `impl` blocks (`impl Name {`, `impl<T> a::Name<T>
+/// {`), by their last path segment. Trait impls (`impl Trait for Type`) add nothing a
+/// lower layer could call, and `impl Trait` in argument position is no block.
+fn inherent_impls(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        let t = t.strip_prefix("unsafe ").unwrap_or(t);
+        let Some(mut rest) = t.strip_prefix("impl") else {
+            continue;
+        };
+        if !rest.starts_with(['<', ' ']) {
+            continue;
+        }
+        // The header up to its `{`, over a few lines at most.
+        let mut header = rest.to_string();
+        for next in lines.iter().skip(i + 1).take(4) {
+            if header.contains('{') {
+                break;
+            }
+            header.push(' ');
+            header.push_str(next.trim());
+        }
+        let header = header.split('{').next().unwrap_or("");
+        rest = header.trim_start();
+        // Generic parameters of the impl itself.
+        if rest.starts_with('<') {
+            let mut depth = 0;
+            let mut end = rest.len();
+            for (k, c) in rest.char_indices() {
+                match c {
+                    '<' => depth += 1,
+                    '>' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = k + 1;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            rest = rest[end..].trim_start();
+        }
+        if rest.split_whitespace().any(|w| w == "for") {
+            continue;
+        }
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        if let Some(name) = path.rsplit("::").next().filter(|n| !n.is_empty()) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Inherent impl blocks written in another layer than their type's: methods a lower
+/// layer's type gets from above, which its callers reach without naming the upper layer.
+fn impl_violations(files: &[(Vec<String>, String)]) -> Vec<String> {
+    let mut defined: BTreeMap<String, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (m, text) in files {
+        for t in defined_types(text) {
+            defined.entry(t).or_default().insert(m.clone());
+        }
+    }
+    let mut wrong = Vec::new();
+    for (m, text) in files {
+        for t in inherent_impls(text) {
+            let Some(homes) = defined.get(&t) else {
+                continue;
+            };
+            if homes.iter().any(|h| h[0] == m[0]) {
+                continue;
+            }
+            let home = homes
+                .iter()
+                .next()
+                .map(|h| h.join("::"))
+                .unwrap_or_default();
+            wrong.push(format!(
+                "{} implements {}::{}: write the impl in its type's layer",
+                m.join("::"),
+                home,
+                t
+            ));
+        }
+    }
+    wrong
+}
+
+fn sources() -> Vec<(Vec<String>, String)> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files.iter().map(|f| (module_of(f), code(f))).collect()
+}
+
+#[test]
+fn impl_blocks_are_in_their_types_layer() {
+    let wrong = impl_violations(&sources());
+    assert!(wrong.is_empty(), "layer rule broken:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_impl_check_catches_a_method_added_from_above() {
+    let file = |m: &str, code: &str| (path(m), code.to_string());
+    let files = [
+        file("device::state", "pub struct StateFile {\n}\nimpl StateFile {\n}\n"),
+        file("device::state::alloc_log", "impl StateFile {\n    fn a() {}\n}\n"),
+        file(
+            "ring::journal",
+            "pub struct Journal;\nimpl<'a> Journal<'a> {\n}\nimpl crate::device::state::StateFile {\n}\n\
+             impl std::fmt::Debug for StateFile {\n}\nfn f(x: impl Fn()) {\n}\n",
+        ),
+    ];
+    assert_eq!(
+        impl_violations(&files),
+        ["ring::journal implements device::state::StateFile: write the impl in its type's layer"]
+    );
+}
+
 #[test]
 fn a_layer_uses_only_the_layers_below_it() {
     let wrong = violations(&graph());

@@ -5,15 +5,20 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::device::state::journal_region::{ENTRY_WORDS, INFLIGHT};
+pub use crate::device::state::journal_region::capacity;
+use crate::device::state::journal_region::{
+    entry, ANSWERED, COMPLETING, E_NONCE, E_PACKED, E_RESP, E_RESP_GPA, E_STATE, E_TAG, FREE,
+    RUNNING,
+};
 pub use crate::device::state::journal_region::{MAX_EXTRA_QUEUE, MAX_QUEUE};
 pub use crate::device::state::Origin;
-use crate::device::state::{resp_from, resp_words, StateFile, H_NONCE, JOURNAL};
-use crate::protocol::{cmd_queue_of, Resp, Status, MAX_CMD_QUEUES};
+use crate::device::state::{resp_from, StateFile, H_NONCE, JOURNAL};
+use crate::protocol::{Resp, Status};
 
-// Layout, in 8-byte words from the journal's start (its size is the state file's,
-// `journal_region`): a block of words per ring, then an entry per descriptor head of
-// command queue 0, then MAX_EXTRA_QUEUE entries for each further command queue.
+// Layout, in 8-byte words from the journal's start (its size and the entries' layout are
+// the state file's, `journal_region`): a block of words per ring, then an entry per
+// descriptor head of command queue 0, then MAX_EXTRA_QUEUE entries for each further
+// command queue.
 const QUEUE_WORDS: usize = 16;
 const QUEUES: usize = 0;
 const Q_VALID: usize = 0;
@@ -22,32 +27,6 @@ const Q_DESC: usize = 2;
 const Q_AVAIL: usize = 3;
 const Q_USED: usize = 4;
 const Q_SIZE: usize = 5;
-const E_STATE: usize = 0;
-const E_NONCE: usize = 1;
-const E_TAG: usize = 2;
-const E_RESP_GPA: usize = 3;
-/// resp_len (32 bits) | avail position << 32 | used slot << 48
-const E_PACKED: usize = 4;
-/// ANSWERED: status | detail << 32, result0, result1. COMPLETING: bytes written.
-const E_RESP: usize = 5;
-
-/// How many heads of virtqueue `q` the journal has entries for (0: not a command queue).
-pub fn capacity(q: usize) -> usize {
-    match cmd_queue_of(q) {
-        Some(0) => MAX_QUEUE,
-        Some(k) if k < MAX_CMD_QUEUES => MAX_EXTRA_QUEUE,
-        _ => 0,
-    }
-}
-
-/// Journal entry states.
-const FREE: u64 = 0;
-/// Taken from the ring; outcome unknown.
-const RUNNING: u64 = 1;
-/// A state-changing command took effect; its response is recorded.
-const ANSWERED: u64 = 2;
-/// The response is in guest memory; the used-ring entry is being published.
-const COMPLETING: u64 = 3;
 
 /// Ring addresses a journal belongs to: a restored journal is used only for the same ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,9 +64,10 @@ pub struct Journal<'a> {
     file: &'a StateFile,
 }
 
-impl StateFile {
-    pub fn journal(&self) -> Journal<'_> {
-        Journal { file: self }
+impl<'a> Journal<'a> {
+    /// The journal of a state file.
+    pub fn of(file: &'a StateFile) -> Journal<'a> {
+        Journal { file }
     }
 }
 
@@ -102,16 +82,6 @@ impl Journal<'_> {
 
     fn queue_word(q: usize, w: usize) -> usize {
         JOURNAL + QUEUES + q * QUEUE_WORDS + w
-    }
-
-    /// Word `w` of the entry of `head` in virtqueue `q`; callers check the head against
-    /// [`capacity`] first.
-    fn entry(q: usize, head: u16, w: usize) -> usize {
-        let slot = match cmd_queue_of(q) {
-            Some(k) if k > 0 => MAX_QUEUE + (k - 1) * MAX_EXTRA_QUEUE + head as usize,
-            _ => head as usize,
-        };
-        JOURNAL + INFLIGHT + slot * ENTRY_WORDS + w
     }
 
     /// A fresh nonce for a request taken from the ring (unique across restarts).
@@ -157,14 +127,11 @@ impl Journal<'_> {
         // A head outside the ring is answered by nobody (add_used refuses it); only the
         // position moves on.
         if head < size && (head as usize) < capacity(q) {
-            self.store(Self::entry(q, head, E_NONCE), nonce);
-            self.store(Self::entry(q, head, E_TAG), tag);
-            self.store(Self::entry(q, head, E_RESP_GPA), resp.0);
-            self.store(
-                Self::entry(q, head, E_PACKED),
-                resp.1 as u64 | (pos as u64) << 32,
-            );
-            self.store(Self::entry(q, head, E_STATE), RUNNING);
+            self.store(entry(q, head, E_NONCE), nonce);
+            self.store(entry(q, head, E_TAG), tag);
+            self.store(entry(q, head, E_RESP_GPA), resp.0);
+            self.store(entry(q, head, E_PACKED), resp.1 as u64 | (pos as u64) << 32);
+            self.store(entry(q, head, E_STATE), RUNNING);
         }
         self.store(
             Self::queue_word(q, Q_NEXT_AVAIL),
@@ -172,37 +139,21 @@ impl Journal<'_> {
         );
     }
 
-    /// A state change made by request `o` took effect with this response.
-    pub(crate) fn answered(&self, o: Origin, resp: &Resp) {
-        let q = o.queue as usize;
-        if o.head as usize >= capacity(q) || self.load(Self::entry(q, o.head, E_NONCE)) != o.nonce {
-            return;
-        }
-        let (s, r0, r1, _) = resp_words(resp);
-        self.store(Self::entry(q, o.head, E_RESP), s);
-        self.store(Self::entry(q, o.head, E_RESP + 1), r0);
-        self.store(Self::entry(q, o.head, E_RESP + 2), r1);
-        self.store(Self::entry(q, o.head, E_STATE), ANSWERED);
-    }
-
     /// The response (`written` bytes) is in guest memory; the used entry goes to `used_slot`.
     pub fn completing(&self, q: usize, head: u16, used_slot: u16, written: u32) {
         if head as usize >= capacity(q) {
             return;
         }
-        let packed = self.load(Self::entry(q, head, E_PACKED)) & 0x0000_ffff_ffff_ffff;
-        self.store(
-            Self::entry(q, head, E_PACKED),
-            packed | (used_slot as u64) << 48,
-        );
-        self.store(Self::entry(q, head, E_RESP), written as u64);
-        self.store(Self::entry(q, head, E_STATE), COMPLETING);
+        let packed = self.load(entry(q, head, E_PACKED)) & 0x0000_ffff_ffff_ffff;
+        self.store(entry(q, head, E_PACKED), packed | (used_slot as u64) << 48);
+        self.store(entry(q, head, E_RESP), written as u64);
+        self.store(entry(q, head, E_STATE), COMPLETING);
     }
 
     /// The request is back with the driver.
     pub fn release(&self, q: usize, head: u16) {
         if (head as usize) < capacity(q) {
-            self.store(Self::entry(q, head, E_STATE), FREE);
+            self.store(entry(q, head, E_STATE), FREE);
         }
     }
 
@@ -211,7 +162,7 @@ impl Journal<'_> {
         self.store(Self::queue_word(q, Q_VALID), 0);
         // Rings may have any size up to the maximum; only entries in use are written.
         for head in 0..capacity(q) {
-            if self.load(Self::entry(q, head as u16, E_STATE)) != FREE {
+            if self.load(entry(q, head as u16, E_STATE)) != FREE {
                 self.release(q, head as u16);
             }
         }
@@ -222,7 +173,7 @@ impl Journal<'_> {
     pub fn pending(&self, q: usize, size: u16, next_avail: u16) -> Vec<Pending> {
         let answers = self.file.logged_answers();
         let mut out = Vec::new();
-        let e = |head, w| Self::entry(q, head, w);
+        let e = |head, w| entry(q, head, w);
         for head in 0..(size as usize).min(capacity(q)) {
             let head = head as u16;
             let state = self.load(e(head, E_STATE));
@@ -296,7 +247,7 @@ mod tests {
     #[test]
     fn the_journal_tells_what_each_request_in_flight_needs() {
         let file = StateFile::anonymous(SIZE).unwrap();
-        let s = file.journal();
+        let s = Journal::of(&file);
         let ring = RING;
         s.set_ring(0, ring, 10);
         let mut a = Allocator::new(SIZE);
@@ -353,7 +304,7 @@ mod tests {
     #[test]
     fn a_request_outliving_many_others_is_still_in_flight() {
         let file = StateFile::anonymous(SIZE).unwrap();
-        let s = file.journal();
+        let s = Journal::of(&file);
         let ring = RING;
         s.set_ring(0, ring, 0);
         // Taken at position 3; 40,000 requests later (the index wrapped past half its
@@ -372,7 +323,7 @@ mod tests {
     #[test]
     fn each_command_queue_has_entries_of_its_own() {
         let file = StateFile::anonymous(SIZE).unwrap();
-        let s = file.journal();
+        let s = Journal::of(&file);
         let ring = |base: u64| RingId {
             desc: base,
             avail: base + 0x1000,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::journal::Journal;
 use super::{CmdQueue, Rearm, Taken};
 use crate::device::dispatch::Dispatcher;
 use crate::device::stages::Stage;
@@ -271,7 +272,7 @@ impl Queues {
             // A completion serves the queue again.
             return None;
         }
-        let journal = self.device.state().journal();
+        let journal = Journal::of(self.device.state());
         let requests = match super::take(queue, mem, &self.device, journal, cq, room) {
             Ok(r) => r,
             Err(super::Error::NotReady) => return None,
@@ -396,7 +397,7 @@ impl Queues {
         head: u16,
         answered: Answered,
     ) -> bool {
-        let journal = self.device.state().journal();
+        let journal = Journal::of(self.device.state());
         let ok = super::publish(queue, mem, journal, cq.vq, head, answered.written);
         self.device
             .stages()

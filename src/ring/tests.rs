@@ -86,7 +86,7 @@ fn post_request(mem: &GuestMemoryMmap, mq: &MockSplitQueue<GuestMemoryMmap>, k: 
 
 fn take_all(q: &mut Queue, mem: &GuestMemoryMmap, dev: &Device) -> Vec<(ChainRequest, Origin)> {
     let cq = CmdQueue::of(QUEUE_CMD, 1).unwrap();
-    take(q, mem, dev, dev.state().journal(), cq, 64)
+    take(q, mem, dev, Journal::of(dev.state()), cq, 64)
         .unwrap()
         .into_iter()
         .map(|t| (t.req, t.origin))
@@ -112,7 +112,7 @@ fn used_idx(mem: &GuestMemoryMmap, mq: &MockSplitQueue<GuestMemoryMmap>) -> u16 
 fn a_request_is_journaled_answered_and_returned() {
     let (mem, dev) = (memory(), device());
     let (mq, mut q) = queue(&mem);
-    let journal = dev.state().journal();
+    let journal = Journal::of(dev.state());
     post_request(&mem, &mq, 0, &hdr(OP_NOP, 0, 7));
 
     let got = take_all(&mut q, &mem, &dev);
@@ -297,7 +297,7 @@ fn events_fill_posted_buffers_and_wait_for_more() {
 fn a_successor_answers_what_was_in_flight() {
     let (mem, dev) = (memory(), device());
     let (mq, mut q) = queue(&mem);
-    let journal = dev.state().journal();
+    let journal = Journal::of(dev.state());
     resume::adopt(QUEUE_CMD, &mut q, &mem, journal, false);
     for k in 0..3 {
         post_request(&mem, &mq, k, &hdr(OP_NOP, 0, 100 + k as u64));

@@ -144,7 +144,7 @@ impl CxlBackend {
         if !resume {
             // Whatever an earlier daemon journaled belongs to rings that are gone.
             for q in 0..queues {
-                device.state().journal().clear_ring(q);
+                Journal::of(device.state()).clear_ring(q);
             }
         }
         CxlBackend {
@@ -163,7 +163,7 @@ impl CxlBackend {
 
 impl Session {
     fn journal(&self) -> Journal<'_> {
-        self.q.device.state().journal()
+        Journal::of(self.q.device.state())
     }
 
     /// First use of ring `q` since it started: see [`resume::adopt`]. Called with the ring

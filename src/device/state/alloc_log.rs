@@ -194,7 +194,7 @@ impl StateFile {
         // Under the same lock as the log, and before a fold: the answer is always in the
         // log or in the journal entry, whenever the daemon dies.
         if let Some(o) = origin {
-            self.journal().answered(o, resp);
+            self.journal_answered(o, resp);
         }
         if c.next == LOG_RECORDS {
             self.fold(alloc, &mut c);

@@ -52,10 +52,12 @@ pub(crate) const JOURNAL: usize = 128;
 /// Where the allocator's log starts.
 const LOG: usize = JOURNAL + journal_region::WORDS;
 
-/// The size of the ring journal's region (its contents are the ring layer's,
-/// `crate::ring::journal`): a block per ring, then an entry per request a ring can hold.
+/// The ring journal's region (its contents are the ring layer's, `crate::ring::journal`):
+/// a block per ring, then an entry per request a ring can hold. The entry layout lives
+/// here because the allocator's log writes an entry's answer under its own lock
+/// ([`StateFile::journal_answered`]).
 pub mod journal_region {
-    use crate::protocol::MAX_CMD_QUEUES;
+    use crate::protocol::{cmd_queue_of, MAX_CMD_QUEUES};
 
     /// Largest queue the journal can describe (the virtio maximum).
     pub const MAX_QUEUE: usize = 32768;
@@ -69,6 +71,44 @@ pub mod journal_region {
     /// The region's length in words.
     pub const WORDS: usize =
         INFLIGHT + (MAX_QUEUE + (MAX_CMD_QUEUES - 1) * MAX_EXTRA_QUEUE) * ENTRY_WORDS;
+
+    /// Words of an entry.
+    pub const E_STATE: usize = 0;
+    pub const E_NONCE: usize = 1;
+    pub const E_TAG: usize = 2;
+    pub const E_RESP_GPA: usize = 3;
+    /// resp_len (32 bits) | avail position << 32 | used slot << 48
+    pub const E_PACKED: usize = 4;
+    /// ANSWERED: status | detail << 32, result0, result1. COMPLETING: bytes written.
+    pub const E_RESP: usize = 5;
+
+    /// Entry states.
+    pub const FREE: u64 = 0;
+    /// Taken from the ring; outcome unknown.
+    pub const RUNNING: u64 = 1;
+    /// A state-changing command took effect; its response is recorded.
+    pub const ANSWERED: u64 = 2;
+    /// The response is in guest memory; the used-ring entry is being published.
+    pub const COMPLETING: u64 = 3;
+
+    /// How many heads of virtqueue `q` the journal has entries for (0: not a command queue).
+    pub fn capacity(q: usize) -> usize {
+        match cmd_queue_of(q) {
+            Some(0) => MAX_QUEUE,
+            Some(k) if k < MAX_CMD_QUEUES => MAX_EXTRA_QUEUE,
+            _ => 0,
+        }
+    }
+
+    /// Word `w` of the entry of `head` in virtqueue `q`, from the state file's start;
+    /// callers check the head against [`capacity`] first.
+    pub fn entry(q: usize, head: u16, w: usize) -> usize {
+        let slot = match cmd_queue_of(q) {
+            Some(k) if k > 0 => MAX_QUEUE + (k - 1) * MAX_EXTRA_QUEUE + head as usize,
+            _ => head as usize,
+        };
+        super::JOURNAL + INFLIGHT + slot * ENTRY_WORDS + w
+    }
 }
 
 /// The request a command came from (its queue, descriptor head and the journal's nonce),
@@ -358,6 +398,21 @@ impl StateFile {
             .lock()
             .map(|c| c.answers.clone())
             .unwrap_or_default()
+    }
+
+    /// A state change made by request `o` took effect with this response: its journal
+    /// entry says so (unless the entry is another request's by now).
+    pub(crate) fn journal_answered(&self, o: Origin, resp: &Resp) {
+        use journal_region::{capacity, entry, ANSWERED, E_NONCE, E_RESP, E_STATE};
+        let q = o.queue as usize;
+        if o.head as usize >= capacity(q) || self.load(entry(q, o.head, E_NONCE)) != o.nonce {
+            return;
+        }
+        let (s, r0, r1, _) = resp_words(resp);
+        self.store(entry(q, o.head, E_RESP), s);
+        self.store(entry(q, o.head, E_RESP + 1), r0);
+        self.store(entry(q, o.head, E_RESP + 2), r1);
+        self.store(entry(q, o.head, E_STATE), ANSWERED);
     }
 
     /// Test hook: an answer as if found in the log at start-up.
