@@ -124,6 +124,9 @@ if [ "${#ONLY[@]}" -eq 0 ]; then
     cargo bench --locked --bench throughput -- --quick
     # The checker of the guest runs' KTAP and JUnit files refuses broken ones.
     python3 "$HERE/check-results.py" --self-test
+    # The guest driver's files call only the layers below them.
+    log "== guest driver layers (ci/driver-layers.sh)"
+    "$HERE/driver-layers.sh"
     T_CARGO=$(elapsed "$T1")
     # The README's commands, as a user would type them (they boot guests).
     if [ "$SKIP_GUEST" = 0 ]; then

@@ -35,16 +35,16 @@
 #include <linux/virtio.h>
 
 #include "cxl_accel.h"
+#include "badrange.h"
 #include "cdev.h"
+#include "core.h"
 #include "devmem.h"
 #include "dmabuf.h"
 #include "evict.h"
 #include "migrate.h"
 #include "ops.h"
-#include "poison.h"
 #include "pool.h"
 #include "svm.h"
-#include "sysfs.h"
 #include "vq.h"
 
 #define CXLA_MMAP_PGSHIFT	(CXL_ACCEL_MMAP_SHIFT - PAGE_SHIFT)
@@ -54,19 +54,6 @@
 static dev_t cxla_devt;
 static struct class *cxla_class;
 
-struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle)
-{
-	struct cxla_buf *buf;
-
-	if (!handle)
-		return NULL;
-	mutex_lock(&cf->lock);
-	buf = xa_load(&cf->bufs, handle);
-	if (buf)
-		cxla_buf_get(buf);
-	mutex_unlock(&cf->lock);
-	return buf;
-}
 
 static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 {
@@ -82,7 +69,7 @@ static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 	down_read(&cd->map_sem);
 	if (cd->dead || !buf->pages_held) {
 		ret = VM_FAULT_SIGBUS;	/* the device or the buffer's memory is gone */
-	} else if (cxla_poison_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),
+	} else if (cxla_badrange_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),
 				   PAGE_SIZE)) {
 		/* a media error: SIGBUS with BUS_MCEERR_AR, as a machine check */
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
@@ -160,16 +147,6 @@ static int cxla_mmap(struct file *filp, struct vm_area_struct *vma)
 	return 0;
 }
 
-/* Removal: take every user mapping of this device away. */
-void cxla_zap_mappings(struct cxla_dev *cd)
-{
-	struct cxla_file *cf;
-
-	mutex_lock(&cd->files_lock);
-	list_for_each_entry(cf, &cd->files, node)
-		unmap_mapping_range(cf->filp->f_mapping, 0, 0, 1);
-	mutex_unlock(&cd->files_lock);
-}
 
 static int cxla_open(struct inode *inode, struct file *filp)
 {
@@ -233,7 +210,7 @@ int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *out,
 	int ret;
 
 	/* buffer frees deferred from munmap: make devmem_free exact */
-	ret = cxla_deferred_wait(cd, intr);
+	ret = cxla_pool_settle(cd, intr);
 	if (ret)
 		return ret;
 	ret = cxla_simple_cmd(cd, CXLA_OP_IDENTIFY, NULL, 0, &id, sizeof(id),
@@ -593,7 +570,6 @@ void cxla_cdev_init_dev(struct cxla_dev *cd)
 	cd->dev.devt = MKDEV(MAJOR(cxla_devt), cd->minor);
 	cd->dev.class = cxla_class;
 	cd->dev.parent = &cd->vdev->dev;
-	cd->dev.groups = cxla_groups;
 }
 
 int cxla_cdev_add(struct cxla_dev *cd)

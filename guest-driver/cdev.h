@@ -9,7 +9,6 @@
 
 #include "uapi/cxl_accel.h"
 
-struct cxla_buf;
 struct cxla_dev;
 struct cxla_file;
 
@@ -18,9 +17,7 @@ void cxla_chrdev_exit(void);
 void cxla_cdev_init_dev(struct cxla_dev *cd);
 int cxla_cdev_add(struct cxla_dev *cd);
 void cxla_cdev_del(struct cxla_dev *cd);
-void cxla_zap_mappings(struct cxla_dev *cd);
 struct cxla_dev *cxla_dev_get_by_index(unsigned int minor);
-struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
 int cxla_identify(struct cxla_dev *cd, struct cxl_accel_identify *id,
 		  bool intr);
 

@@ -35,6 +35,7 @@
 
 #include "compat.h"
 #include "cxl_accel.h"
+#include "core.h"
 #include "cxl.h"
 #include "devmem.h"
 

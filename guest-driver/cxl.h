@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * cxl-accel: the device as a CXL Type-2 endpoint (cxl.c), where the kernel
- * has the Type-2 accelerator API (7.3: devm_cxl_probe_mem), and the
- * platform-firmware stand-in that commits the decoders first (cxlfw.c).
+ * has the Type-2 accelerator API (7.3: devm_cxl_probe_mem).
  */
 #ifndef CXL_ACCEL_CXL_H
 #define CXL_ACCEL_CXL_H
@@ -18,15 +17,13 @@ struct cxla_dev;
 #endif
 
 #ifdef CXLA_CXL_TYPE2
-/* cxlfw.c: commit host-bridge and endpoint decoders as firmware would */
-void cxla_cxl_firmware(void);
-/* cxl.c */
 int cxla_cxl_probe(struct cxla_dev *cd);
 void cxla_cxl_exit(void);
 #else
-static inline void cxla_cxl_firmware(void) { }
 int cxla_cxl_probe(struct cxla_dev *cd);	/* says why not, once */
 static inline void cxla_cxl_exit(void) { }
 #endif
+
+extern const struct attribute_group cxla_cxl_group;	/* sysfs */
 
 #endif /* CXL_ACCEL_CXL_H */

@@ -1,11 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * cxl-accel guest driver: the core every part uses: a device (struct
- * cxla_dev), an open file of it (struct cxla_file), the module's settings.
- * Each part's own declarations are in its header: vq.h (command queues and
- * requests), devmem.h (device memory and buffers), cdev.h, ops.h,
- * dmabuf.h, poison.h, sysfs.h, pool.h, migrate.h, evict.h, private.h,
- * svm.h, test_hmm.h; compat.h spells kernel interfaces that changed.
+ * cxl-accel guest driver: the structures every part uses: a device (struct
+ * cxla_dev), an open file of it (struct cxla_file). Each .c file declares
+ * what it offers in a header of its own (foo.c: foo.h), included only where
+ * used; the files are in layers (README.md); compat.h spells kernel
+ * interfaces that changed.
  */
 #ifndef CXL_ACCEL_H
 #define CXL_ACCEL_H
@@ -30,12 +29,13 @@
 #define CXLA_NAME		"cxl-accel"
 #define CXLA_MAX_DEVICES	64
 #define CXLA_EVENT_RING		256	/* events remembered for readers */
+#define CXLA_EVT_HANDLERS	8	/* event types a part may handle */
 #define CXLA_MAX_HANDLE		((1U << 23) - 1)
 #define CXLA_DMABUF_NSTATS	10	/* counters of dmabuf.c */
 
-extern unsigned int cxla_cmd_timeout_ms;
-
 struct cxla_cmdq;
+struct cxla_badrange;
+struct cxla_devmem_hooks;
 struct cxla_mig;
 struct cxla_poison;
 struct cxla_priv;
@@ -85,6 +85,8 @@ struct cxla_dev {
 	struct cxl_accel_event evt_ring[CXLA_EVENT_RING];
 	u64 evt_head;			/* events ever recorded */
 	wait_queue_head_t evt_wait;
+	/* what a part does on an event type (cxla_evt_set_handler) */
+	void (*evt_handler[CXLA_EVT_HANDLERS])(struct cxla_dev *cd);
 
 	/* device memory */
 	struct pci_dev *mem_pdev;	/* the function whose BAR is the memory */
@@ -98,6 +100,7 @@ struct cxla_dev {
 	bool cxl_backed;		/* the region's range reaches device memory */
 	void *p2p_provider;		/* PCI P2PDMA provider of the BAR, or NULL */
 	struct dev_pagemap pgmap;
+	const struct cxla_devmem_hooks *devmem_hooks;	/* the pool's (devmem.h) */
 	bool pgmap_live;
 	atomic_long_t pages_live;	/* pages of pgmap with references */
 	bool devmem_orphan;		/* removed; pages_live ends the teardown */
@@ -124,7 +127,8 @@ struct cxla_dev {
 
 	struct cxla_mig *mig;		/* migration pool, counters (pool.c) */
 	struct cxla_priv *priv;		/* private device pages (private.c) */
-	struct cxla_poison *poison;	/* poisoned ranges (poison.c) */
+	struct cxla_poison *poison;	/* poison events (poison.c) */
+	struct cxla_badrange *bad;	/* poisoned ranges (badrange.c) */
 	struct cxla_ras *ras;		/* CXL RAS registers (ras.c), or NULL */
 };
 

@@ -26,7 +26,7 @@
 #include <linux/sort.h>
 
 #include "cxl_accel.h"
-#include "cxl.h"
+#include "cxlfw.h"
 
 #ifdef CXLA_CXL_TYPE2
 

@@ -42,10 +42,8 @@
 
 #include "cxl_accel.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
-#include "dmabuf.h"
-#include "evict.h"
-#include "pool.h"
 #include "vq.h"
 
 /* ivshmem-plain, the function that carries the device memory BAR */
@@ -55,6 +53,8 @@
 
 #define CXLA_SET_BASE_TRIES	100	/* x 20 ms while the BAR is not mapped */
 
+u8 cxla_pgmap_owner;
+
 struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx)
 {
 	return pfn_to_page(PHYS_PFN(buf->dev->devmem_gpa + buf->offset) + idx);
@@ -63,57 +63,6 @@ struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx)
 bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page)
 {
 	return is_zone_device_page(page) && cxla_page_pgmap(page) == &cd->pgmap;
-}
-
-/*
- * Work queued on the module's workqueue (frees, reaping, poison), counted
- * per device: IDENTIFY and HMM_INFO wait for their own device's (exact
- * counts), never for another device's, which may be stalled or gone.
- */
-void cxla_defer(struct cxla_dev *cd, struct work_struct *work)
-{
-	atomic_inc(&cd->deferred);
-	if (!queue_work(cxla_wq, work))
-		cxla_deferred_done(cd);
-}
-
-void cxla_defer_delayed(struct cxla_dev *cd, struct delayed_work *dwork,
-			unsigned long delay)
-{
-	atomic_inc(&cd->deferred);
-	if (!queue_delayed_work(cxla_wq, dwork, delay))
-		cxla_deferred_done(cd);
-}
-
-void cxla_deferred_done(struct cxla_dev *cd)
-{
-	if (atomic_dec_and_test(&cd->deferred))
-		wake_up_all(&cd->deferred_wait);
-}
-
-/*
- * Until this device's deferred work ran (each piece ends: its commands time
- * out), for at most four command timeouts: on a device other processes keep
- * busy the count may never reach zero, and the caller then reports counts a
- * little behind. A signal ends the wait when intr (-ERESTARTSYS).
- */
-int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
-{
-	unsigned long limit = 4 * cxla_timeout_jiffies(0);
-	long left;
-
-	/* empty pool chunks waiting to go back go now */
-	if (cd->mig)
-		cxla_pool_linger_end(cd->mig);
-	if (!intr) {
-		wait_event_timeout(cd->deferred_wait,
-				   !atomic_read(&cd->deferred), limit);
-		return 0;
-	}
-	left = wait_event_interruptible_timeout(cd->deferred_wait,
-						!atomic_read(&cd->deferred),
-						limit);
-	return left < 0 ? left : 0;
 }
 
 /* Every page of the buffer is back: return the range to the device. */
@@ -198,7 +147,7 @@ static void cxla_page_free(struct page *page)
 					   pgmap);
 
 	if (buf && buf->chunk) {	/* a migration page: back to its pool */
-		cxla_pool_page_free(buf, page);
+		cd->devmem_hooks->page_free(buf, page);
 		cxla_pages_live_dec(cd);
 		return;
 	}
@@ -631,7 +580,6 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	cd->devmem_gpa = start;
 	cd->devmem_bus = pci_bus_address(pdev, cd->mem_bar) +
 			 (start - pci_resource_start(pdev, cd->mem_bar));
-	cxla_dmabuf_p2p_init(cd);
 
 	/* shared memory: also waits until the device's memory is mapped */
 	ret = cxla_set_devmem_base(cd);
@@ -653,8 +601,6 @@ int cxla_devmem_init(struct cxla_dev *cd)
 		goto err_release;
 	}
 	cd->pgmap_live = true;
-	cxla_mig_register(cd, start, cd->devmem_size, true,
-			  dev_to_node(&pdev->dev));
 	return 0;
 
 err_release:
@@ -707,12 +653,19 @@ void cxla_devmem_free_all(struct cxla_dev *cd)
 	kvfree(ids);
 }
 
+/* Before memunmap_pages(): the pool's emptied buffers go back */
+static void cxla_devmem_unmapping(struct cxla_dev *cd)
+{
+	if (cd->devmem_hooks && cd->devmem_hooks->unmapping)
+		cd->devmem_hooks->unmapping(cd);
+}
+
 /* The last page of an orphaned removal came back: finish it. */
 static void cxla_devmem_work(struct work_struct *work)
 {
 	struct cxla_dev *cd = container_of(work, struct cxla_dev, devmem_work);
 
-	cxla_mig_final_shrink(cd);
+	cxla_devmem_unmapping(cd);
 	memunmap_pages(&cd->pgmap);
 	cd->pgmap_live = false;
 	cxla_devmem_release_pci(cd);
@@ -787,19 +740,27 @@ static void cxla_devmem_wait_grace(struct cxla_dev *cd)
 
 /*
  * Removal in shared-memory attach, right before the device reset, which
- * takes device memory away from the guest: copy out by CPU what the device
- * did not evict, and give pins their moment while the data is still there.
- * Pages still referenced after that (a pipe, a long pin) read zeros from
- * the reset on; their struct pages stay valid until released, as in bar
- * attach.
+ * takes device memory away from the guest: the driver's own references go
+ * (what is left is held by others). Returns whether that applies; the
+ * caller then copies out by CPU what the device did not evict
+ * (cxla_mig_teardown()) and gives pins their moment while the data is still
+ * there (cxla_devmem_reset_grace()).
  */
-void cxla_devmem_before_reset(struct cxla_dev *cd)
+bool cxla_devmem_before_reset(struct cxla_dev *cd)
 {
 	if (!(cd->features & CXLA_F_SHMEM) || !cd->pgmap_live)
-		return;
-	/* ours do not count: what is left is held by others */
+		return false;
 	cxla_devmem_drop_buf_pages(cd);
-	cxla_mig_teardown(cd);
+	return true;
+}
+
+/*
+ * Pages still referenced after the grace (a pipe, a long pin) read zeros
+ * from the reset on; their struct pages stay valid until released, as in
+ * bar attach.
+ */
+void cxla_devmem_reset_grace(struct cxla_dev *cd)
+{
 	cxla_devmem_wait_grace(cd);
 	if (atomic_long_read(&cd->pages_live))
 		dev_warn(&cd->dev,
@@ -836,7 +797,7 @@ bool cxla_devmem_teardown(struct cxla_dev *cd)
 	WRITE_ONCE(cd->devmem_orphan, false);
 	put_device(&cd->dev);
 	module_put(THIS_MODULE);
-	cxla_mig_final_shrink(cd);
+	cxla_devmem_unmapping(cd);
 	memunmap_pages(&cd->pgmap);
 	cd->pgmap_live = false;
 	return false;
@@ -851,4 +812,30 @@ void cxla_devmem_release_pci(struct cxla_dev *cd)
 	pci_disable_device(cd->mem_pdev);
 	pci_dev_put(cd->mem_pdev);
 	cd->mem_pdev = NULL;
+}
+
+/* Buffer handle of an open file, referenced; NULL: none (or 0) */
+struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle)
+{
+	struct cxla_buf *buf;
+
+	if (!handle)
+		return NULL;
+	mutex_lock(&cf->lock);
+	buf = xa_load(&cf->bufs, handle);
+	if (buf)
+		cxla_buf_get(buf);
+	mutex_unlock(&cf->lock);
+	return buf;
+}
+
+/* Take every user mapping of this device's buffers away (removal, poison). */
+void cxla_zap_mappings(struct cxla_dev *cd)
+{
+	struct cxla_file *cf;
+
+	mutex_lock(&cd->files_lock);
+	list_for_each_entry(cf, &cd->files, node)
+		unmap_mapping_range(cf->filp->f_mapping, 0, 0, 1);
+	mutex_unlock(&cd->files_lock);
 }

@@ -14,14 +14,29 @@
 #include <linux/types.h>
 #include <linux/workqueue.h>
 
+struct cxla_buf;
 struct cxla_chunk;
 struct cxla_dev;
+struct cxla_file;
 struct page;
 
 #define CXLA_DEVMEM_ALIGN	SZ_2M	/* memremap_pages granularity */
 
+/* dev_pagemap.owner of every cxl-accel device's coherent pages */
+extern u8 cxla_pgmap_owner;
+
+/*
+ * What the part that carves device memory into pages of its own (the
+ * migration pool, pool.c) needs from here, as hooks it sets: a page of one
+ * of its buffers (buf->chunk set) came back, and the memory is about to be
+ * unmapped (the last moment to give emptied buffers back to the device).
+ */
+struct cxla_devmem_hooks {
+	void (*page_free)(struct cxla_buf *buf, struct page *page);
+	void (*unmapping)(struct cxla_dev *cd);
+};
+
 extern bool cxla_unloading;	/* module exit runs */
-extern struct workqueue_struct *cxla_wq;	/* deferred work (main.c) */
 
 /* A device-memory buffer */
 struct cxla_buf {
@@ -45,7 +60,8 @@ struct cxla_buf {
 int cxla_devmem_init(struct cxla_dev *cd);
 void cxla_devmem_init_dev(struct cxla_dev *cd);
 void cxla_devmem_free_all(struct cxla_dev *cd);
-void cxla_devmem_before_reset(struct cxla_dev *cd);
+bool cxla_devmem_before_reset(struct cxla_dev *cd);
+void cxla_devmem_reset_grace(struct cxla_dev *cd);
 bool cxla_devmem_teardown(struct cxla_dev *cd);
 void cxla_devmem_release_pci(struct cxla_dev *cd);
 int cxla_devmem_notifier_register(void);
@@ -54,11 +70,6 @@ int cxla_buf_alloc(struct cxla_dev *cd, u64 size, u64 align,
 		   struct cxla_buf **out);
 void cxla_buf_put(struct cxla_buf *buf);
 void cxla_buf_put_async(struct cxla_buf *buf);
-void cxla_defer(struct cxla_dev *cd, struct work_struct *work);
-void cxla_defer_delayed(struct cxla_dev *cd, struct delayed_work *dwork,
-			unsigned long delay);
-void cxla_deferred_done(struct cxla_dev *cd);
-int cxla_deferred_wait(struct cxla_dev *cd, bool intr);
 static inline void cxla_buf_get(struct cxla_buf *buf)
 {
 	kref_get(&buf->ref);
@@ -66,8 +77,8 @@ static inline void cxla_buf_get(struct cxla_buf *buf)
 
 bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page);
 struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx);
+struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
+void cxla_zap_mappings(struct cxla_dev *cd);
 
 /* numa.c */
-int cxla_numa_init(struct cxla_dev *cd);
-
 #endif /* CXL_ACCEL_DEVMEM_H */

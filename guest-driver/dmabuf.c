@@ -64,12 +64,11 @@
 #include <linux/virtio_dma_buf.h>
 
 #include "cxl_accel.h"
-#include "cdev.h"
+#include "badrange.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
 #include "dmabuf.h"
-#include "poison.h"
-#include "sysfs.h"
 #include "vq.h"
 #ifdef CXLA_P2P_PROVIDER	/* compat.h decides */
 #include <linux/dma-buf-mapping.h>
@@ -394,7 +393,7 @@ static vm_fault_t cxla_dmabuf_fault(struct vm_fault *vmf)
 		return VM_FAULT_SIGBUS;
 	down_read(&cd->map_sem);
 	if (!cd->dead && !READ_ONCE(exp->revoked) && buf->pages_held &&
-	    cxla_poison_hit(cd, buf->offset + ((u64)vmf->pgoff << PAGE_SHIFT),
+	    cxla_badrange_hit(cd, buf->offset + ((u64)vmf->pgoff << PAGE_SHIFT),
 			    PAGE_SIZE)) {
 		/* a media error (poison.c): SIGBUS with BUS_MCEERR_AR */
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);

@@ -33,4 +33,6 @@ int cxla_import_sges(struct cxla_dev *cd, struct cxla_import *imp, u64 off,
 void cxla_import_unpin(struct cxla_pin *pin);
 void cxla_dmabuf_zap(struct cxla_dev *cd, u64 start, u64 end);
 
+extern const struct attribute_group cxla_dmabuf_group;	/* sysfs */
+
 #endif /* CXL_ACCEL_DMABUF_H */

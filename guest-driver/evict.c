@@ -36,6 +36,7 @@
 
 #include "cxl_accel.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
 #include "evict.h"
 #include "migrate.h"
@@ -49,43 +50,6 @@
 #define CXLA_REMOVE_CMD_MS	2000	/* removal: per command */
 
 /* -------------------------------------------------------- eviction */
-
-/* An address space that migrated pages to this device */
-struct cxla_mm {
-	struct list_head node;	/* mig->mms */
-	struct mm_struct *mm;	/* mmgrab()ed */
-};
-
-static void cxla_mm_forget(struct cxla_mig *mig, struct cxla_mm *e)
-{
-	list_del(&e->node);
-	mig->nmms--;
-	mmdrop(e->mm);
-	kfree(e);
-}
-
-/* Remember mm (once); forget address spaces that are gone. */
-void cxla_mig_track_mm(struct cxla_mig *mig, struct mm_struct *mm)
-{
-	struct cxla_mm *e, *t;
-
-	mutex_lock(&mig->mm_lock);
-	list_for_each_entry_safe(e, t, &mig->mms, node) {
-		if (e->mm == mm)
-			goto out;
-		if (!atomic_read(&e->mm->mm_users))
-			cxla_mm_forget(mig, e);
-	}
-	e = kmalloc(sizeof(*e), GFP_KERNEL);
-	if (!e)
-		goto out;	/* eviction looks at every process then */
-	mmgrab(mm);
-	e->mm = mm;
-	list_add_tail(&e->node, &mig->mms);
-	mig->nmms++;
-out:
-	mutex_unlock(&mig->mm_lock);
-}
 
 /* Address spaces to look through, each with a user reference. */
 struct cxla_mm_set {
@@ -136,25 +100,12 @@ static void cxla_mm_set_unique(struct cxla_mm_set *set)
 	set->n = n;
 }
 
+/* The address spaces that migrated pages to this device (pool.c) */
 static int cxla_tracked_mms(struct cxla_mig *mig, struct cxla_mm_set *set)
 {
-	struct cxla_mm *e, *t;
-
-	mutex_lock(&mig->mm_lock);
-	set->max = max(mig->nmms, 1U);
-	set->mm = kvmalloc_array(set->max, sizeof(*set->mm), GFP_KERNEL);
-	if (!set->mm) {
-		mutex_unlock(&mig->mm_lock);
-		return -ENOMEM;
-	}
-	list_for_each_entry_safe(e, t, &mig->mms, node) {
-		if (mmget_not_zero(e->mm))
-			cxla_mm_set_add(set, e->mm);
-		else
-			cxla_mm_forget(mig, e);
-	}
-	mutex_unlock(&mig->mm_lock);
-	return 0;
+	set->mm = cxla_pool_mms(mig, &set->n);
+	set->max = set->n;
+	return set->mm ? 0 : -ENOMEM;
 }
 
 /* Every process's address space (processes made meanwhile are left out). */
@@ -542,27 +493,3 @@ void cxla_mig_teardown(struct cxla_dev *cd)
 	up_write(&mig->sem);
 }
 
-/*
- * Removal's last step, once every page is back (at once, or when the last
- * pipe or pin let go of an orphaned removal): chunks that emptied after the
- * teardown go too, and with them their buffers' device references.
- */
-void cxla_mig_final_shrink(struct cxla_dev *cd)
-{
-	struct cxla_mig *mig = cd->mig;
-
-	if (!mig)
-		return;
-	down_write(&mig->sem);
-	cxla_pool_shrink(mig);
-	up_write(&mig->sem);
-}
-
-/* The device structure goes: forget every address space. */
-void cxla_mig_forget_mms(struct cxla_mig *mig)
-{
-	struct cxla_mm *e, *t;
-
-	list_for_each_entry_safe(e, t, &mig->mms, node)
-		cxla_mm_forget(mig, e);
-}

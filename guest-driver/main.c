@@ -17,29 +17,28 @@
 
 #include "cxl_accel.h"
 #include "cdev.h"
+#include "core.h"
 #include "cxl.h"
+#include "cxlfw.h"
 #include "devmem.h"
 #include "dmabuf.h"
 #include "evict.h"
+#include "migrate.h"
+#include "numa.h"
 #include "poison.h"
 #include "ras.h"
 #include "pool.h"
 #include "private.h"
 #include "ramblk.h"
+#include "sysfs.h"
 #include "test_hmm.h"
 #include "vq.h"
-
-unsigned int cxla_cmd_timeout_ms = 5000;
-module_param_named(cmd_timeout_ms, cxla_cmd_timeout_ms, uint, 0644);
-MODULE_PARM_DESC(cmd_timeout_ms,
-		 "Default time a command may take before it fails with -ETIMEDOUT (ms)");
 
 static unsigned int cxla_cmd_queues;
 module_param_named(cmd_queues, cxla_cmd_queues, uint, 0444);
 MODULE_PARM_DESC(cmd_queues,
 		 "Command queues to use at most (0 = one per CPU, as many as the device offers)");
 
-struct workqueue_struct *cxla_wq;
 static DEFINE_IDA(cxla_ida);
 
 static void cxla_dev_release(struct device *dev)
@@ -185,8 +184,11 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	cxla_devmem_free_all(cd);
 
 	cxla_cmdq_stop(cd);
-	/* shared memory: the reset takes device memory away */
-	cxla_devmem_before_reset(cd);
+	/* shared memory: the reset takes device memory away: out with it first */
+	if (cxla_devmem_before_reset(cd)) {
+		cxla_mig_teardown(cd);
+		cxla_devmem_reset_grace(cd);
+	}
 	virtio_reset_device(vdev);
 	/* no event comes any more: poison.c is done with the pool and files */
 	cxla_poison_stop(cd);
@@ -255,6 +257,7 @@ static int cxla_probe(struct virtio_device *vdev)
 	if (ret)
 		goto err_put;
 	cxla_cdev_init_dev(cd);
+	cd->dev.groups = cxla_groups;
 
 	vdev->priv = cd;
 	ret = cxla_init_vqs(cd);
@@ -285,8 +288,13 @@ static int cxla_probe(struct virtio_device *vdev)
 		ret = cxla_numa_init(cd);	/* numa.c: no ivshmem function */
 	else
 		ret = cxla_devmem_init(cd);
+	if (!ret && !(cd->features & CXLA_F_NUMA)) {
+		cxla_dmabuf_p2p_init(cd);
+		cxla_mig_register(cd, cd->devmem_gpa, cd->devmem_size, true,
+				  dev_to_node(&cd->mem_pdev->dev));
+	}
 	if (!ret)
-		ret = cxla_priv_init(cd);	/* private.c: where the kernel can */
+		ret = cxla_priv_init(cd, cxla_mig_priv_fault);	/* where the kernel can */
 	if (ret)
 		goto err_shutdown;
 
@@ -374,12 +382,9 @@ static int __init cxla_init(void)
 	ret = cxla_ram_reserve_init();
 	if (ret)
 		return ret;
-	/* no CPU affinity needed (7.x warns when neither is said) */
-	cxla_wq = alloc_workqueue("cxl_accel", WQ_UNBOUND, 0);
-	if (!cxla_wq) {
-		ret = -ENOMEM;
+	ret = cxla_core_init();
+	if (ret)
 		goto err_reserve;
-	}
 	ret = cxla_chrdev_init();
 	if (ret)
 		goto err_wq;
@@ -403,7 +408,7 @@ err_notifier:
 err_chrdev:
 	cxla_chrdev_exit();
 err_wq:
-	destroy_workqueue(cxla_wq);
+	cxla_core_exit();
 err_reserve:
 	cxla_ram_reserve_exit();
 	return ret;
@@ -419,7 +424,7 @@ static void __exit cxla_exit(void)
 	cxla_cxl_exit();
 	cxla_devmem_notifier_unregister();
 	/* buffer frees deferred past removal hold device references */
-	destroy_workqueue(cxla_wq);
+	cxla_core_exit();
 	cxla_chrdev_exit();
 	ida_destroy(&cxla_ida);
 	cxla_ram_reserve_exit();

@@ -31,13 +31,12 @@
 
 #include "cxl_accel.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
-#include "evict.h"
 #include "migrate.h"
 #include "pool.h"
 #include "private.h"
 #include "ramblk.h"
-#include "sysfs.h"
 
 /* ------------------------------------------------ migrate_vma ranges */
 
@@ -1059,7 +1058,7 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	}
 	/* eviction must find this address space again */
 	if (to_dev)
-		cxla_mig_track_mm(mig, mm);
+		cxla_pool_track_mm(mig, mm);
 	/* the whole range must be mapped */
 	mmap_read_lock(mm);
 	for (addr = start; addr < end; addr = vma->vm_end) {
@@ -1173,6 +1172,91 @@ long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev)
 	return copy_to_user(arg, &m, sizeof(m)) ? -EFAULT : 0;
 }
 
+/* ------------------------------------------- CPU faults on private pages */
+
+#ifdef CONFIG_DEVICE_PRIVATE
+#ifdef CXLA_PRIVATE_THP
+/* A CPU access to a PMD-mapped 2 MiB private folio: all of it comes back. */
+static vm_fault_t cxla_mig_priv_fault_huge(struct cxla_dev *cd,
+					   struct vm_fault *vmf)
+{
+	unsigned long start = ALIGN_DOWN(vmf->address, HPAGE_PMD_SIZE);
+	struct cxl_accel_migrate res = { };
+	struct cxla_mig_ctx x = {
+		.mig = cd->mig,
+		.mode = CXLA_MIG_TO_RAM,
+		.priv = true,
+		.compound = true,
+		.fault_page = vmf->page,
+		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
+				    CXLA_MIG_MAX_TIMEOUT_MS),
+		.dma = !READ_ONCE(cd->stopped),
+		.cpu_fallback = true,
+		.res = &res,
+	};
+	int ret;
+
+	if (cxla_mig_ctx_alloc(&x, CXLA_THP_NR))
+		return VM_FAULT_OOM;
+	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
+	ret = cxla_mig_window(&x, vmf->vma, start, start + HPAGE_PMD_SIZE);
+	cxla_mig_ctx_free(&x);
+	return ret ? VM_FAULT_SIGBUS : 0;
+}
+#endif
+
+/*
+ * A CPU access to a private page of cd: bring it back to system RAM, by DMA
+ * (by the CPU, from the backing page, if the device does not answer), the
+ * private pagemap's migrate_to_ram() (private.c). Called with the mmap_lock
+ * held: takes no lock that a migration ioctl holds while it waits for the
+ * mmap_lock.
+ */
+vm_fault_t cxla_mig_priv_fault(struct cxla_dev *cd, struct vm_fault *vmf)
+{
+	unsigned long addr = vmf->address & PAGE_MASK, src = 0, dst = 0;
+	struct cxl_accel_migrate res = { };
+	struct cxla_xpage xp;
+	struct page *pg[2];
+	struct cxla_mig_ctx x = {
+		.mig = cd->mig,
+		.mode = CXLA_MIG_TO_RAM,
+		.priv = true,
+		.fault_page = vmf->page,
+		.src = &src,
+		.dst = &dst,
+		.xp = &xp,
+		.pages = pg,
+		.cap = 1,
+		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
+				    CXLA_MIG_MAX_TIMEOUT_MS),
+		.dma = !READ_ONCE(cd->stopped),
+		.cpu_fallback = true,
+		.res = &res,
+	};
+
+#ifdef CXLA_PRIVATE_THP
+	/* a PMD maps it (no pte): the folio moves whole */
+	if (folio_test_large(page_folio(vmf->page)) && !vmf->pte)
+		return cxla_mig_priv_fault_huge(cd, vmf);
+#endif
+	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
+	/*
+	 * Its data is on poisoned memory: the access cannot be satisfied, as
+	 * a machine check on real memory would say. The page stays private;
+	 * once the range is cleared the next access brings it back.
+	 */
+	if (cxla_priv_backing_poisoned(vmf->page)) {
+		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
+		return VM_FAULT_HWPOISON;
+	}
+	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
+		return VM_FAULT_SIGBUS;
+	/* not moved (busy): the access faults again */
+	return 0;
+}
+#endif /* CONFIG_DEVICE_PRIVATE */
+
 /* ------------------------------------------------------ info, ioctls */
 
 static void cxla_hmm_info(struct cxla_dev *cd, struct cxl_accel_hmm_info *h)
@@ -1218,7 +1302,7 @@ long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg)
 	int ret;
 
 	/* chunks emptied by munmap or exit go back first: exact counts */
-	ret = cxla_deferred_wait(cf->dev, true);
+	ret = cxla_pool_settle(cf->dev, true);
 	if (ret)
 		return ret;
 	cxla_hmm_info(cf->dev, &h);

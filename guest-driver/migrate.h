@@ -1,42 +1,30 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * cxl-accel: page migration between RAM and device memory: the windows of
- * migrate_vma and the MIGRATE ioctls (migrate.c), the device's copies of
- * their pages (xcopy.c).
+ * cxl-accel: page migration between RAM and device memory (migrate.c): the
+ * windows of migrate_vma and the MIGRATE ioctls.
  */
 #ifndef CXL_ACCEL_MIGRATE_H
 #define CXL_ACCEL_MIGRATE_H
 
 #include <linux/compiler.h>
+#include <linux/mm_types.h>
 #include <linux/types.h>
 
+#include "xcopy.h"
+
 struct cxl_accel_migrate;
+struct cxla_dev;
 struct cxla_file;
 struct cxla_mig;
 struct folio;
 struct mm_struct;
 struct page;
 struct vm_area_struct;
+struct vm_fault;
 
 /* Limits shared by the migration files */
 #define CXLA_MIG_WINDOW		4096UL	/* pages per migrate_vma_setup() */
 #define CXLA_MIG_MAX_TIMEOUT_MS	30000	/* per command of a migration ioctl */
-
-/* One 4 KiB page to copy, or to zero-fill (no source) */
-struct cxla_xpage {
-	u64 src;
-	u64 dst;
-	u16 sspace;
-	u16 dspace;
-	bool zero;
-	bool failed;		/* out: its command failed */
-	unsigned long idx;	/* in the migrate arrays */
-	struct page *spage;	/* where the data is (a private page's backing) */
-	struct page *dpage;	/* the destination page for migrate_vma */
-	struct page *dstore;	/* what the device writes, if not dpage (a
-				 * private page's backing); the command holds it
-				 */
-};
 
 /* What a window does with the pages it finds */
 enum cxla_mig_mode {
@@ -74,11 +62,6 @@ struct cxla_mig_ctx {
 	u64 cpu_copied;		/* pages the CPU copied */
 };
 
-/* xcopy.c */
-int cxla_xcopy(struct cxla_mig *mig, struct cxla_xpage *xp, unsigned int n,
-	       unsigned int timeout_ms, bool intr);
-
-/* migrate.c */
 int cxla_mig_ctx_alloc(struct cxla_mig_ctx *x, unsigned long npages);
 void cxla_mig_ctx_free(struct cxla_mig_ctx *x);
 int cxla_mig_window(struct cxla_mig_ctx *x, struct vm_area_struct *vma,
@@ -88,5 +71,12 @@ int cxla_migrate_range(struct cxla_mig_ctx *x, struct mm_struct *mm,
 		       unsigned long start, unsigned long end);
 long cxla_ioc_migrate(struct cxla_file *cf, void __user *arg, bool to_dev);
 long cxla_ioc_hmm_info(struct cxla_file *cf, void __user *arg);
+#ifdef CONFIG_DEVICE_PRIVATE
+vm_fault_t cxla_mig_priv_fault(struct cxla_dev *cd, struct vm_fault *vmf);
+#else
+#define cxla_mig_priv_fault	NULL	/* no private pages to fault */
+#endif
+
+extern const struct attribute_group cxla_mig_group;	/* sysfs */
 
 #endif /* CXL_ACCEL_MIGRATE_H */

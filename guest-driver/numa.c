@@ -12,8 +12,8 @@
 #include <linux/virtio.h>
 
 #include "cxl_accel.h"
-#include "cdev.h"
 #include "devmem.h"
+#include "numa.h"
 #include "pool.h"
 #include "vq.h"
 

@@ -18,12 +18,13 @@
 #include <linux/uaccess.h>
 
 #include "cxl_accel.h"
-#include "cdev.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
 #include "dmabuf.h"
 #include "ops.h"
 #include "pool.h"
+#include "private.h"
 #include "vq.h"
 
 #define CXLA_CHUNK		SZ_16M
@@ -76,6 +77,24 @@ void cxla_pin_release(struct cxla_pin *pin)
 	kvfree(pin->pages);
 	pin->pages = NULL;
 	pin->npages = 0;
+}
+
+/*
+ * The release hook of a request that carries user pages (req->pins) and
+ * buffer references (req->bufs): vq.c calls it when the request is freed,
+ * once the device returned it (also after quarantine) or it never went.
+ */
+void cxla_req_release_operands(struct cxla_req *req)
+{
+	int i;
+
+	for (i = 0; i < CXLA_REQ_PINS; i++)
+		cxla_pin_release(&req->pins[i]);
+	for (i = 0; i < CXLA_REQ_BUFS; i++) {
+		if (req->bufs[i])
+			cxla_buf_put(req->bufs[i]);
+		req->bufs[i] = NULL;
+	}
 }
 
 /*
@@ -304,6 +323,7 @@ static struct cxla_req *cxla_build_chunk(struct cxla_dev *cd,
 		goto unpin;
 	}
 	memcpy(req->pins, pins, sizeof(pins));	/* released with the request */
+	req->release = cxla_req_release_operands;
 	p = cxla_req_payload(req);
 	sge = p + head;
 	for (k = 0; k < CXLA_REQ_PINS; k++) {
@@ -647,6 +667,7 @@ long cxla_ioc_atomic(struct cxla_file *cf, void __user *arg)
 		cxla_operand_put(&op);
 		return PTR_ERR(req);
 	}
+	req->release = cxla_req_release_operands;
 	/* reuse the segment builder for the one word, then unpack it */
 	ret = cxla_operand_pin(&op, 0, a.width, true, &req->pins[0]);
 	if (!ret)

@@ -28,116 +28,24 @@
 #include <linux/sysfs.h>
 
 #include "cxl_accel.h"
-#include "cdev.h"
+#include "badrange.h"
+#include "core.h"
 #include "devmem.h"
 #include "dmabuf.h"
 #include "poison.h"
 #include "pool.h"
-#include "sysfs.h"
-
-/* Ranges the driver remembers; the device keeps at most as many (MAX_RULES) */
-#define CXLA_POISON_MAX		256
-
-struct cxla_prange {
-	u64 start;
-	u64 end;		/* exclusive */
-};
+#include "vq.h"
 
 struct cxla_poison {
 	struct cxla_dev *cd;
-	spinlock_t lock;		/* r, n; taken inside mig->lock */
-	unsigned int n;
-	struct cxla_prange r[CXLA_POISON_MAX];
 	u64 pos;			/* next event ring index (evt_lock) */
 	u64 cleared;			/* POISON_CLEARED events handled */
 	u64 lost;			/* events overwritten before the work ran */
 	struct work_struct work;
 };
 
-/* Whether any byte of [off, off + len) of device memory is poisoned. */
-bool cxla_poison_hit(struct cxla_dev *cd, u64 off, u64 len)
-{
-	struct cxla_poison *pz = cd->poison;
-	unsigned long flags;
-	unsigned int i;
-	bool hit = false;
-
-	if (!pz || !READ_ONCE(pz->n))
-		return false;
-	spin_lock_irqsave(&pz->lock, flags);
-	for (i = 0; i < pz->n && !hit; i++)
-		hit = pz->r[i].start < off + len && pz->r[i].end > off;
-	spin_unlock_irqrestore(&pz->lock, flags);
-	return hit;
-}
-
-/* Add [start, end), merging with what it overlaps or touches. */
-static bool cxla_poison_add(struct cxla_poison *pz, u64 start, u64 end)
-{
-	unsigned int i, j;
-	bool ok = true;
-
-	spin_lock_irq(&pz->lock);
-	for (i = 0, j = 0; i < pz->n; i++) {
-		if (pz->r[i].end >= start && pz->r[i].start <= end) {
-			start = min(start, pz->r[i].start);
-			end = max(end, pz->r[i].end);
-			continue;	/* absorbed into the new range */
-		}
-		pz->r[j++] = pz->r[i];
-	}
-	pz->n = j;
-	if (pz->n < CXLA_POISON_MAX) {
-		/* keep them sorted: sysfs lists them in order */
-		for (i = pz->n; i > 0 && pz->r[i - 1].start > start; i--)
-			pz->r[i] = pz->r[i - 1];
-		pz->r[i].start = start;
-		pz->r[i].end = end;
-		pz->n++;
-	} else {
-		ok = false;
-	}
-	spin_unlock_irq(&pz->lock);
-	return ok;
-}
-
-/* Remove [start, end), splitting what it cuts in two; whether it hit. */
-static bool cxla_poison_remove(struct cxla_poison *pz, u64 start, u64 end)
-{
-	struct cxla_prange *out;
-	unsigned int i, n = 0;
-	bool hit = false;
-
-	/* each range yields at most two: room for all of them plus one */
-	out = kmalloc_array(CXLA_POISON_MAX + 1, sizeof(*out), GFP_KERNEL);
-	if (!out)
-		return false;
-	spin_lock_irq(&pz->lock);
-	for (i = 0; i < pz->n; i++) {
-		struct cxla_prange r = pz->r[i];
-
-		if (r.end <= start || r.start >= end) {
-			out[n++] = r;
-			continue;
-		}
-		hit = true;
-		if (r.start < start && n <= CXLA_POISON_MAX)
-			out[n++] = (struct cxla_prange){ r.start, start };
-		if (r.end > end && n <= CXLA_POISON_MAX)
-			out[n++] = (struct cxla_prange){ end, r.end };
-	}
-	/* a split can only overflow if the table was full: keep the first */
-	n = min_t(unsigned int, n, CXLA_POISON_MAX);
-	memcpy(pz->r, out, n * sizeof(*out));
-	pz->n = n;
-	spin_unlock_irq(&pz->lock);
-	kfree(out);
-	return hit;
-}
-
 static void cxla_poison_set(struct cxla_dev *cd, u64 off, u64 len)
 {
-	struct cxla_poison *pz = cd->poison;
 	u64 end;
 
 	if (!len || check_add_overflow(off, len, &end) || end > cd->devmem_size) {
@@ -154,10 +62,10 @@ static void cxla_poison_set(struct cxla_dev *cd, u64 off, u64 len)
 	 * zapped below, a fault after sees the range.
 	 */
 	down_write(&cd->map_sem);
-	if (!cxla_poison_add(pz, off, end))
+	if (!cxla_badrange_add(cd, off, end))
 		dev_err(&cd->dev,
 			"more than %u poisoned ranges: %#llx + %#llx not recorded\n",
-			CXLA_POISON_MAX, off, len);
+			CXLA_BADRANGE_MAX, off, len);
 	up_write(&cd->map_sem);
 	dev_warn(&cd->dev,
 		 "media error: device memory %#llx + %#llx poisoned; accesses fail, CPU mappings get SIGBUS\n",
@@ -175,7 +83,7 @@ static void cxla_poison_clear(struct cxla_dev *cd, u64 off, u64 len)
 	u64 end = off + min(len, U64_MAX - off);
 
 	pz->cleared++;
-	if (!cxla_poison_remove(pz, off, end))
+	if (!cxla_badrange_remove(cd, off, end))
 		return;
 	dev_info(&cd->dev, "device memory %#llx + %#llx usable again\n",
 		 off, len);
@@ -225,7 +133,7 @@ static void cxla_poison_work(struct work_struct *work)
 }
 
 /* An event arrived (interrupt context, evt_lock held): look at it soon. */
-void cxla_poison_kick(struct cxla_dev *cd)
+static void cxla_poison_kick(struct cxla_dev *cd)
 {
 	if (cd->poison)
 		cxla_defer(cd, &cd->poison->work);
@@ -238,10 +146,15 @@ int cxla_poison_init(struct cxla_dev *cd)
 	pz = kzalloc(sizeof(*pz), GFP_KERNEL);
 	if (!pz)
 		return -ENOMEM;
+	if (cxla_badrange_init(cd)) {
+		kfree(pz);
+		return -ENOMEM;
+	}
 	pz->cd = cd;
-	spin_lock_init(&pz->lock);
 	INIT_WORK(&pz->work, cxla_poison_work);
 	cd->poison = pz;
+	cxla_evt_set_handler(cd, CXLA_EVENT_POISON, cxla_poison_kick);
+	cxla_evt_set_handler(cd, CXLA_EVENT_POISON_CLEARED, cxla_poison_kick);
 	return 0;
 }
 
@@ -259,26 +172,21 @@ void cxla_poison_free(struct cxla_dev *cd)
 	cancel_work_sync(&cd->poison->work);
 	kfree(cd->poison);
 	cd->poison = NULL;
+	cxla_badrange_free(cd);
 }
 
 /* sysfs: the poisoned ranges, "offset length" in hex, one per line */
 static ssize_t poison_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
 {
-	struct cxla_poison *pz = to_cxla_dev(dev)->poison;
-	struct cxla_prange *r;
+	struct cxla_badrange_entry *r;
 	unsigned int i, n;
 	ssize_t len = 0;
 
-	if (!pz)
-		return 0;
-	r = kmalloc_array(CXLA_POISON_MAX, sizeof(*r), GFP_KERNEL);
+	r = kmalloc_array(CXLA_BADRANGE_MAX, sizeof(*r), GFP_KERNEL);
 	if (!r)
 		return -ENOMEM;
-	spin_lock_irq(&pz->lock);
-	n = pz->n;
-	memcpy(r, pz->r, n * sizeof(*r));
-	spin_unlock_irq(&pz->lock);
+	n = cxla_badrange_list(to_cxla_dev(dev), r, CXLA_BADRANGE_MAX);
 	for (i = 0; i < n && len < PAGE_SIZE - 40; i++)
 		len += sysfs_emit_at(buf, len, "%#llx %#llx\n", r[i].start,
 				     r[i].end - r[i].start);
@@ -294,13 +202,8 @@ static ssize_t poison_stats_show(struct device *dev,
 	struct cxla_dev *cd = to_cxla_dev(dev);
 	struct cxla_poison *pz = cd->poison;
 	struct cxl_accel_hmm_info h;
-	unsigned int n = 0;
+	unsigned int n = cxla_badrange_list(cd, NULL, 0);
 
-	if (pz) {
-		spin_lock_irq(&pz->lock);
-		n = pz->n;
-		spin_unlock_irq(&pz->lock);
-	}
 	cxla_pool_poison_info(cd->mig, &h);
 	return sysfs_emit(buf,
 			  "ranges %u\npoison_events %lld\ncleared_events %llu\nlost_events %llu\nhwpoison_faults %lld\npool_pages_poisoned %llu\npoison_skipped %llu\n",

@@ -10,9 +10,9 @@
 struct cxla_dev;
 
 int cxla_poison_init(struct cxla_dev *cd);
-void cxla_poison_kick(struct cxla_dev *cd);
 void cxla_poison_stop(struct cxla_dev *cd);
 void cxla_poison_free(struct cxla_dev *cd);
-bool cxla_poison_hit(struct cxla_dev *cd, u64 off, u64 len);
+
+extern const struct attribute_group cxla_poison_group;	/* sysfs */
 
 #endif /* CXL_ACCEL_POISON_H */

@@ -28,18 +28,17 @@
  */
 #include <linux/memremap.h>
 #include <linux/mm.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 
 #include "cxl_accel.h"
+#include "badrange.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
-#include "evict.h"
-#include "poison.h"
 #include "pool.h"
-#include "private.h"
 #include "vq.h"
 
-u8 cxla_pgmap_owner;
 
 /* All devices with their memory ranges, to tell local, peer and RAM pages */
 static DEFINE_SPINLOCK(cxla_reg_lock);
@@ -85,33 +84,6 @@ int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page)
 	}
 	spin_unlock(&cxla_reg_lock);
 	return where;
-}
-
-/*
- * Where the device finds a page: this device's memory by offset (a private
- * page of it: its backing), anything else by guest-physical address
- * (another device's memory only with P2P; a NUMA-mode node is plain RAM).
- */
-int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
-		       u16 *space)
-{
-	if (cxla_page_is_priv(cd, page))
-		page = cxla_priv_backing(page);
-	*addr = page_to_phys(page);
-	*space = CXLA_SPACE_GPA;
-	switch (cxla_page_owner_dev(cd, page)) {
-	case CXLA_ON_LOCAL:
-		if (cd->mig->coherent) {
-			*addr -= cd->devmem_gpa;
-			*space = CXLA_SPACE_DEVMEM;
-		}
-		break;
-	case CXLA_ON_PEER:
-		if (!(cd->features & CXLA_F_P2P))
-			return -EOPNOTSUPP;
-		break;
-	}
-	return 0;
 }
 
 /* ------------------------------------------------------- page holds */
@@ -168,7 +140,7 @@ static u64 cxla_chunk_off(const struct cxla_chunk *c, unsigned int bit)
 }
 
 /* devmem.c's page_free() for pool pages: the page is free again. */
-void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
+static void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 {
 	struct cxla_chunk *c = buf->chunk;
 	struct cxla_mig *mig = c->mig;
@@ -182,7 +154,7 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 		spin_unlock_irqrestore(&mig->lock, flags);
 		return;
 	}
-	if (cxla_poison_hit(mig->cd, cxla_chunk_off(c, idx), PAGE_SIZE)) {
+	if (cxla_badrange_hit(mig->cd, cxla_chunk_off(c, idx), PAGE_SIZE)) {
 		/* back inside a poisoned range: never handed out again */
 		__set_bit(idx, c->quar);
 		c->nquar++;
@@ -208,6 +180,17 @@ void cxla_pool_page_free(struct cxla_buf *buf, struct page *page)
 bool cxla_pool_linger_end(struct cxla_mig *mig)
 {
 	return flush_delayed_work(&mig->shrink_work);
+}
+
+/*
+ * Before exact counts (IDENTIFY's free memory, HMM_INFO): lingering empty
+ * chunks go back and this device's deferred frees run (cxla_deferred_wait).
+ */
+int cxla_pool_settle(struct cxla_dev *cd, bool intr)
+{
+	if (cd->mig)
+		cxla_pool_linger_end(cd->mig);
+	return cxla_deferred_wait(cd, intr);
 }
 
 /* Take up to n free pages; they come back locked with refcount 1. */
@@ -428,6 +411,100 @@ static void cxla_shrink_work(struct work_struct *work)
 	cxla_deferred_done(mig->cd);
 }
 
+/* ------------------------------------------ address spaces with our pages */
+
+/* An address space that migrated pages to this device */
+struct cxla_mm {
+	struct list_head node;	/* mig->mms */
+	struct mm_struct *mm;	/* mmgrab()ed */
+};
+
+static void cxla_mm_forget(struct cxla_mig *mig, struct cxla_mm *e)
+{
+	list_del(&e->node);
+	mig->nmms--;
+	mmdrop(e->mm);
+	kfree(e);
+}
+
+/* Remember mm (once); forget address spaces that are gone. */
+void cxla_pool_track_mm(struct cxla_mig *mig, struct mm_struct *mm)
+{
+	struct cxla_mm *e, *t;
+
+	mutex_lock(&mig->mm_lock);
+	list_for_each_entry_safe(e, t, &mig->mms, node) {
+		if (e->mm == mm)
+			goto out;
+		if (!atomic_read(&e->mm->mm_users))
+			cxla_mm_forget(mig, e);
+	}
+	e = kmalloc(sizeof(*e), GFP_KERNEL);
+	if (!e)
+		goto out;	/* eviction looks at every process then */
+	mmgrab(mm);
+	e->mm = mm;
+	list_add_tail(&e->node, &mig->mms);
+	mig->nmms++;
+out:
+	mutex_unlock(&mig->mm_lock);
+}
+
+/*
+ * The address spaces remembered, each with a user reference (mmget), in a
+ * new array (kvfree() it); *n of them. Gone ones are forgotten. NULL: no
+ * memory.
+ */
+struct mm_struct **cxla_pool_mms(struct cxla_mig *mig, unsigned int *n)
+{
+	struct cxla_mm *e, *t;
+	struct mm_struct **mms;
+
+	*n = 0;
+	mutex_lock(&mig->mm_lock);
+	mms = kvmalloc_array(max(mig->nmms, 1U), sizeof(*mms), GFP_KERNEL);
+	if (mms) {
+		list_for_each_entry_safe(e, t, &mig->mms, node) {
+			if (mmget_not_zero(e->mm))
+				mms[(*n)++] = e->mm;
+			else
+				cxla_mm_forget(mig, e);
+		}
+	}
+	mutex_unlock(&mig->mm_lock);
+	return mms;
+}
+
+/* The device structure goes: forget every address space. */
+static void cxla_pool_forget_mms(struct cxla_mig *mig)
+{
+	struct cxla_mm *e, *t;
+
+	list_for_each_entry_safe(e, t, &mig->mms, node)
+		cxla_mm_forget(mig, e);
+}
+
+/*
+ * Removal's last step, once every page is back (at once, or when the last
+ * pipe or pin let go of an orphaned removal): chunks that emptied after the
+ * teardown go too, and with them their buffers' device references.
+ */
+static void cxla_pool_unmapping(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig = cd->mig;
+
+	if (!mig)
+		return;
+	down_write(&mig->sem);
+	cxla_pool_shrink(mig);
+	up_write(&mig->sem);
+}
+
+static const struct cxla_devmem_hooks cxla_pool_devmem_hooks = {
+	.page_free = cxla_pool_page_free,
+	.unmapping = cxla_pool_unmapping,
+};
+
 int cxla_mig_init(struct cxla_dev *cd)
 {
 	struct cxla_mig *mig;
@@ -449,6 +526,7 @@ int cxla_mig_init(struct cxla_dev *cd)
 	for (i = 0; i < CXLA_MS_COUNT; i++)
 		atomic64_set(&mig->stat[i], 0);
 	cd->mig = mig;
+	cd->devmem_hooks = &cxla_pool_devmem_hooks;
 	return 0;
 }
 
@@ -460,7 +538,7 @@ void cxla_mig_free(struct cxla_dev *cd)
 	if (!mig)
 		return;
 	cxla_mig_unregister(mig);
-	cxla_mig_forget_mms(mig);
+	cxla_pool_forget_mms(mig);
 	cd->mig = NULL;
 	kfree(mig);
 }
@@ -491,7 +569,7 @@ static unsigned long cxla_pool_count_used(struct cxla_mig *mig,
 static bool cxla_pool_page_poisoned(struct cxla_mig *mig, struct cxla_chunk *c,
 				    unsigned int i)
 {
-	return cxla_poison_hit(mig->cd, cxla_chunk_off(c, i), PAGE_SIZE);
+	return cxla_badrange_hit(mig->cd, cxla_chunk_off(c, i), PAGE_SIZE);
 }
 
 static bool cxla_pool_page_mapped(struct cxla_mig *mig, struct cxla_chunk *c,
@@ -568,7 +646,7 @@ void cxla_pool_unpoison(struct cxla_mig *mig)
 		if (!c->nquar)
 			continue;
 		for_each_set_bit(i, c->quar, CXLA_CHUNK_PAGES) {
-			if (cxla_poison_hit(mig->cd, cxla_chunk_off(c, i),
+			if (cxla_badrange_hit(mig->cd, cxla_chunk_off(c, i),
 					    PAGE_SIZE))
 				continue;
 			__clear_bit(i, c->quar);
@@ -602,7 +680,7 @@ bool cxla_mem_poisoned(phys_addr_t pa)
 	spin_lock(&cxla_reg_lock);
 	list_for_each_entry(m, &cxla_reg, reg) {
 		if (pa >= m->mem_start && pa < m->mem_end) {
-			hit = cxla_poison_hit(m->cd, pa - m->mem_start,
+			hit = cxla_badrange_hit(m->cd, pa - m->mem_start,
 					      PAGE_SIZE);
 			break;
 		}

@@ -22,6 +22,7 @@ struct cxl_accel_hmm_info;
 struct cxla_buf;
 struct cxla_dev;
 struct cxla_req;
+struct mm_struct;
 struct page;
 
 /* Pool chunks: device buffers (ALLOC) carved into migration pages */
@@ -130,18 +131,19 @@ struct cxla_page_hold {
 	struct page *pages[];
 };
 
-extern u8 cxla_pgmap_owner;	/* dev_pagemap.owner of every cxl-accel device */
 
 int cxla_mig_init(struct cxla_dev *cd);
 void cxla_mig_register(struct cxla_dev *cd, phys_addr_t start, u64 size,
 		       bool coherent, int node);
 void cxla_mig_unregister(struct cxla_mig *mig);
 void cxla_mig_free(struct cxla_dev *cd);
-void cxla_pool_page_free(struct cxla_buf *buf, struct page *page);
 unsigned long cxla_pool_get(struct cxla_mig *mig, unsigned long n,
 			    struct page **pages, int *err);
 unsigned long cxla_pool_shrink(struct cxla_mig *mig);
 bool cxla_pool_linger_end(struct cxla_mig *mig);
+int cxla_pool_settle(struct cxla_dev *cd, bool intr);
+void cxla_pool_track_mm(struct cxla_mig *mig, struct mm_struct *mm);
+struct mm_struct **cxla_pool_mms(struct cxla_mig *mig, unsigned int *n);
 struct page *cxla_pool_get_chunk(struct cxla_mig *mig);
 unsigned long cxla_pool_mapped(struct cxla_mig *mig, bool skip_poisoned);
 unsigned long cxla_pool_poisoned_used(struct cxla_mig *mig);
@@ -150,8 +152,6 @@ void cxla_pool_unpoison(struct cxla_mig *mig);
 void cxla_pool_poison_info(struct cxla_mig *mig, struct cxl_accel_hmm_info *h);
 bool cxla_mem_poisoned(phys_addr_t pa);
 int cxla_page_owner_dev(struct cxla_dev *cd, struct page *page);
-int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
-		       u16 *space);
 struct cxla_page_hold *cxla_page_hold_alloc(unsigned int max);
 void cxla_page_hold_free(struct cxla_page_hold *h);
 void cxla_req_set_hold(struct cxla_req *req, struct cxla_page_hold *h);

@@ -27,7 +27,7 @@
 
 #include "cxl_accel.h"
 #include "compat.h"
-#include "migrate.h"
+#include "core.h"
 #include "pool.h"
 #include "private.h"
 
@@ -36,10 +36,38 @@ module_param_named(private_memory, cxla_private_memory, bool, 0444);
 MODULE_PARM_DESC(private_memory,
 		 "Offer device memory as MEMORY_DEVICE_PRIVATE pages too, where the kernel has them (default on)");
 
+/*
+ * Where the device finds a page: this device's memory by offset (a private
+ * page of it: its backing), anything else by guest-physical address
+ * (another device's memory only with P2P; a NUMA-mode node is plain RAM).
+ */
+int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
+		       u16 *space)
+{
+	if (cxla_page_is_priv(cd, page))
+		page = cxla_priv_backing(page);
+	*addr = page_to_phys(page);
+	*space = CXLA_SPACE_GPA;
+	switch (cxla_page_owner_dev(cd, page)) {
+	case CXLA_ON_LOCAL:
+		if (cd->mig->coherent) {
+			*addr -= cd->devmem_gpa;
+			*space = CXLA_SPACE_DEVMEM;
+		}
+		break;
+	case CXLA_ON_PEER:
+		if (!(cd->features & CXLA_F_P2P))
+			return -EOPNOTSUPP;
+		break;
+	}
+	return 0;
+}
+
 #ifdef CONFIG_DEVICE_PRIVATE
 
 struct cxla_priv {
 	struct cxla_dev *cd;
+	cxla_priv_fault_t fault;	/* a CPU access (migrate.c) */
 	struct dev_pagemap pgmap;	/* its owner: this structure */
 	struct resource *res;
 	unsigned long first_pfn;
@@ -90,7 +118,7 @@ unsigned long cxla_priv_used(struct cxla_dev *cd)
  * Whether the device memory holding a private page's data is poisoned (the
  * page is referenced, so its backing stays).
  */
-static bool cxla_priv_backing_poisoned(struct page *page)
+bool cxla_priv_backing_poisoned(struct page *page)
 {
 	struct page *backing = cxla_priv_backing(page);
 
@@ -256,86 +284,14 @@ static void cxla_priv_page_free(struct page *page)
 CXLA_DECLARE_PAGEMAP_FREE(cxla_priv_page_free)
 
 /*
- * A CPU access to a private page: bring it back to system RAM, by DMA (by
- * the CPU, from the backing page, if the device does not answer). Called
- * with the mmap_lock held: takes no lock that a migration ioctl holds
- * while it waits for the mmap_lock.
+ * A CPU access to a private page: the migration layer brings it back to
+ * system RAM (the handler cxla_priv_init() was given, migrate.c).
  */
-#ifdef CXLA_PRIVATE_THP
-/* A CPU access to a PMD-mapped 2 MiB private folio: all of it comes back. */
-static vm_fault_t cxla_priv_fault_huge(struct vm_fault *vmf)
-{
-	struct cxla_priv *pv = cxla_page_priv(vmf->page);
-	struct cxla_dev *cd = pv->cd;
-	unsigned long start = ALIGN_DOWN(vmf->address, HPAGE_PMD_SIZE);
-	struct cxl_accel_migrate res = { };
-	struct cxla_mig_ctx x = {
-		.mig = cd->mig,
-		.mode = CXLA_MIG_TO_RAM,
-		.priv = true,
-		.compound = true,
-		.fault_page = vmf->page,
-		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
-				    CXLA_MIG_MAX_TIMEOUT_MS),
-		.dma = !READ_ONCE(cd->stopped),
-		.cpu_fallback = true,
-		.res = &res,
-	};
-	int ret;
-
-	if (cxla_mig_ctx_alloc(&x, CXLA_THP_NR))
-		return VM_FAULT_OOM;
-	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
-	ret = cxla_mig_window(&x, vmf->vma, start, start + HPAGE_PMD_SIZE);
-	cxla_mig_ctx_free(&x);
-	return ret ? VM_FAULT_SIGBUS : 0;
-}
-#endif
-
 static vm_fault_t cxla_priv_migrate_to_ram(struct vm_fault *vmf)
 {
 	struct cxla_priv *pv = cxla_page_priv(vmf->page);
-	struct cxla_dev *cd = pv->cd;
-	unsigned long addr = vmf->address & PAGE_MASK, src = 0, dst = 0;
-	struct cxl_accel_migrate res = { };
-	struct cxla_xpage xp;
-	struct page *pg[2];
-	struct cxla_mig_ctx x = {
-		.mig = cd->mig,
-		.mode = CXLA_MIG_TO_RAM,
-		.priv = true,
-		.fault_page = vmf->page,
-		.src = &src,
-		.dst = &dst,
-		.xp = &xp,
-		.pages = pg,
-		.cap = 1,
-		.timeout_ms = min_t(u32, READ_ONCE(cxla_cmd_timeout_ms),
-				    CXLA_MIG_MAX_TIMEOUT_MS),
-		.dma = !READ_ONCE(cd->stopped),
-		.cpu_fallback = true,
-		.res = &res,
-	};
 
-#ifdef CXLA_PRIVATE_THP
-	/* a PMD maps it (no pte): the folio moves whole */
-	if (folio_test_large(page_folio(vmf->page)) && !vmf->pte)
-		return cxla_priv_fault_huge(vmf);
-#endif
-	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
-	/*
-	 * Its data is on poisoned memory: the access cannot be satisfied, as
-	 * a machine check on real memory would say. The page stays private;
-	 * once the range is cleared the next access brings it back.
-	 */
-	if (cxla_priv_backing_poisoned(vmf->page)) {
-		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
-		return VM_FAULT_HWPOISON;
-	}
-	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
-		return VM_FAULT_SIGBUS;
-	/* not moved (busy): the access faults again */
-	return 0;
+	return pv->fault(pv->cd, vmf);
 }
 
 static const struct dev_pagemap_ops cxla_priv_ops = {
@@ -346,8 +302,11 @@ static const struct dev_pagemap_ops cxla_priv_ops = {
 #endif
 };
 
-/* Probe, after device memory: a private page for every device page. */
-int cxla_priv_init(struct cxla_dev *cd)
+/*
+ * Probe, after device memory: a private page for every device page; fault
+ * brings one back to RAM when the CPU touches it.
+ */
+int cxla_priv_init(struct cxla_dev *cd, cxla_priv_fault_t fault)
 {
 	struct cxla_priv *pv;
 	void *addr;
@@ -359,6 +318,7 @@ int cxla_priv_init(struct cxla_dev *cd)
 	if (!pv)
 		return -ENOMEM;
 	pv->cd = cd;
+	pv->fault = fault;
 	spin_lock_init(&pv->lock);
 	pv->npages = cd->devmem_size >> PAGE_SHIFT;
 	pv->free = bitmap_zalloc(pv->npages, GFP_KERNEL);

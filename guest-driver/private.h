@@ -7,15 +7,25 @@
 #define CXL_ACCEL_PRIVATE_H
 
 #include <linux/errno.h>
+#include <linux/mm_types.h>
 #include <linux/types.h>
 
 #include "compat.h"	/* CXLA_PRIVATE_THP */
 
 struct cxla_dev;
 struct page;
+struct vm_fault;
+
+/* brings a private page of cd back to RAM on a CPU access (migrate.c) */
+typedef vm_fault_t (*cxla_priv_fault_t)(struct cxla_dev *cd,
+					struct vm_fault *vmf);
+
+int cxla_page_dev_addr(struct cxla_dev *cd, struct page *page, u64 *addr,
+		       u16 *space);
 
 #ifdef CONFIG_DEVICE_PRIVATE
-int cxla_priv_init(struct cxla_dev *cd);
+int cxla_priv_init(struct cxla_dev *cd, cxla_priv_fault_t fault);
+bool cxla_priv_backing_poisoned(struct page *page);
 void cxla_priv_teardown(struct cxla_dev *cd);
 bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page);
 void *cxla_priv_owner(struct cxla_dev *cd);
@@ -31,7 +41,10 @@ unsigned long cxla_priv_get(struct cxla_dev *cd, unsigned long n,
 struct page *cxla_priv_get_huge(struct cxla_dev *cd, struct page **first);
 #endif
 #else
-static inline int cxla_priv_init(struct cxla_dev *cd) { return 0; }
+static inline int cxla_priv_init(struct cxla_dev *cd, cxla_priv_fault_t fault)
+{
+	return 0;
+}
 static inline void cxla_priv_teardown(struct cxla_dev *cd) { }
 static inline bool cxla_page_is_priv(struct cxla_dev *cd, struct page *page)
 {

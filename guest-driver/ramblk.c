@@ -28,6 +28,7 @@
 #include <linux/spinlock.h>
 #include <linux/topology.h>
 
+#include "core.h"
 #include "devmem.h"
 #include "ramblk.h"
 

@@ -27,8 +27,10 @@
 #include <linux/virtio.h>
 
 #include "cxl_accel.h"
+#include "core.h"
 #include "devmem.h"
 #include "ras.h"
+#include "vq.h"
 
 #define CXLA_COMPONENT_BAR	2
 #define CXLA_CM_OFFSET		SZ_4K	/* CXL.cache/mem registers in the block */
@@ -139,7 +141,7 @@ static void cxla_ras_work(struct work_struct *work)
 }
 
 /* The event handler (interrupt context): the registers are read later */
-void cxla_ras_kick(struct cxla_dev *cd)
+static void cxla_ras_kick(struct cxla_dev *cd)
 {
 	if (cd->ras)
 		cxla_defer(cd, &cd->ras->work);
@@ -154,6 +156,8 @@ int cxla_ras_init(struct cxla_dev *cd)
 	void __iomem *block, *regs;
 	struct cxla_ras *ras;
 
+	/* an event without registers known is reported */
+	cxla_evt_set_handler(cd, CXLA_EVENT_CXL_RAS, cxla_ras_kick);
 	if (!(cd->features & CXLA_F_CXL) || !parent || !dev_is_pci(parent))
 		return 0;
 	pdev = to_pci_dev(parent);

@@ -8,7 +8,8 @@
 struct cxla_dev;
 
 int cxla_ras_init(struct cxla_dev *cd);
-void cxla_ras_kick(struct cxla_dev *cd);
 void cxla_ras_stop(struct cxla_dev *cd);
+
+extern const struct attribute_group cxla_ras_group;	/* sysfs */
 
 #endif /* CXL_ACCEL_RAS_H */

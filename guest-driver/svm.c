@@ -46,8 +46,8 @@
 #include <linux/xarray.h>
 
 #include "cxl_accel.h"
-#include "cdev.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
 #include "migrate.h"
 #include "ops.h"
@@ -205,6 +205,7 @@ static void cxla_svm_access_release(struct cxla_req *req)
 	kfree(a);
 	req->release_data = NULL;
 	req->release = NULL;
+	cxla_req_release_operands(req);	/* the buffer of READ, WRITE */
 	cxla_mirror_put(m);
 }
 
@@ -887,6 +888,7 @@ long cxla_ioc_pin_checksum(struct cxla_file *cf, void __user *arg)
 				     sizeof(*c) + npages * sizeof(*sge), 0);
 		if (IS_ERR(req))
 			return PTR_ERR(req);
+		req->release = cxla_req_release_operands;
 		req->pins[0].pages = kvmalloc_array(npages, sizeof(struct page *),
 						    GFP_KERNEL);
 		if (!req->pins[0].pages) {

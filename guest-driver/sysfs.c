@@ -8,6 +8,11 @@
 
 #include "cxl_accel.h"
 #include "cdev.h"
+#include "cxl.h"
+#include "dmabuf.h"
+#include "migrate.h"
+#include "poison.h"
+#include "ras.h"
 #include "sysfs.h"
 #include "vq.h"
 

@@ -57,6 +57,7 @@
 #include "cxl_accel.h"
 #include "cdev.h"
 #include "compat.h"
+#include "core.h"
 #include "devmem.h"
 #include "evict.h"
 #include "migrate.h"

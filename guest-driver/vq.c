@@ -35,10 +35,7 @@
 #include <linux/virtio_config.h>
 
 #include "cxl_accel.h"
-#include "devmem.h"
-#include "ops.h"
-#include "poison.h"
-#include "ras.h"
+#include "core.h"
 #include "vq.h"
 
 #define CREATE_TRACE_POINTS
@@ -54,13 +51,6 @@ static unsigned int cxla_poll_us = 50;
 module_param_named(poll_us, cxla_poll_us, uint, 0644);
 MODULE_PARM_DESC(poll_us,
 		 "How long a waiter polls for the answer to a fast command before it sleeps (us, 0 = never, at most 1000)");
-
-unsigned long cxla_timeout_jiffies(unsigned int timeout_ms)
-{
-	if (!timeout_ms)
-		timeout_ms = READ_ONCE(cxla_cmd_timeout_ms);
-	return msecs_to_jiffies(max(timeout_ms, 1U));
-}
 
 static int cxla_status_to_errno(u32 status)
 {
@@ -209,18 +199,11 @@ struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
 
 void cxla_req_free(struct cxla_dev *cd, struct cxla_req *req)
 {
-	int i;
-
 	if (!req)
 		return;
 	trace_cxla_req_end(req->q ? req->q->index : 0, req->opcode, req->tag);
 	if (req->release)
 		req->release(req);
-	for (i = 0; i < CXLA_REQ_PINS; i++)
-		cxla_pin_release(&req->pins[i]);
-	for (i = 0; i < CXLA_REQ_BUFS; i++)
-		if (req->bufs[i])
-			cxla_buf_put(req->bufs[i]);
 	if (!req->small) {
 		kvfree(req->out);
 		kfree(req->in);
@@ -893,15 +876,27 @@ static void cxla_evt_record(struct cxla_dev *cd, const struct cxla_event *ev)
 				     "device memory mapped at %#llx\n",
 				     rec->value0);
 		break;
-	case CXLA_EVENT_POISON:
-	case CXLA_EVENT_POISON_CLEARED:
-		/* interrupt context: poison.c acts on it from a work item */
-		cxla_poison_kick(cd);
-		break;
-	case CXLA_EVENT_CXL_RAS:
-		cxla_ras_kick(cd);	/* likewise ras.c */
+	default:
+		/* the part that set a handler (poison.c, ras.c) acts on it later */
+		if (rec->type < CXLA_EVT_HANDLERS && cd->evt_handler[rec->type])
+			cd->evt_handler[rec->type](cd);
 		break;
 	}
+}
+
+/*
+ * The handler of an event type: called in interrupt context with evt_lock
+ * held, when the event has been recorded in the event ring; it defers its
+ * work.
+ */
+void cxla_evt_set_handler(struct cxla_dev *cd, u32 type,
+			  void (*fn)(struct cxla_dev *cd))
+{
+	if (WARN_ON_ONCE(type >= CXLA_EVT_HANDLERS))
+		return;
+	spin_lock_irq(&cd->evt_lock);
+	cd->evt_handler[type] = fn;
+	spin_unlock_irq(&cd->evt_lock);
 }
 
 void cxla_evt_done(struct virtqueue *vq)

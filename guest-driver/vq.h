@@ -74,6 +74,7 @@ struct cxla_req {
 	void *in;			/* response + payload, device-writable */
 	size_t in_len;
 	u32 used_len;
+	/* what the owner attaches (ops.c), released by its release hook */
 	struct cxla_pin pins[CXLA_REQ_PINS];
 	struct cxla_buf *bufs[CXLA_REQ_BUFS];
 	/* owner's clean-up when the request is freed, also after quarantine */
@@ -108,7 +109,6 @@ int cxla_req_wait(struct cxla_dev *cd, struct cxla_req **reqp,
 int cxla_exec(struct cxla_dev *cd, struct cxla_req **reqp,
 	      unsigned int timeout_ms, bool intr);
 void cxla_req_fire_and_forget(struct cxla_dev *cd, struct cxla_req *req);
-unsigned long cxla_timeout_jiffies(unsigned int timeout_ms);
 void cxla_cmd_done(struct virtqueue *vq);
 int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n);
 void cxla_cmdq_free(struct cxla_dev *cd);
@@ -116,6 +116,8 @@ void cxla_cmdq_stop(struct cxla_dev *cd);
 void cxla_reap_work(struct work_struct *work);
 void cxla_cancel_all(struct cxla_dev *cd);
 int cxla_evt_init(struct cxla_dev *cd);
+void cxla_evt_set_handler(struct cxla_dev *cd, u32 type,
+			  void (*fn)(struct cxla_dev *cd));
 void cxla_evt_done(struct virtqueue *vq);
 int cxla_simple_cmd(struct cxla_dev *cd, u16 opcode, const void *payload,
 		    size_t len, void *resp_payload, size_t resp_len,

@@ -12,9 +12,10 @@
 #include <linux/sort.h>
 
 #include "cxl_accel.h"
-#include "migrate.h"
+#include "core.h"
 #include "pool.h"
 #include "vq.h"
+#include "xcopy.h"
 
 #define CXLA_COPY_MAX_ORDER	(21 - PAGE_SHIFT)	/* 2 MiB pages at most */
 #define CXLA_MAX_NOINTR		(30 * HZ)
