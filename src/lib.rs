@@ -16,7 +16,8 @@
 //! - control channel: [`control`] (the daemon's JSON-lines socket) and [`ctl`] (its client,
 //!   `cxl-accel ctl`).
 //! - host side: [`files`], [`sigbus`], [`sandbox`], [`supervisor`] and [`workers`]
-//!   (`--supervise`), [`cli`] (the command line).
+//!   (`--supervise`), [`cli`] (the command line) and [`qemu_args`] (the QEMU arguments
+//!   that attach the device, `--print-qemu-args`).
 //!
 //! Each module has its own error enum; `main.rs` prints any of them as one line.
 
@@ -25,6 +26,7 @@ pub mod control;
 pub mod device;
 pub mod host;
 pub mod protocol;
+pub mod qemu_args;
 pub mod ring;
 pub mod supervisor;
 pub mod vfio;

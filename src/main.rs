@@ -4,12 +4,13 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use cxl_accel::cli::{qemu_args, render_qemu_args, Args, SocketMode};
+use cxl_accel::cli::{Args, SocketMode};
 use cxl_accel::device::devmem::{Access, DeviceMemory};
 use cxl_accel::device::dispatch::Dispatcher;
 use cxl_accel::device::state::StateFile;
 use cxl_accel::device::{Device, DeviceConfig};
 use cxl_accel::protocol::VIRTIO_ID;
+use cxl_accel::qemu_args::{qemu_args, render_qemu_args};
 use cxl_accel::supervisor;
 use cxl_accel::vhost::server;
 use std::os::fd::FromRawFd;

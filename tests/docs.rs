@@ -7,17 +7,17 @@
 //! CXL_ACCEL_REGEN_DOCS=1 cargo test --test docs
 //! ```
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
 use cxl_accel::cli::Args;
 
-const REGEN: &str = "CXL_ACCEL_REGEN_DOCS";
+use common::repo;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+const REGEN: &str = "CXL_ACCEL_REGEN_DOCS";
 
 /// Sections clap does not know, in roff, after the generated ones.
 const MAN_EXTRA: &str = r#".SH EXAMPLES

@@ -6,14 +6,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use common::TempDir;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{repo, TempDir};
 
 /// `ci/setup.sh --check-host` on a host whose /etc/os-release says `os_release`.
 fn check_host(d: &Path, os_release: &str, overrides: bool) -> Output {

@@ -7,7 +7,8 @@
 //! `device` (the model), `ring` (virtqueues to requests and back), the transports beside
 //! each other: `vhost` (the vhost-user adapter) and `vfio` (the vfio-user one, a PCIe
 //! function of its own), `supervisor` (the worker processes around vhost); `control` (the
-//! control channel) stands on the model only. `cli`, `main` and `lib` tie them together.
+//! control channel) stands on the model only. `cli`, `qemu_args`, `main` and `lib` tie them
+//! together.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ const RULES: &[(&str, &[&str])] = &[
 ];
 
 /// Files above every layer.
-const TOP: &[&str] = &["cli", "main", "lib"];
+const TOP: &[&str] = &["cli", "qemu_args", "main", "lib"];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -4,12 +4,11 @@
 //! device, the device memory as an ivshmem-plain function of the same size in the same slot
 //! and function, shared guest RAM on q35. `ci/libvirt-demo.sh` boots them under libvirt.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::repo;
 
 /// The daemon's QEMU arguments for device `n` at the examples' placeholders.
 fn printed(n: u32) -> Vec<(String, String)> {

@@ -3,12 +3,11 @@
 //! ask for and no dependency in Cargo.lock needs more; `cargo package` takes the daemon's
 //! files and the documents a packager needs, and leaves the driver, CI and fuzzing out.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::repo;
 
 /// What `cargo ARGS` prints, run in the repository; it must succeed.
 fn cargo(args: &[&str]) -> String {

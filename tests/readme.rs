@@ -4,10 +4,14 @@
 //! the code takes them), and every shell block either runs in CI (`ci/readme-check.sh`, a
 //! stage of `ci/test.sh`) or says why not.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 use cxl_accel::cli::{parse_size, Args};
+
+use common::repo;
 
 const READMES: &[&str] = &[
     "README.md",
@@ -26,10 +30,6 @@ const FLAGS_DOC: &str = "docs/operations.md";
 /// Directories a path named in a README may start with (relative to the repository).
 const TOP: &str =
     "ci/ tests/ guest-driver/ libvirt/ systemd/ doc/ docs/ src/ qemu-configs/ fuzz/ benches/ .ci/";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap()

@@ -4,9 +4,13 @@
 //! guest-side tests are GPL-2.0, everything else the crate's `Apache-2.0 OR BSD-3-Clause`),
 //! and the licence texts those identifiers refer to are in the repository.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
+
+use common::repo;
 
 /// How many lines from the top the identifier may be found in (a shebang, an editor or
 /// shellcheck line may come first).
@@ -32,10 +36,6 @@ const SOURCE_NAMES: &[&str] = &["Makefile", "Kbuild", "dkms.conf"];
 
 /// Tracked files that are data, not source, even if they match the rules above.
 const NOT_SOURCE: &[&str] = &["fuzz/corpus/"];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The tracked files (`git ls-files`) with whether git records them executable; outside a
 /// git checkout (a crate tarball), every file under the root but build output.

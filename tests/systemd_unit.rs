@@ -18,16 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TempDir;
+use common::{is_root, repo, TempDir};
 
 const UNIT: &str = "systemd/cxl-accel@.service";
 const INSTALLED_BINARY: &str = "/usr/local/bin/cxl-accel";
 const RUNTIME: &str = "/run/cxl-accel/";
 const CONF_DIR: &str = "/etc/cxl-accel/";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn unit_text() -> String {
     std::fs::read_to_string(repo().join(UNIT)).unwrap()
@@ -71,11 +67,6 @@ fn expand(cmd: &str, env: &HashMap<String, String>) -> Vec<String> {
         }
     }
     words
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// The id of group `name`, if this host has it.

@@ -5,9 +5,11 @@
 //! hostile message must get the error it earns (or end the session when the framing is
 //! lost), close the descriptors it brought, and leave the stream in sync.
 
+mod common;
+
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -23,6 +25,8 @@ use cxl_accel::vfio::server::{self, Server, Stopper};
 use cxl_accel::vfio::{DeviceInfo, DmaMap, Errno, Function, IrqInfo, RegionInfo, SetIrqs};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use common::memfd;
 
 // Commands and flags as the vfio-user specification numbers them.
 const VERSION: u16 = 1;
@@ -215,17 +219,6 @@ impl Function for Mock {
         self.vectors.clear();
         self.log.lock().unwrap().disconnects += 1;
     }
-}
-
-fn memfd(name: &str, size: u64) -> File {
-    let cname = std::ffi::CString::new(name).unwrap();
-    // SAFETY: memfd_create with a valid C string; the new fd is owned by the File.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0, "memfd_create failed");
-    // SAFETY: fd was just created and nothing else owns it.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
-    f
 }
 
 // ---------------------------------------------------------------------------------------

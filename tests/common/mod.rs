@@ -47,6 +47,11 @@ pub fn memfd(name: &str, size: u64) -> File {
     f
 }
 
+/// The repository's root (the crate's), where the tests find its files.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 /// The daemon binary, ready for arguments.
 pub fn daemon() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
@@ -72,8 +77,8 @@ pub fn fails_with_one_line(args: &[&str]) -> String {
 
 /// Whether the tests run as root (they do in CI): needed to act as another user.
 pub fn is_root() -> bool {
-    // SAFETY: getuid has no preconditions.
-    unsafe { libc::getuid() == 0 }
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// The unprivileged user (and group) the local-attacker tests act as.

@@ -55,8 +55,8 @@ for t in ${FAULT_TESTS:-}; do ARGS="$ARGS -t $t"; done
     echo "FT_ARGS='$ARGS'"
     echo "BENCH=$BENCH"
     cat <<'EOS'
-RC=0
-result() { echo "RESULT $1 $2 $3"; [ "$2" = PASS ] || RC=1; }
+# RC and result (every call here passes PASS or FAIL)
+. /cxl/guest-lib.sh
 # the commands time out after 5 s unless a test says otherwise
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=5000 || { result faults.load FAIL insmod; exit 1; }
 d0= d1=
@@ -122,6 +122,7 @@ CONSOLE=$TMP/console.log
     --module virtio_dma_buf \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$GUEST_PROGS/fault-tests:/cxl/fault-tests" \
+    --add "$GUEST_SCRIPTS/guest-lib.sh:/cxl/guest-lib.sh" \
     --script "$TMP/guest.sh" --console "$CONSOLE" "$@" | tee "$TMP/guest.out"
     exit "${PIPESTATUS[0]}"
 ) &

@@ -2,7 +2,8 @@
 /*
  * The helpers of cxla_test.h that are more than an ioctl: reads that may
  * fault, the driver's DMA-BUFs as debugfs and sysfs count them, move_pages()
- * of a range, a CPU adder thread. Linked into every guest program.
+ * of a range, a CPU adder thread, the median of timings, a write to a sysfs
+ * file. Linked into every guest program.
  */
 #include <setjmp.h>
 #include <sys/syscall.h>
@@ -127,4 +128,31 @@ void *cxla_cpu_adder(void *arg)
 		a->adds++;
 	}
 	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+double cxla_median(double *v, int n)
+{
+	if (n <= 0)
+		return 0;
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int cxla_write_str(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, s, strlen(s)) < 0)
+		r = -errno;
+	close(fd);
+	return r;
 }

@@ -420,6 +420,15 @@ struct cxla_adder {
 void *cxla_cpu_adder(void *arg);
 
 /*
+ * The median of v[0..n): the middle value, the mean of the middle two for
+ * an even n, 0 for none. Sorts v.
+ */
+double cxla_median(double *v, int n);
+
+/* Write s to a sysfs or procfs file: 0 or -errno (the file's own refusal) */
+int cxla_write_str(const char *path, const char *s);
+
+/*
  * Verdicts of a test (the exit status of its child process), and the length
  * of its detail; the harness (cxla_harness.h) has the rest.
  */

@@ -903,18 +903,6 @@ static void *copier_thread(void *arg)
 	return NULL;
 }
 
-static int write_str(const char *path, const char *s)
-{
-	int fd = open(path, O_WRONLY), r = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (write(fd, s, strlen(s)) < 0)
-		r = -errno;
-	close(fd);
-	return r;
-}
-
 static int vdev_of(const char *name, char *out, size_t len)
 {
 	char p[256], t[256];
@@ -961,7 +949,7 @@ static int rebind(FIXTURE_DATA(devs) *c, const char *vdev, char *again, size_t l
 	struct stat st;
 	int i, r;
 
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
+	r = cxla_write_str("/sys/bus/virtio/drivers/cxl_accel/bind", vdev);
 	CHECK(!r, "bind %s: %s", vdev, strerror(-r));
 	for (i = 0; i < 100 && name_of_vdev(vdev, again, len); i++)
 		usleep(50000);
@@ -1025,9 +1013,9 @@ CXLA_TEST_F(devs, no_p2p_fallback)
 	int rc;
 
 	NEED2();
-	CHECK(!write_str(P2P_PARAM, "0"), "cannot write %s", P2P_PARAM);
+	CHECK(!cxla_write_str(P2P_PARAM, "0"), "cannot write %s", P2P_PARAM);
 	rc = no_p2p_body(c);
-	if (write_str(P2P_PARAM, "1") && rc == PASS)
+	if (cxla_write_str(P2P_PARAM, "1") && rc == PASS)
 		FAILF("cannot restore %s", P2P_PARAM);
 	return rc;
 }
@@ -1105,7 +1093,7 @@ CXLA_TEST_F(devs, importer_unbind)
 	CHECK(sysfs_long(c->name[0], "attachments") == at0 + 1, "attachments %ld",
 	      sysfs_long(c->name[0], "attachments"));
 
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
+	r = cxla_write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
 	CHECK(!r, "unbind %s: %s", vdev, strerror(-r));
 	CHECK(sysfs_long(c->name[0], "attachments") == at0,
 	      "the removed importer still holds %ld attachment(s)",
@@ -1177,7 +1165,7 @@ CXLA_TEST_F(devs, revoke_unbind)
 
 	/* pull the exporter away while dev1 copies into its memory */
 	t0 = now_sec();
-	r = write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
+	r = cxla_write_str("/sys/bus/virtio/drivers/cxl_accel/unbind", vdev);
 	t_unbind = now_sec() - t0;
 	for (i = 0; i < 200 && !k.err; i++)
 		usleep(50000);

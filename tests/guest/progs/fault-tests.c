@@ -390,20 +390,6 @@ static int dev_offsets(FIXTURE_DATA(fault) *c, const void *p, size_t n, int64_t 
 	return 0;
 }
 
-static double median(double *v, int n)
-{
-	int i, j;
-
-	for (i = 1; i < n; i++)
-		for (j = i; j > 0 && v[j - 1] > v[j]; j--) {
-			double t = v[j];
-
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return n ? v[n / 2] : 0;
-}
-
 /* ------------------------------------------------------------ tests */
 
 /* The control channel answers for our device */
@@ -1010,7 +996,7 @@ static double copy_rate(FIXTURE_DATA(fault) *c, uint32_t hs, uint32_t hd, size_t
 			return -1;
 		t[i] = now_sec() - t0;
 	}
-	return (double)len / median(t, i) / 1e6;
+	return (double)len / cxla_median(t, i) / 1e6;
 }
 
 /*
@@ -1043,7 +1029,7 @@ CXLA_TEST_F(fault, model)
 		OK(cxla_nop(c->fd, 5000));
 		lat[i] = (now_sec() - t0) * 1000;
 	}
-	nop_ms = median(lat, ARRAY_SIZE(lat));
+	nop_ms = cxla_median(lat, ARRAY_SIZE(lat));
 	HOST(c, "model --enforce false --read-latency-ns 0 --write-latency-ns 0");
 	HOST(c, "fault list");
 	CHECK(strstr(reply, "\"enforce\":false"), "the model is still enforced: %.200s", reply);
@@ -1490,7 +1476,7 @@ static double nop_us(int fd, int n)
 			return -1;
 		v[i] = (now_sec() - t0) * 1e6;
 	}
-	return median(v, n);
+	return cxla_median(v, n);
 }
 
 /*
@@ -1535,8 +1521,8 @@ static int bench(FIXTURE_DATA(fault) *c, FIXTURE_DATA(fault) *p, const char *pre
 		}
 	}
 	for (k = 0; k < NCFG; k++) {
-		nopm[k] = median(nopv[k], ROUNDS);
-		bwm[k] = median(bwv[k], ROUNDS);
+		nopm[k] = cxla_median(nopv[k], ROUNDS);
+		bwm[k] = cxla_median(bwv[k], ROUNDS);
 		if (nopm[k] <= 0 || bwm[k] <= 0)
 			rc = 1;
 	}

@@ -193,22 +193,6 @@ static int round_trip(const struct size *z, struct fig *f, int r, uint8_t *p,
 	return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, int n)
-{
-	double s[MAX_ROUNDS];
-
-	memcpy(s, v, n * sizeof(*s));
-	qsort(s, n, sizeof(*s), cmp_double);
-	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
 #define CPU_COPY_PARAM	"/sys/module/cxl_accel/parameters/cpu_copy_pages"
 
 static int set_cpu_copy(unsigned int pages)
@@ -269,11 +253,11 @@ static int sweep(int rounds)
 		munmap(p, len);
 		if (e)
 			break;
-		printf("  %6u %10.1f %10.1f\n", ns[i], median(s[0], rounds) * 1e6,
-		       median(s[1], rounds) * 1e6);
+		printf("  %6u %10.1f %10.1f\n", ns[i], cxla_median(s[0], rounds) * 1e6,
+		       cxla_median(s[1], rounds) * 1e6);
 		printf("BENCH cpu_copy pages=%u device_us=%.1f cpu_us=%.1f\n", ns[i],
-		       median(s[0], rounds) * 1e6, median(s[1], rounds) * 1e6);
-		if (median(s[1], rounds) <= median(s[0], rounds))
+		       cxla_median(s[0], rounds) * 1e6, cxla_median(s[1], rounds) * 1e6);
+		if (cxla_median(s[1], rounds) <= cxla_median(s[0], rounds))
 			even = ns[i];
 	}
 	set_cpu_copy(old);
@@ -497,7 +481,7 @@ int main(int argc, char **argv)
 			for (t = 0; t < T_COUNT; t++)
 				if (have[t])
 					v[t] = mbs(sizes[i].bytes,
-						   median(figs[i].s[t][dir], rounds));
+						   cxla_median(figs[i].s[t][dir], rounds));
 			printf("  %-9s %-7s", sizes[i].name, dir ? "RAM" : "target");
 			for (t = 0; t < T_COUNT; t++)
 				if (have[t])

@@ -1619,17 +1619,6 @@ static long long migration_stat(unsigned int minor, const char *key)
 	return v;
 }
 
-static int write_str(const char *path, const char *s)
-{
-	FILE *f = fopen(path, "w");
-	int r;
-
-	if (!f)
-		return -errno;
-	r = fputs(s, f) < 0 ? -EIO : 0;
-	return fclose(f) ? -errno : r;
-}
-
 /* Waits up to 5 s for the RAM reserve to hold lo to hi - 1 pages */
 static bool reserve_within(unsigned int minor, long long lo, long long hi)
 {
@@ -1717,7 +1706,7 @@ CXLA_TEST_F(mig_alone, ram_reserve)
 	 * moved by another pass, which takes a destination again.
 	 */
 	/* at 0 MiB the reserve empties and moves allocate their own */
-	RESERVE_STEP(!write_str(RESERVE_PARAM, "0\n") && reserve_within(minor, 0, 1),
+	RESERVE_STEP(!cxla_write_str(RESERVE_PARAM, "0\n") && reserve_within(minor, 0, 1),
 		     "at 0 MiB the reserve holds %lld pages",
 		     migration_stat(minor, "ram_reserve_pages"));
 	reserve_since(minor, &seen, &taken, &missed);
@@ -1734,7 +1723,7 @@ CXLA_TEST_F(mig_alone, ram_reserve)
 		     "at 0 MiB the reserve filled to %lld pages",
 		     migration_stat(minor, "ram_reserve_pages"));
 	/* 8 MiB: four blocks, at once */
-	RESERVE_STEP(!write_str(RESERVE_PARAM, "8\n") && reserve_within(minor, 2048, 2049),
+	RESERVE_STEP(!cxla_write_str(RESERVE_PARAM, "8\n") && reserve_within(minor, 2048, 2049),
 		     "at 8 MiB the reserve holds %lld pages, not 2048",
 		     migration_stat(minor, "ram_reserve_pages"));
 	RESERVE_STEP(round_trip_pages(c->fd, variant->flags, p, 0, len / PG),
@@ -1764,7 +1753,7 @@ CXLA_TEST_F(mig_alone, ram_reserve)
 	RESERVE_STEP(reserve_within(minor, 2048, 2048 + 512),
 		     "the reserve holds %lld pages, not 2048 to 2559",
 		     migration_stat(minor, "ram_reserve_pages"));
-	RESERVE_STEP(!write_str("/proc/sys/vm/drop_caches", "2\n") &&
+	RESERVE_STEP(!cxla_write_str("/proc/sys/vm/drop_caches", "2\n") &&
 		     migration_stat(minor, "ram_reserve_pages") == 0,
 		     "drop_caches left %lld pages in the reserve",
 		     migration_stat(minor, "ram_reserve_pages"));
@@ -1779,7 +1768,7 @@ out:
 		snprintf(why, sizeof(why), "%s", cxla_detail);
 		DETAIL("step %d: %s", step, why);
 	}
-	write_str(RESERVE_PARAM, old);
+	cxla_write_str(RESERVE_PARAM, old);
 	munmap(p, len);
 	if (ret == PASS)
 		PRIVATE_IDLE(c->fd);
@@ -1808,7 +1797,7 @@ static int ksm_set(const char *name, long long v)
 
 	snprintf(path, sizeof(path), KSM_SYS "%s", name);
 	snprintf(buf, sizeof(buf), "%lld\n", v);
-	return write_str(path, buf);
+	return cxla_write_str(path, buf);
 }
 
 /* this process's pages that KSM merged (/proc/self/ksm_merging_pages) */
