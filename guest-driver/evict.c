@@ -217,7 +217,7 @@ static int cxla_evict_mm(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	struct vm_area_struct *vma;
 	unsigned long addr, a, next, lo, hi;
 	bool scan_ok;
-	int ret;
+	int ret = 0;
 
 	/*
 	 * The scan is a hint: without its notifier (an mm's first one gives up

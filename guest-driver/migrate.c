@@ -475,12 +475,15 @@ static void cxla_mig_drop_group(struct cxla_mig_ctx *x,
 /*
  * A 2 MiB group's copy: one failed piece fails the group, whose destination
  * a quarantined command may still write. To RAM with cpu_fallback, the CPU
- * copies all of it into 512 new pages (the kernel splits the source).
+ * copies all of it into a new 2 MiB folio, else into 512 new pages (the
+ * kernel then splits the source, which it cannot do while a CPU fault holds
+ * it: that access gets SIGBUS).
  */
 static int cxla_mig_copy_huge(struct cxla_mig_ctx *x,
 			      const struct migrate_vma *args, unsigned long nx)
 {
 	unsigned long i, failed = 0;
+	struct folio *folio;
 	struct page *dp;
 	int ret = 0;
 
@@ -493,6 +496,21 @@ static int cxla_mig_copy_huge(struct cxla_mig_ctx *x,
 	cxla_mig_drop_group(x, args, nx);
 	if (!x->cpu_fallback || x->mode == CXLA_MIG_TO_DEV)
 		goto busy;
+	folio = vma_alloc_folio(GFP_TRANSHUGE_LIGHT | __GFP_NOWARN,
+				HPAGE_PMD_ORDER, args->vma, args->start);
+	if (folio) {
+		folio_lock(folio);
+		for (i = 0; i < nx; i++) {
+			x->xp[i].dpage = folio_page(folio, i);
+			x->xp[i].failed = false;
+			copy_highpage(x->xp[i].dpage, x->xp[i].spage);
+		}
+		x->huge_dst = folio;	/* the window maps it whole */
+		args->dst[0] = migrate_pfn(folio_pfn(folio)) |
+			       MIGRATE_PFN_COMPOUND;
+		x->cpu_copied += nx;
+		return ret;
+	}
 	for (i = 0; i < nx; i++) {
 		dp = alloc_page(GFP_HIGHUSER_MOVABLE | __GFP_NOWARN);
 		if (!dp)
@@ -1201,7 +1219,8 @@ static vm_fault_t cxla_mig_priv_fault_huge(struct cxla_dev *cd,
 	atomic64_inc(&cd->mig->stat[CXLA_MS_CPU_FAULTS]);
 	ret = cxla_mig_window(&x, vmf->vma, start, start + HPAGE_PMD_SIZE);
 	cxla_mig_ctx_free(&x);
-	return ret ? VM_FAULT_SIGBUS : 0;
+	/* a failed device copy the CPU made up for is no failure of the access */
+	return ret && !res.migrated ? VM_FAULT_SIGBUS : 0;
 }
 #endif
 
@@ -1250,7 +1269,7 @@ vm_fault_t cxla_mig_priv_fault(struct cxla_dev *cd, struct vm_fault *vmf)
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_HWPOISON);
 		return VM_FAULT_HWPOISON;
 	}
-	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE))
+	if (cxla_mig_window(&x, vmf->vma, addr, addr + PAGE_SIZE) && !res.migrated)
 		return VM_FAULT_SIGBUS;
 	/* not moved (busy): the access faults again */
 	return 0;

@@ -1338,6 +1338,80 @@ CXLA_TEST_F(fault, poison_private)
 }
 
 /*
+ * A CPU access to a 2 MiB private folio while the device fails the copy
+ * back (COPY_PAGES answers INTERNAL): the CPU copies it from the backing
+ * instead, and the access goes on with the data, no SIGBUS (it used to get
+ * one: the window's copy error outlived the CPU's copy).
+ */
+CXLA_TEST_F(fault, private_fault_copy_fails)
+{
+	size_t len = 2 * MIB, i;
+	uint8_t *raw, *p, *ref, v = 0, snap[512];
+	struct cxl_accel_hmm_info h0, h1;
+	struct cxl_accel_migrate mg;
+	struct cxl_accel_snapshot s;
+	int code, ret = FAIL;
+
+	OK(cxla_hmm_info(c->fd, &h0));
+	if (!(h0.flags & CXL_ACCEL_HMM_PRIVATE)) {
+		DETAIL("no device-private memory on this kernel (flags %#x)", h0.flags);
+		return SKIP;
+	}
+	raw = mmap(NULL, 2 * len, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ref = malloc(len);
+	CHECK(raw != MAP_FAILED && ref, "memory");
+	p = (uint8_t *)(((uintptr_t)raw + len - 1) & ~(uintptr_t)(len - 1));
+	madvise(p, len, MADV_HUGEPAGE);
+	fill_random(ref, len, 17);
+	memcpy(p, ref, len);
+	s = (struct cxl_accel_snapshot){ .addr = (uintptr_t)p, .len = len,
+					 .flags_ptr = (uintptr_t)snap };
+	if (cxla_ioctl(c->fd, CXL_ACCEL_IOC_SNAPSHOT, &s) ||
+	    !(snap[0] & CXL_ACCEL_SNAP_HUGE)) {
+		DETAIL("no transparent huge page here (snapshot %#x)", snap[0]);
+		ret = SKIP;
+		goto out;
+	}
+	if (cxla_migrate_flags(c->fd, p, len, true, CXL_ACCEL_MIGRATE_PRIVATE, &mg) ||
+	    mg.migrated != len / PG) {
+		DETAIL("to private memory: %s, %llu migrated", strerror(errno),
+		       (unsigned long long)mg.migrated);
+		goto out;
+	}
+	if (host(c, "fault clear; fault add --opcode COPY_PAGES --nth 1 --fail INTERNAL")) {
+		DETAIL("host: %.200s", reply);
+		goto out;
+	}
+	code = read_bus_code(p + 5 * PG, &v);
+	host(c, "fault list");
+	i = json_count(reply, "fired");
+	host(c, "fault clear");
+	if (code) {
+		DETAIL("CPU read of a private folio whose device copy failed: SIGBUS (si_code %d)", code);
+		goto out;
+	}
+	if (strstr(reply, "\"fired\":0") || !i) {
+		DETAIL("the COPY_PAGES failure was not injected: %.200s", reply);
+		goto out;
+	}
+	if (v != ref[5 * PG] || memcmp(p, ref, len)) {
+		DETAIL("data differ after the CPU copied the folio back");
+		goto out;
+	}
+	OK(cxla_hmm_info(c->fd, &h1));
+	DETAIL("2 MiB private folio, its COPY_PAGES back failed (INTERNAL): the CPU copied it, the read went on, data right (%llu CPU faults)",
+	       (unsigned long long)(h1.cpu_faults - h0.cpu_faults));
+	ret = PASS;
+out:
+	munmap(raw, 2 * len);
+	free(ref);
+	if (ret == PASS)
+		SETTLED(c);
+	return ret;
+}
+
+/*
  * A completion that never comes: -ETIMEDOUT, the request stays
  * quarantined (its buffers alive), the other engine goes on; the device
  * reset of an unbind ends it, and nothing is left after the rebind.
