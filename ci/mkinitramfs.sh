@@ -11,6 +11,10 @@
 #                      guest kernel modules it depends on, which are added too)
 #   --module NAME      also include and load this guest kernel module (and its
 #                      dependencies); built-in ones are skipped
+#   --add-root ROOT:PATH  a dynamically linked program PATH of the Debian root
+#                      ROOT (e.g. the set-up's trixie root), at PATH in the
+#                      guest with its loader and every shared library it needs,
+#                      found from its ELF headers in ROOT's library directories
 #
 # /init mounts /proc /sys /dev /dev/pts /tmp and debugfs (/sys/kernel/debug, also
 # reachable as /debugfs), loads the modules, then:
@@ -37,6 +41,7 @@ DEFAULT_MODULES=(virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev 
 
 OUT=
 ADDS=()
+ROOT_PROGS=()
 INSMODS=()
 MODULES=("${DEFAULT_MODULES[@]}")
 while [ $# -gt 0 ]; do
@@ -45,6 +50,7 @@ while [ $# -gt 0 ]; do
     --add) ADDS+=("${2:?--add needs SRC:DEST}"); shift 2 ;;
     --insmod) INSMODS+=("${2:?--insmod needs SRC:DEST}"); shift 2 ;;
     --module) MODULES+=("${2:?--module needs NAME}"); shift 2 ;;
+    --add-root) ROOT_PROGS+=("${2:?--add-root needs ROOT:PATH}"); shift 2 ;;
     -*) echo "mkinitramfs: unknown option $1" >&2; usage 2 ;;
     *) [ -z "$OUT" ] || { echo "mkinitramfs: one output only" >&2; usage 2; }; OUT=$1; shift ;;
     esac
@@ -162,6 +168,39 @@ for a in "${INSMODS[@]}"; do
     # Pull in the guest kernel modules it needs (dma-buf helpers etc.).
     for dep in $(modinfo -F depends "${a%%:*}" 2>/dev/null | tr ',' ' '); do add_module "$dep"; done
     echo "$guest" >>"$LOAD_LIST"
+done
+
+# A program of another root filesystem with its loader and libraries: the
+# guest has no libc of its own.
+declare -A ROOT_SEEN=()
+root_lib() { # ROOT NAME -> the library's path in ROOT (as the guest sees it)
+    local d
+    for d in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /lib /usr/lib; do
+        if [ -e "$1$d/$2" ]; then
+            echo "$d/$2"
+            return 0
+        fi
+    done
+    return 1
+}
+add_root_file() { # ROOT PATH: the file and what it needs, once
+    local root=$1 path=$2 interp lib p
+    [ -n "${ROOT_SEEN[$path]:-}" ] && return 0
+    ROOT_SEEN[$path]=1
+    [ -e "$root$path" ] || die "mkinitramfs: $root$path does not exist"
+    mkdir -p "$STAGE$(dirname "$path")"
+    cp -L "$root$path" "$STAGE$path"
+    interp=$(readelf -l "$root$path" 2>/dev/null |
+        sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+    [ -z "$interp" ] || add_root_file "$root" "$interp"
+    for lib in $(readelf -d "$root$path" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        p=$(root_lib "$root" "$lib") || die "mkinitramfs: $lib (needed by $path) is not in $root"
+        add_root_file "$root" "$p"
+    done
+}
+for a in "${ROOT_PROGS[@]}"; do
+    [ "${a%%:*}" != "$a" ] || die "mkinitramfs: expected ROOT:PATH, got '$a'"
+    add_root_file "${a%%:*}" "${a#*:}"
 done
 
 # ------------------------------------------------------------------ /init

@@ -35,6 +35,10 @@
 #   --add SRC:DEST       extra file for the guest (repeatable; see ci/mkinitramfs.sh)
 #   --insmod SRC:DEST    extra .ko for the guest, loaded by /init (repeatable)
 #   --module NAME        guest kernel module to load (repeatable)
+#   --add-root ROOT:PATH a program of another root (with its libraries) for the
+#                        guest (repeatable; see ci/mkinitramfs.sh); with --attach
+#                        cxl the CXL tool of the set-up's trixie root (cxl list) is
+#                        added by itself when it is there
 #   --append ARGS        extra guest kernel command line
 #   --qemu-arg ARG       extra QEMU argument (repeatable)
 #   --monitor PATH       QMP monitor on the unix socket PATH (QEMU listens; HMP
@@ -138,7 +142,7 @@ while [ $# -gt 0 ]; do
     --timeout) need "$@"; TIMEOUT=$2; shift 2 ;;
     --script) need "$@"; SCRIPT=$2; shift 2 ;;
     --interactive) INTERACTIVE=1; shift ;;
-    --add | --insmod | --module) need "$@"; MK_ARGS+=("$1" "$2"); shift 2 ;;
+    --add | --insmod | --module | --add-root) need "$@"; MK_ARGS+=("$1" "$2"); shift 2 ;;
     --append) need "$@"; APPEND="$APPEND $2"; shift 2 ;;
     --qemu-arg) need "$@"; QEMU_EXTRA+=("$2"); shift 2 ;;
     --monitor) need "$@"; MONITOR=$2; shift 2 ;;
@@ -197,6 +201,11 @@ fi
 if [ "$ATTACH" = cxl ] && [ -f "${GUEST_MODULES:-}/modules.dep" ] &&
     grep -q '/cxl_acpi\.ko' "$GUEST_MODULES/modules.dep"; then
     MK_ARGS+=(--module cxl_acpi)
+fi
+# The CXL tool a developer lists the topology with (ndctl's cxl, Debian's
+# package cxl in the trixie root ci/setup.sh --kernel 7.3 makes).
+if [ "$ATTACH" = cxl ] && [ -x "$CACHE/trixie/root/usr/bin/cxl" ]; then
+    MK_ARGS+=(--add-root "$CACHE/trixie/root:/usr/bin/cxl")
 fi
 # For guest scripts that check how the devices look.
 APPEND="$APPEND cxlaccel.attach=$ATTACH"

@@ -11,7 +11,8 @@
 #   - the Debian 6.12 guest kernel and headers (bookworm-backports), unpacked
 #     into the cache (never installed on the host);
 #   - with --kernel 7.3: Debian's 7.3 guest kernel (trixie-backports) as well,
-#     its headers and compiler in the trixie root (its modules build there);
+#     its headers and compiler in the trixie root (its modules build there),
+#     and ndctl's cxl tool there (the CXL guests carry it: cxl list);
 #   - with --qemu-floor: QEMU 10.2 built from Debian's source package, the
 #     documented minimum (about 10 minutes, once);
 #   - with --qemu-cxl: the same QEMU 10.2 with qemu/patches applied (the CXL
@@ -434,6 +435,8 @@ step_kernel_73() {
         touch "$base/$kver/.done"
         ln -sfn "$kver" "$base/current-7.3"
     fi
+    # ndctl's cxl tool, which the CXL guests carry (run-guest.sh, cxl list)
+    root_install cxl
     kver=$(cat "$base/current-7.3/kver")
     local root moddir
     root=$(cd "$base/current-7.3/root" && pwd -P)
