@@ -41,6 +41,7 @@ RUNS=(
     "cxl-one|the CXL suite on 7.3: memdevs, locked decoders, regions, MSI-X per queue, re-probe; two devices under one host bridge|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh one"
     "cxl-each|the CXL suite, each device under a host bridge of its own|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-cxl.sh each"
     "cxl-region|the CXL suite on QEMU 10.2 with qemu/patches (x-cxl-mem-bar): loads and stores through each region reach device memory, the coherence tests through the region|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh CXL_ACCEL_QEMU_ENV=$CACHE/qemu-cxl.env tests/guest/host/run-cxl.sh one --cxl-mem-bar"
+    "cxl-regs|the CXL registers of an endpoint as a driver sees them through QEMU, nothing bound: DVSECs and component registers against the specification's table (commit, errors, locks, RAS write-1-to-clear)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh --cxl-registers"
     "hmm-cxl|the kernel's own hmm-tests on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/kernel/run-hmm-tests.sh --attach cxl"
     "faults-cxl|the fault classes on 7.3 with --attach cxl|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-faults.sh --attach cxl"
     "faults-supervise|faults under --supervise; what a worker restart keeps|tests/guest/host/run-faults.sh --supervise"

@@ -44,6 +44,11 @@ const CTRL_WRITABLE: u32 = 0xFF | CTRL_LOCK | CTRL_COMMIT | CTRL_HOSTONLY;
 
 /// DVSEC CXL Device control: Mem_Enable.
 pub const DVSEC_MEM_ENABLE: u16 = 1 << 2;
+/// DVSEC CXL Device control: IO_Enable, hardwired to 1 (CXL.io is always on).
+const DVSEC_IO_ENABLE: u16 = 1 << 1;
+/// DVSEC CXL Lock: CONFIG_LOCK, set once until reset; it makes the RWL fields (Control's
+/// enables, Range 1's base) read-only (CXL r3.1 8.1.3.6).
+const DVSEC_CONFIG_LOCK: u16 = 1;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Decoder {
@@ -91,6 +96,7 @@ struct Regs {
     decoders: [Decoder; DECODERS],
     ras: Ras,
     dvsec_control: u16,
+    dvsec_lock: u16,
     range_base: u64,
 }
 
@@ -165,7 +171,9 @@ impl Cxl {
             // Capability: Mem_Capable, HDM_Count 1, Cache and IO capable (a Type-2
             // device); Control in the upper half.
             0x08 => (0x0017u32 << 16) | DVSEC_DEVICE_ID as u32,
-            0x0C => r.dvsec_control as u32,
+            0x0C => (r.dvsec_control | DVSEC_IO_ENABLE) as u32,
+            // CXL Lock; Capability2 (nothing) in the upper half.
+            0x14 => r.dvsec_lock as u32,
             // Range 1: size with Memory_Info_Valid and Memory_Active, base as firmware set.
             0x18 => (size >> 32) as u32,
             0x1C => (size as u32 & 0xF000_0000) | 0x3,
@@ -176,13 +184,22 @@ impl Cxl {
     }
 
     /// A config write into the CXL Device DVSEC (dword `off` from its start): Control's
-    /// enables and Range 1's base are writable, the rest is read-only.
+    /// enables and Range 1's base are writable until CONFIG_LOCK is set, which is set
+    /// once; the rest is read-only.
     pub fn dvsec_device_write(&self, off: u64, value: u32, mask: u32) {
         let mut r = self.regs();
-        match off & !3 {
+        let dw = off & !3;
+        if dw == 0x14 {
+            r.dvsec_lock |= (value & mask) as u16 & DVSEC_CONFIG_LOCK;
+            return;
+        }
+        if r.dvsec_lock & DVSEC_CONFIG_LOCK != 0 {
+            return;
+        }
+        match dw {
             0x0C => {
                 let v = (r.dvsec_control as u32 & !mask) | (value & mask);
-                r.dvsec_control = (v & 0x7) as u16;
+                r.dvsec_control = (v as u16 & (0x7 & !DVSEC_IO_ENABLE)) | DVSEC_IO_ENABLE;
             }
             0x20 => {
                 let hi = ((r.range_base >> 32) as u32 & !mask) | (value & mask);
@@ -496,6 +513,30 @@ mod tests {
         assert_eq!(c.dvsec_device_read(0x24), 0x1000_0000);
         assert_eq!(c.dvsec_device_read(0x20), 1);
         c.dvsec_device_write(0x0C, DVSEC_MEM_ENABLE as u32, 0xFFFF);
-        assert_eq!(c.dvsec_device_read(0x0C) as u16, DVSEC_MEM_ENABLE);
+        assert_eq!(
+            c.dvsec_device_read(0x0C) as u16,
+            DVSEC_MEM_ENABLE | DVSEC_IO_ENABLE
+        );
+    }
+
+    #[test]
+    fn config_lock_freezes_the_enables_and_the_range_base_until_reset() {
+        let c = Cxl::new(256 << 20);
+        // IO_Enable reads 1 whatever is written.
+        c.dvsec_device_write(0x0C, 0, 0xFFFF);
+        assert_eq!(c.dvsec_device_read(0x0C) as u16, DVSEC_IO_ENABLE);
+        c.dvsec_device_write(0x24, 0x1000_0000, !0);
+        c.dvsec_device_write(0x14, DVSEC_CONFIG_LOCK as u32, 0xFFFF);
+        assert_eq!(c.dvsec_device_read(0x14), DVSEC_CONFIG_LOCK as u32);
+        c.dvsec_device_write(0x0C, DVSEC_MEM_ENABLE as u32, 0xFFFF);
+        c.dvsec_device_write(0x24, 0x2000_0000, !0);
+        c.dvsec_device_write(0x14, 0, 0xFFFF);
+        assert_eq!(c.dvsec_device_read(0x0C) as u16, DVSEC_IO_ENABLE);
+        assert_eq!(c.dvsec_device_read(0x24), 0x1000_0000);
+        assert_eq!(c.dvsec_device_read(0x14), DVSEC_CONFIG_LOCK as u32);
+        c.reset();
+        assert_eq!(c.dvsec_device_read(0x14), 0);
+        c.dvsec_device_write(0x24, 0x2000_0000, !0);
+        assert_eq!(c.dvsec_device_read(0x24), 0x2000_0000);
     }
 }

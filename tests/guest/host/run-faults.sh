@@ -11,10 +11,15 @@
 # a control socket against device 0 with one, trace off and on), and the
 # driver must unload cleanly with nothing left.
 #
-# Usage: tests/guest/host/run-faults.sh [--supervise] [ci/run-guest.sh options]
+# Usage: tests/guest/host/run-faults.sh [--supervise | --cxl-registers]
+#                                       [ci/run-guest.sh options]
 #   --supervise   the daemons run under --supervise (sandboxed workers); a
 #                 short run: the host channel, error status, engine stall,
 #                 poison and a worker restart (what fault state survives)
+#   --cxl-registers  one CXL endpoint (--attach cxl), neither our driver nor the
+#                 kernel's CXL core on it: fault-tests --cxl-registers checks its
+#                 DVSECs and component registers against the specification's
+#                 table (RAS errors raised through the host channel)
 # Environment: FAULT_TESTS="name ..." runs only these fault-tests tests.
 set -euo pipefail
 
@@ -22,10 +27,11 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/host-lib.sh"
 
 SUPERVISE=0
-if [ "${1:-}" = --supervise ]; then
-    SUPERVISE=1
-    shift
-fi
+REGS=0
+case "${1:-}" in
+--supervise) SUPERVISE=1; shift ;;
+--cxl-registers) REGS=1; shift ;;
+esac
 
 TMP=$(mktemp -d)
 RG_PID=
@@ -49,14 +55,25 @@ if [ "$SUPERVISE" = 1 ]; then
     DAEMON_ARGS=(--daemon-arg --supervise)
 fi
 for t in ${FAULT_TESTS:-}; do ARGS="$ARGS -t $t"; done
+DEVICES=2
+if [ "$REGS" = 1 ]; then
+    DEVICES=1
+    DAEMON_ARGS=(--attach cxl)
+fi
 
 {
     echo '#!/bin/sh'
     echo "FT_ARGS='$ARGS'"
     echo "BENCH=$BENCH"
+    echo "REGS=$REGS"
     cat <<'EOS'
 # RC and result (every call here passes PASS or FAIL)
 . /cxl/guest-lib.sh
+if [ "$REGS" = 1 ]; then
+    # the registers as the function came up: no driver of ours, no CXL core
+    /cxl/fault-tests -p faults. --cxl-registers || RC=1
+    exit $RC
+fi
 # the commands time out after 5 s unless a test says otherwise
 insmod /cxl/cxl_accel.ko cmd_timeout_ms=5000 || { result faults.load FAIL insmod; exit 1; }
 d0= d1=
@@ -115,7 +132,7 @@ CONSOLE=$TMP/console.log
 # cxl_accel.ko needs virtio_dma_buf (DMA-BUF export): /init loads it.
 # The second serial port (ttyS1) carries the host's answers.
 (
-"$REPO/ci/run-guest.sh" --devices 2 --timeout 900 \
+"$REPO/ci/run-guest.sh" --devices "$DEVICES" --timeout 900 \
     --control "$TMP" --control-devices 0 "${DAEMON_ARGS[@]}" \
     --qemu-arg -chardev --qemu-arg "socket,id=cxl-faults,path=$SERIAL,server=on,wait=off" \
     --qemu-arg -device --qemu-arg isa-serial,chardev=cxl-faults,index=1 \

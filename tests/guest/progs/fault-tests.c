@@ -19,8 +19,10 @@
  * RESULT line. Usage:
  *   fault-tests [-d dev] [-P peer] [-p prefix] [-t test]... [-l] [--supervised]
  *   fault-tests --bench -d dev -P dev-without-control-socket [-p prefix]
+ *   fault-tests --cxl-registers [-p prefix]   (the register table, below)
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1704,3 +1706,419 @@ CXLA_MODE(bench, "--bench", "", 0)
 
 CXLA_PROGRAM(.name = "fault-tests", .prefix = "faults.",
 	     .timeout_s = TEST_TIMEOUT_S, .prologue = prologue);
+
+/* -------------------------------------------- CXL registers, as specified */
+
+/*
+ * --cxl-registers: the CXL endpoint's registers as a driver sees them through
+ * QEMU, without the kernel's CXL core or our driver (run-faults.sh
+ * --cxl-registers boots one device and loads neither): the DVSECs in config
+ * space (/sys/bus/pci/devices/BDF/config) and the component registers in the
+ * BAR the Register Locator names (resourceN, mapped), each row a register,
+ * what is written, what the CXL specification (r3.1) says must be read. The
+ * decoder and DVSEC locks hold until reset, so their rows come last. RAS
+ * errors are raised by the daemon (the host channel: "ras ..."). One RESULT
+ * line per row: <prefix>cxl_regs.<row>.
+ */
+#define CXL_VENDOR		0x1E98
+#define CXL_UE_BITS		0x1CFFF		/* 8.2.4.17.1 */
+#define CXL_CE_BITS		0x7F		/* 8.2.4.17.4 */
+#define HDM_COMMIT		(1U << 9)
+#define HDM_LOCK		(1U << 8)
+#define HDM_COMMITTED		(1U << 10)
+#define HDM_ERR			(1U << 11)
+
+struct cxlregs {
+	char bdf[32];
+	int cfg;			/* config space */
+	unsigned int dvsec[9];		/* DVSEC ID -> config offset (0: none) */
+	volatile uint32_t *blk;		/* the component register block */
+	size_t blk_len;
+	unsigned int cm, ras, hdm;	/* offsets in the block */
+	uint64_t size;			/* Range 1 size */
+};
+
+static uint32_t cfg_rd(struct cxlregs *r, unsigned int off)
+{
+	uint32_t v = ~0U;
+
+	if (pread(r->cfg, &v, 4, off) != 4)
+		return ~0U;
+	return v;
+}
+
+static void cfg_wr(struct cxlregs *r, unsigned int off, uint32_t v)
+{
+	if (pwrite(r->cfg, &v, 4, off) != 4)
+		fprintf(stderr, "config write %#x: %s\n", off, strerror(errno));
+}
+
+static uint32_t blk_rd(struct cxlregs *r, unsigned int off)
+{
+	return r->blk[off / 4];
+}
+
+static void blk_wr(struct cxlregs *r, unsigned int off, uint32_t v)
+{
+	r->blk[off / 4] = v;
+}
+
+/* Each CXL DVSEC's config offset, by its DVSEC ID; how many there are */
+static unsigned int cxl_dvsecs(struct cxlregs *r)
+{
+	unsigned int off = 0x100, n = 0, hops;
+
+	for (hops = 0; off && hops < 64; hops++) {
+		uint32_t h = cfg_rd(r, off);
+
+		if ((h & 0xFFFF) == 0x23 && (cfg_rd(r, off + 4) & 0xFFFF) == CXL_VENDOR &&
+		    (cfg_rd(r, off + 8) & 0xFFFF) < 9) {
+			r->dvsec[cfg_rd(r, off + 8) & 0xFFFF] = off;
+			n++;
+		}
+		off = h >> 20;
+	}
+	return n;
+}
+
+/* The function with the CXL Device DVSEC: its config space, and the block */
+static int cxl_regs_open(struct cxlregs *r, char *why, size_t n)
+{
+	DIR *d = opendir("/sys/bus/pci/devices");
+	struct dirent *e;
+	char p[256];
+	uint32_t lo, bir, off;
+	int fd;
+
+	memset(r, 0, sizeof(*r));
+	r->cfg = -1;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/config", e->d_name);
+		r->cfg = open(p, O_RDWR);
+		if (r->cfg < 0)
+			continue;
+		memset(r->dvsec, 0, sizeof(r->dvsec));
+		if (cxl_dvsecs(r) && r->dvsec[0]) {
+			snprintf(r->bdf, sizeof(r->bdf), "%s", e->d_name);
+			break;
+		}
+		close(r->cfg);
+		r->cfg = -1;
+	}
+	if (d)
+		closedir(d);
+	if (r->cfg < 0) {
+		snprintf(why, n, "no PCI function with a CXL Device DVSEC");
+		return -1;
+	}
+	if (!r->dvsec[8]) {
+		snprintf(why, n, "%s: no Register Locator DVSEC", r->bdf);
+		return -1;
+	}
+	/* Register Block 1 (8.1.9.1): BIR in bits 2:0, identifier 15:8, offset */
+	lo = cfg_rd(r, r->dvsec[8] + 0xC);
+	bir = lo & 7;
+	off = lo & 0xFFFF0000;
+	if (((lo >> 8) & 0xFF) != 1) {
+		snprintf(why, n, "%s: register block 1 is not the component registers (%#x)",
+			 r->bdf, lo);
+		return -1;
+	}
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource%u", r->bdf, bir);
+	fd = open(p, O_RDWR | O_SYNC);
+	r->blk_len = 0x10000;
+	r->blk = fd < 0 ? MAP_FAILED : mmap(NULL, r->blk_len, PROT_READ | PROT_WRITE,
+					    MAP_SHARED, fd, off);
+	if (fd >= 0)
+		close(fd);
+	if (r->blk == MAP_FAILED) {
+		snprintf(why, n, "%s: mmap of %s at %#x: %s", r->bdf, p, off, strerror(errno));
+		return -1;
+	}
+	r->cm = 0x1000;			/* CXL.cache/mem registers (8.2.3) */
+	return 0;
+}
+
+typedef int (*cxl_row_fn)(struct cxlregs *r, char *d, size_t n);
+#define ROW_CHECK(cond, ...) do { if (!(cond)) { snprintf(d, n, __VA_ARGS__); return FAIL; } } while (0)
+
+/* 8.1.3: the device DVSEC, revision and length; Flex Bus Port (7), Register Locator (8) */
+static int row_dvsecs(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t h1 = cfg_rd(r, r->dvsec[0] + 4);
+
+	ROW_CHECK(r->dvsec[7], "no Flex Bus Port DVSEC (ID 7)");
+	ROW_CHECK(h1 >> 20 == 0x3C, "CXL Device DVSEC length %#x, want 0x3c", h1 >> 20);
+	snprintf(d, n, "DVSEC IDs 0 at %#x (revision %u, length 0x3c), 7 at %#x, 8 at %#x, vendor 0x1e98",
+		 r->dvsec[0], (h1 >> 16) & 0xF, r->dvsec[7], r->dvsec[8]);
+	return PASS;
+}
+
+/* 8.1.3.1: Cache, IO and Mem capable, one HDM range */
+static int row_capability(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t cap = cfg_rd(r, r->dvsec[0] + 8) >> 16;
+
+	ROW_CHECK((cap & 0x37) == 0x17, "DVSEC CXL Capability %#x: want Cache, IO, Mem capable, HDM_Count 1", cap);
+	snprintf(d, n, "Capability %#x: Cache_Capable, IO_Capable, Mem_Capable, HDM_Count 1", cap);
+	return PASS;
+}
+
+/* 8.1.3.8: Range 1 size, Memory_Info_Valid and Memory_Active */
+static int row_range_size(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t hi = cfg_rd(r, r->dvsec[0] + 0x18), lo = cfg_rd(r, r->dvsec[0] + 0x1C);
+
+	r->size = (uint64_t)hi << 32 | (lo & 0xF0000000);
+	ROW_CHECK((lo & 3) == 3, "Range 1 Size Low %#x: Memory_Info_Valid/Active not set", lo);
+	ROW_CHECK(r->size && !(r->size & ((256 << 20) - 1)), "Range 1 size %#llx", (unsigned long long)r->size);
+	snprintf(d, n, "Range 1 %llu MiB, Memory_Info_Valid, Memory_Active", (unsigned long long)(r->size >> 20));
+	return PASS;
+}
+
+/* 8.1.3.2: IO_Enable reads 1 (RO), Mem_Enable is RW(L) */
+static int row_control(struct cxlregs *r, char *d, size_t n)
+{
+	unsigned int c = r->dvsec[0] + 0xC;
+	uint32_t v0, v1, v2;
+
+	cfg_wr(r, c, 0);
+	v0 = cfg_rd(r, c) & 0xFFFF;
+	cfg_wr(r, c, 1U << 2);
+	v1 = cfg_rd(r, c) & 0xFFFF;
+	cfg_wr(r, c, 0);
+	v2 = cfg_rd(r, c) & 0xFFFF;
+	ROW_CHECK(v0 == 2 && v1 == 6 && v2 == 2, "Control after 0, Mem_Enable, 0: %#x %#x %#x (want 0x2 0x6 0x2)", v0, v1, v2);
+	snprintf(d, n, "Control: 0 reads %#x (IO_Enable hardwired), Mem_Enable reads back %#x, cleared %#x", v0, v1, v2);
+	return PASS;
+}
+
+/* 8.1.3.8: Range 1 base RW(L), 256 MiB granular */
+static int row_range_base(struct cxlregs *r, char *d, size_t n)
+{
+	unsigned int b = r->dvsec[0] + 0x20;
+	uint32_t hi, lo;
+
+	cfg_wr(r, b, 0x1);
+	cfg_wr(r, b + 4, 0x1FFFFFFF);
+	hi = cfg_rd(r, b);
+	lo = cfg_rd(r, b + 4);
+	ROW_CHECK(hi == 1 && lo == 0x10000000, "Range 1 base after 0x1_1fffffff: %#x_%08x (want 0x1_10000000)", hi, lo);
+	snprintf(d, n, "Range 1 base 0x1_1fffffff written, %#x_%08x read (bits 27:0 zero)", hi, lo);
+	return PASS;
+}
+
+/* 8.1.3.6: CONFIG_LOCK, once set, freezes the RWL fields and itself */
+static int row_config_lock(struct cxlregs *r, char *d, size_t n)
+{
+	unsigned int c = r->dvsec[0] + 0xC, b = r->dvsec[0] + 0x20, l = r->dvsec[0] + 0x14;
+	uint32_t ctl, lo, lk;
+
+	cfg_wr(r, l, 1);
+	cfg_wr(r, c, 1U << 2);
+	cfg_wr(r, b + 4, 0x20000000);
+	cfg_wr(r, l, 0);
+	ctl = cfg_rd(r, c) & 0xFFFF;
+	lo = cfg_rd(r, b + 4);
+	lk = cfg_rd(r, l) & 0xFFFF;
+	ROW_CHECK(lk == 1 && ctl == 2 && lo == 0x10000000,
+		  "after CONFIG_LOCK: lock %#x, Control %#x, base low %#x (want 1, 0x2, 0x10000000)", lk, ctl, lo);
+	snprintf(d, n, "CONFIG_LOCK set: Mem_Enable and Range 1 base writes ignored, the lock stays (%#x)", lk);
+	return PASS;
+}
+
+/* 8.2.4: the capability header and array (RAS and HDM decoder) */
+static int row_capability_array(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t h = blk_rd(r, r->cm), e;
+	unsigned int i, count = h >> 24;
+
+	ROW_CHECK((h & 0xFFFF) == 1 && ((h >> 16) & 0xF) == 1, "CXL Capability Header %#x", h);
+	for (i = 1; i <= count && i < 16; i++) {
+		e = blk_rd(r, r->cm + 4 * i);
+		if ((e & 0xFFFF) == 2)
+			r->ras = r->cm + (e >> 20);
+		if ((e & 0xFFFF) == 5)
+			r->hdm = r->cm + (e >> 20);
+	}
+	ROW_CHECK(r->ras && r->hdm, "array of %u: RAS at %#x, HDM decoder at %#x", count, r->ras, r->hdm);
+	snprintf(d, n, "header %#x: %u capabilities, RAS (ID 2) at %#x, HDM decoder (ID 5) at %#x",
+		 h, count, r->ras, r->hdm);
+	return PASS;
+}
+
+/* 8.2.4.20.1-2: one decoder, the global enable RW */
+static int row_hdm(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t cap = blk_rd(r, r->hdm), g;
+
+	blk_wr(r, r->hdm + 4, 2);
+	g = blk_rd(r, r->hdm + 4);
+	ROW_CHECK((cap & 0xF) == 0 && g == 2, "HDM Decoder Capability %#x (want count 0: one), Global Control %#x (want 2)", cap, g);
+	snprintf(d, n, "HDM Decoder Capability %#x (one decoder), HDM_Decoder_Enable written, read %#x", cap, g);
+	return PASS;
+}
+
+/* program decoder 0 and write its control; the control read back */
+static uint32_t decoder0(struct cxlregs *r, uint64_t base, uint64_t size, uint32_t ctrl)
+{
+	unsigned int d0 = r->hdm + 0x10;
+
+	blk_wr(r, d0 + 0x10, 0);		/* uncommitted first */
+	blk_wr(r, d0, (uint32_t)base);
+	blk_wr(r, d0 + 4, base >> 32);
+	blk_wr(r, d0 + 8, (uint32_t)size);
+	blk_wr(r, d0 + 0xC, size >> 32);
+	blk_wr(r, d0 + 0x10, ctrl);
+	return blk_rd(r, d0 + 0x10);
+}
+
+/* 8.2.4.20.7: Commit sets Committed; clearing Commit uncommits */
+static int row_commit(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t c1 = decoder0(r, 0x100000000ULL, r->size, HDM_COMMIT), c2;
+
+	blk_wr(r, r->hdm + 0x20, 0);
+	c2 = blk_rd(r, r->hdm + 0x20);
+	ROW_CHECK((c1 & (HDM_COMMITTED | HDM_ERR)) == HDM_COMMITTED && !(c2 & HDM_COMMITTED),
+		  "commit: control %#x; uncommit: %#x", c1, c2);
+	snprintf(d, n, "base 4 GiB, size %llu MiB, Commit: Committed (%#x); Commit cleared: not committed (%#x)",
+		 (unsigned long long)(r->size >> 20), c1, c2);
+	return PASS;
+}
+
+/* 8.2.4.20.7: what cannot be decoded is Error Not Committed */
+static int row_commit_errors(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t zero = decoder0(r, 0x100000000ULL, 0, HDM_COMMIT);
+	uint32_t big = decoder0(r, 0x100000000ULL, 2 * r->size, HDM_COMMIT);
+	uint32_t ways = decoder0(r, 0x100000000ULL, r->size, HDM_COMMIT | (1U << 4));
+	uint32_t base;
+
+	blk_wr(r, r->hdm + 0x10, 0x1FFFFFFF);
+	base = blk_rd(r, r->hdm + 0x10);
+	ROW_CHECK((zero & (HDM_COMMITTED | HDM_ERR)) == HDM_ERR &&
+		  (big & (HDM_COMMITTED | HDM_ERR)) == HDM_ERR &&
+		  (ways & (HDM_COMMITTED | HDM_ERR)) == HDM_ERR && base == 0x10000000,
+		  "size 0: %#x, twice the device: %#x, 2 ways: %#x (want Error Not Committed); base low %#x",
+		  zero, big, ways, base);
+	blk_wr(r, r->hdm + 0x20, 0);
+	snprintf(d, n, "size 0, twice the device, 2-way interleave: Error Not Committed (%#x %#x %#x); base bits 27:0 read 0",
+		 zero, big, ways);
+	return PASS;
+}
+
+/* 8.2.4.17: the masks hold only the defined bits; severity likewise */
+static int row_ras_masks(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t ue, ce, sev;
+
+	blk_wr(r, r->ras + 4, ~0U);
+	blk_wr(r, r->ras + 0x10, ~0U);
+	blk_wr(r, r->ras + 8, ~0U);
+	ue = blk_rd(r, r->ras + 4);
+	ce = blk_rd(r, r->ras + 0x10);
+	sev = blk_rd(r, r->ras + 8);
+	ROW_CHECK(ue == CXL_UE_BITS && ce == CXL_CE_BITS && sev == CXL_UE_BITS,
+		  "all ones written: UE mask %#x, CE mask %#x, severity %#x", ue, ce, sev);
+	blk_wr(r, r->ras + 4, 0);
+	blk_wr(r, r->ras + 0x10, 0);
+	ue = blk_rd(r, r->ras + 4);
+	ce = blk_rd(r, r->ras + 0x10);
+	ROW_CHECK(!ue && !ce, "zeros written: UE mask %#x, CE mask %#x", ue, ce);
+	snprintf(d, n, "all ones written: UE mask %#x, CE mask %#x, UE severity %#x; zeros read back", CXL_UE_BITS, CXL_CE_BITS, CXL_UE_BITS);
+	return PASS;
+}
+
+/* 8.2.4.17.1-3, 7: an uncorrectable error, its pointer and header; RW1C */
+static int row_ras_uncorrectable(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t st, fe, h0, st0, st1, h1;
+
+	if (host_to(0, "ras --uncorrectable 14 --header 0x11,0x22,0x33,0x44")) {
+		snprintf(d, n, "host: %.200s", reply);
+		return FAIL;
+	}
+	st = blk_rd(r, r->ras);
+	fe = blk_rd(r, r->ras + 0x14) & 0x3F;
+	h0 = blk_rd(r, r->ras + 0x18);
+	blk_wr(r, r->ras, 0);
+	st0 = blk_rd(r, r->ras);
+	blk_wr(r, r->ras, 1U << 14);
+	st1 = blk_rd(r, r->ras);
+	h1 = blk_rd(r, r->ras + 0x18);
+	ROW_CHECK(st == 1U << 14 && fe == 14 && h0 == 0x11 && st0 == st && !st1 && !h1,
+		  "raised bit 14: status %#x, first error %u, header %#x; 0 written %#x; 1 written %#x, header %#x",
+		  st, fe, h0, st0, st1, h1);
+	snprintf(d, n, "bit 14 raised: status %#x, First_Error_Pointer 14, header log 0x11..; 0 written: unchanged; 1 written: cleared, log cleared", st);
+	return PASS;
+}
+
+/* 8.2.4.17.4: a correctable error, RW1C */
+static int row_ras_correctable(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t st, st1;
+
+	if (host_to(0, "ras --correctable 3")) {
+		snprintf(d, n, "host: %.200s", reply);
+		return FAIL;
+	}
+	st = blk_rd(r, r->ras + 0xC);
+	blk_wr(r, r->ras + 0xC, 1U << 3);
+	st1 = blk_rd(r, r->ras + 0xC);
+	ROW_CHECK(st == 1U << 3 && !st1, "raised bit 3: status %#x; 1 written: %#x", st, st1);
+	snprintf(d, n, "bit 3 raised: status %#x; 1 written: cleared", st);
+	return PASS;
+}
+
+/* 8.2.4.20.7: Lock On Commit: fixed until reset (the last row) */
+static int row_lock_on_commit(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t c1 = decoder0(r, 0x100000000ULL, r->size, HDM_COMMIT | HDM_LOCK), c2, base;
+
+	blk_wr(r, r->hdm + 0x20, 0);
+	blk_wr(r, r->hdm + 0x10, 0x20000000);
+	c2 = blk_rd(r, r->hdm + 0x20);
+	base = blk_rd(r, r->hdm + 0x10);
+	ROW_CHECK((c1 & HDM_COMMITTED) && (c2 & (HDM_COMMITTED | HDM_LOCK)) == (HDM_COMMITTED | HDM_LOCK) &&
+		  base == 0, "committed with Lock On Commit: %#x; after uncommit and a new base: %#x, base low %#x",
+		  c1, c2, base);
+	snprintf(d, n, "Commit with Lock On Commit: %#x; Commit cleared and base written: still %#x, base unchanged", c1, c2);
+	return PASS;
+}
+
+static const struct { const char *name; cxl_row_fn fn; } cxl_rows[] = {
+	{ "dvsecs", row_dvsecs }, { "capability", row_capability },
+	{ "range_size", row_range_size }, { "control", row_control },
+	{ "range_base", row_range_base }, { "config_lock", row_config_lock },
+	{ "capability_array", row_capability_array }, { "hdm", row_hdm },
+	{ "commit", row_commit }, { "commit_errors", row_commit_errors },
+	{ "ras_masks", row_ras_masks }, { "ras_uncorrectable", row_ras_uncorrectable },
+	{ "ras_correctable", row_ras_correctable }, { "lock_on_commit", row_lock_on_commit },
+};
+
+CXLA_MODE(cxl_registers, "--cxl-registers", "", 0)
+{
+	struct cxlregs r;
+	char why[512];
+	size_t i;
+	int rc = 0, v;
+
+	if (prologue())
+		return 1;
+	if (cxl_regs_open(&r, why, sizeof(why))) {
+		printf("RESULT %scxl_regs.open FAIL %s\n", cxla_opt.prefix, why);
+		return 1;
+	}
+	printf("# CXL registers of %s (config space, component block)\n", r.bdf);
+	for (i = 0; i < ARRAY_SIZE(cxl_rows); i++) {
+		why[0] = 0;
+		v = cxl_rows[i].fn(&r, why, sizeof(why));
+		printf("RESULT %scxl_regs.%s %s %s\n", cxla_opt.prefix, cxl_rows[i].name,
+		       v == PASS ? "PASS" : "FAIL", why);
+		rc |= v != PASS;
+	}
+	return rc;
+}
