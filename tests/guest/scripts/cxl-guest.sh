@@ -300,6 +300,36 @@ if [ "$want_backing" = backed ]; then
     done
 fi
 
+# The sample Type-2 driver (samples/cxl-type2) in place of ours: it registers
+# each function with the CXL core itself, gets its region, runs one FILL and
+# reads it back (through the region where QEMU backs it, else the BAR), and
+# goes again without leaving a memdev.
+SAMPLE=$(find_file cxl_type2_sample.ko /cxl)
+if [ -z "$SAMPLE" ]; then
+    result cxl.sample_type2 SKIP "samples/cxl-type2 not built for this kernel"
+elif rmmod cxl_accel && wait_until '[ -z "$(ls -d "$CXL"/mem* 2>/dev/null)" ]' 100 &&
+    wait_until '[ "$(ls /sys/bus/virtio/devices | wc -l)" -ge "$expected" ]' 100; then
+    before=$(dmesg | wc -l)
+    if insmod "$SAMPLE"; then
+        wait_until '[ "$(dmesg | tail -n +$((before + 1)) | grep -c "read back through the")" -ge "$expected" ]' 300
+        got=$(dmesg | tail -n +$((before + 1)) | grep -c "read back through the")
+        line=$(dmesg | tail -n +$((before + 1)) | grep "read back through the" | head -n 1 | sed 's/^\[[^]]*\] //')
+        mems=$(ls -d "$CXL"/mem* 2>/dev/null | wc -l)
+        rmmod cxl_type2_sample
+        wait_until '[ -z "$(ls -d "$CXL"/mem* 2>/dev/null)" ]' 100
+        left=$(ls -d "$CXL"/mem* 2>/dev/null | wc -l)
+        if [ "$got" = "$expected" ] && [ "$mems" = "$expected" ] && [ "$left" = 0 ]; then
+            result cxl.sample_type2 PASS "$got devices, $mems memdevs while loaded, none after rmmod: $line"
+        else
+            result cxl.sample_type2 FAIL "$got of $expected devices checked, $mems memdevs while loaded, $left after rmmod: $(dmesg | tail -n +$((before + 1)) | grep -i sample | tail -n 3 | tr '\n' '|')"
+        fi
+    else
+        result cxl.sample_type2 FAIL "insmod $SAMPLE"
+    fi
+else
+    result cxl.sample_type2 FAIL "cxl_accel would not go, or its functions did not come back"
+fi
+
 # (an unsigned module's taint note is not a failure of ours)
 warn=$(dmesg | grep -E 'WARNING:|BUG:|Call Trace|cxl.*(error|failed)' |
     grep -v 'module verification failed' | head -n 5)
