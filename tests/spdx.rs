@@ -20,7 +20,7 @@ const HEAD_LINES: usize = 5;
 const CRATE_LICENSE: &str = "Apache-2.0 OR BSD-3-Clause";
 
 /// Directories whose files run in or against the Linux kernel: GPL.
-const GPL_DIRS: &[&str] = &["guest-driver/", "tests/guest/", "tests/kernel/"];
+const GPL_DIRS: &[&str] = &["guest-driver/", "samples/", "tests/guest/", "tests/kernel/"];
 const GPL_IDS: &[&str] = &[
     "GPL-2.0",
     "GPL-2.0 WITH Linux-syscall-note",
