@@ -136,7 +136,7 @@ fuzz_target!(|data: &[u8]| {
     queue.set_event_idx(flags & 1 != 0);
     queue.set_ready(true);
 
-    let (mem, journal) = (&w.mem, w.device.state().journal());
+    let (mem, journal) = (&w.mem, ring::Journal::of(w.device.state()));
     let never = AtomicBool::new(false);
     let (mut taken, mut rearm) = (0, ring::Rearm::default());
     'kicks: loop {
