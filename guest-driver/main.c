@@ -378,16 +378,16 @@ static int __init cxla_init(void)
 {
 	int ret;
 
+	ret = cxla_core_init();
+	if (ret)
+		return ret;
 	/* first in, last out: every migration back to RAM may use it */
 	ret = cxla_ram_reserve_init();
 	if (ret)
-		return ret;
-	ret = cxla_core_init();
-	if (ret)
-		goto err_reserve;
+		goto err_wq;
 	ret = cxla_chrdev_init();
 	if (ret)
-		goto err_wq;
+		goto err_reserve;
 	ret = cxla_devmem_notifier_register();
 	if (ret)
 		goto err_chrdev;
@@ -407,10 +407,10 @@ err_notifier:
 	cxla_devmem_notifier_unregister();
 err_chrdev:
 	cxla_chrdev_exit();
-err_wq:
-	cxla_core_exit();
 err_reserve:
 	cxla_ram_reserve_exit();
+err_wq:
+	cxla_core_exit();
 	return ret;
 }
 
@@ -423,11 +423,12 @@ static void __exit cxla_exit(void)
 	/* the CXL registrations outlive unbinds, not the module */
 	cxla_cxl_exit();
 	cxla_devmem_notifier_unregister();
+	/* no device is left to migrate: the reserve and its refill (on cxla_wq) go */
+	cxla_ram_reserve_exit();
 	/* buffer frees deferred past removal hold device references */
 	cxla_core_exit();
 	cxla_chrdev_exit();
 	ida_destroy(&cxla_ida);
-	cxla_ram_reserve_exit();
 }
 
 module_init(cxla_init);

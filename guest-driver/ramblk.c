@@ -76,7 +76,7 @@ static void cxla_ram_refill_after(unsigned long delay)
 {
 	spin_lock(&cxla_ram_live_lock);
 	if (cxla_ram_live)
-		mod_delayed_work(system_unbound_wq, &cxla_ram_refill_work, delay);
+		mod_delayed_work(cxla_wq, &cxla_ram_refill_work, delay);
 	spin_unlock(&cxla_ram_live_lock);
 }
 
