@@ -37,6 +37,11 @@ const RING: u64 = 0x10000;
 const REQ: u64 = 0x20000;
 const RESP: u64 = 0x21000;
 const DATA: u64 = 0x100000;
+/// Config space: the PCI Express capability and the CXL Device DVSEC.
+const PCIE: u64 = 0x40;
+const DVSEC: u64 = 0x100;
+/// The RAS capability in the component registers.
+const RAS: u64 = 0x1000 + 0x80;
 
 /// A function with guest RAM mapped (with its file, as QEMU maps RAM) and, when asked,
 /// a peer whose daemon published where the guest sees its memory.
@@ -167,6 +172,52 @@ impl Rig {
         self.common_write(0x30, u, 8);
         self.common_write(0x1C, 1, 2);
         self.common_write(0x14, 1 | 2 | 8 | 4, 1);
+    }
+
+    fn common_read8(&mut self, off: u64) -> u8 {
+        let mut b = [0u8; 1];
+        self.f
+            .region_read(REGION_BAR0, COMMON + off, &mut b)
+            .unwrap();
+        b[0]
+    }
+
+    /// The driver's set-up after a reset: a new ring in zeroed memory.
+    fn restart_driver(&mut self) {
+        self.ram
+            .write_slice(&[0u8; 0x8000], GuestAddress(RING))
+            .unwrap();
+        self.q = DriverQueue::new(RING, 256);
+        self.start_driver();
+    }
+
+    /// FILL of device memory [off, +len) with `byte`, through the command queue.
+    fn fill_devmem(&mut self, id: u64, byte: u8, off: u64, len: u32) {
+        let pattern = u64::from_ne_bytes([byte; 8]);
+        let req = encode::fill(id, pattern, &[encode::sge(SPACE_DEVMEM, off, len)]);
+        assert_eq!(self.call(&req).status, Status::Ok as u32);
+    }
+
+    fn devmem_bytes(&self, off: u64, len: usize) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; len];
+        File::open(self.dir.0.join("devmem"))
+            .unwrap()
+            .read_exact_at(&mut b, off)
+            .unwrap();
+        b
+    }
+
+    /// DVSEC state a reset may keep or drop: the range base set, CONFIG_LOCK set, a
+    /// correctable RAS error logged with the masks cleared.
+    fn set_cxl_state(&mut self) {
+        self.config_write32(DVSEC + 0x24, 0x1000_0000);
+        self.config_write32(DVSEC + 0x14, 1);
+        let cxl = self.device.cxl();
+        cxl.component_write(RAS + 0x10, 0);
+        self.device
+            .raise_ras(RasError::Correctable { bit: 3 })
+            .unwrap();
     }
 
     fn call(&mut self, req: &[u8]) -> Resp {
@@ -329,7 +380,6 @@ fn events(device: &Device) -> Vec<(u32, u64, u64)> {
 
 #[test]
 fn ras_errors_set_their_status_and_are_signalled_unless_masked() {
-    const RAS: u64 = 0x1000 + 0x80;
     let rig = Rig::new();
     let dev = &rig.device;
     let cxl = dev.cxl();
@@ -396,4 +446,86 @@ fn ras_errors_need_the_cxl_attach_mode() {
             .unwrap_err(),
         CxlError::NotCxl
     );
+}
+
+#[test]
+fn a_function_level_reset_stops_the_queues_and_keeps_cxl_mem_state_and_memory() {
+    let mut r = Rig::new();
+    assert_ne!(r.config_read32(PCIE + 4) & (1 << 28), 0, "FLR capable");
+    r.enable_memory();
+    r.start_driver();
+    r.fill_devmem(1, 0xA5, 0, 8192);
+    r.set_cxl_state();
+
+    // Initiate FLR (Device Control bit 15): it reads back as 0.
+    r.config_write32(PCIE + 8, 1 << 15);
+    assert_eq!(r.config_read32(PCIE + 8) & 0xFFFF, 0);
+    assert_eq!(r.common_read8(0x14), 0, "virtio status reset");
+    assert_eq!(r.config_read32(0x04) & 0x7, 0, "memory decoding off");
+    assert_eq!(r.device.layout().devmem_gpa, None);
+    // CXL.mem state and device memory are not the function's.
+    assert_eq!(r.config_read32(DVSEC + 0x24), 0x1000_0000);
+    assert_eq!(r.config_read32(DVSEC + 0x14), 1);
+    assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 1 << 3);
+    assert!(r.devmem_bytes(0, 8192).iter().all(|&b| b == 0xA5));
+
+    // The driver sets the function up again and is served.
+    r.enable_memory();
+    r.restart_driver();
+    r.fill_devmem(2, 0x5A, 4096, 4096);
+    assert!(r.devmem_bytes(4096, 4096).iter().all(|&b| b == 0x5A));
+}
+
+#[test]
+fn a_cxl_reset_with_mem_clr_zeroes_device_memory_and_keeps_the_locked_registers() {
+    let mut r = Rig::new();
+    r.enable_memory();
+    r.start_driver();
+    r.fill_devmem(1, 0xA5, 0, 8192);
+    r.set_cxl_state();
+
+    // Without Mem Clr: memory stays.
+    r.config_write32(DVSEC + 0x10, 1 << 2);
+    assert_eq!(
+        r.config_read32(DVSEC + 0x10) >> 16 & 0x7,
+        1 << 1,
+        "Reset Complete"
+    );
+    assert!(r.devmem_bytes(0, 8192).iter().all(|&b| b == 0xA5));
+    assert_eq!(r.common_read8(0x14), 0, "the function was reset too");
+
+    // With Mem Clr.
+    r.config_write32(DVSEC + 0x10, (1 << 2) | (1 << 3));
+    assert_eq!(r.config_read32(DVSEC + 0x10) >> 16 & 0x7, 1 << 1);
+    assert!(r.devmem_bytes(0, 8192).iter().all(|&b| b == 0));
+    // Locked by CONFIG_LOCK: kept. RAS: sticky.
+    assert_eq!(r.config_read32(DVSEC + 0x24), 0x1000_0000);
+    assert_eq!(r.config_read32(DVSEC + 0x14), 1);
+    assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 1 << 3);
+
+    r.enable_memory();
+    r.restart_driver();
+    r.fill_devmem(2, 0x5A, 0, 4096);
+    assert!(r.devmem_bytes(0, 4096).iter().all(|&b| b == 0x5A));
+}
+
+#[test]
+fn a_conventional_reset_drops_the_dvsec_state_and_keeps_ras_and_memory() {
+    let mut r = Rig::new();
+    r.enable_memory();
+    r.start_driver();
+    r.fill_devmem(1, 0xA5, 0, 8192);
+    r.set_cxl_state();
+
+    // What QEMU sends for a system reset or a secondary bus reset above us.
+    r.f.reset().unwrap();
+    assert_eq!(r.common_read8(0x14), 0);
+    assert_eq!(r.config_read32(DVSEC + 0x24), 0);
+    assert_eq!(r.config_read32(DVSEC + 0x14), 0);
+    assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 1 << 3);
+    assert!(r.devmem_bytes(0, 8192).iter().all(|&b| b == 0xA5));
+
+    // A new client (a new machine) powers the device on: RAS goes too.
+    r.f.disconnected();
+    assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 0);
 }

@@ -6,9 +6,18 @@
 //! reset, RAS status bits clear when written with 1. Transport-independent: the vfio-user
 //! function places the DVSECs in config space and the block in a BAR.
 //!
-//! At reset nothing is committed, as on hardware before firmware runs; platform firmware
+//! At power-on nothing is committed, as on hardware before firmware runs; platform firmware
 //! (here the guest driver's stand-in, which QEMU has none for) programs decoder 0 and the
 //! DVSEC range at the address the platform's CXL window gives the device.
+//!
+//! Resets keep what the specification keeps (CXL r3.1 8.1.3, 8.2.4.17, 9.5-9.7):
+//! - power-on ([`Cxl::power_on`]): everything back to its default;
+//! - a conventional reset (hot or warm, [`Cxl::conventional_reset`]): the DVSEC and decoder
+//!   state goes, the RAS registers stay (they are sticky);
+//! - Function Level Reset: nothing here (FLR does not touch CXL.cache or CXL.mem state);
+//! - CXL Reset (the DVSEC's Initiate CXL Reset): CXL.mem state goes, except what is locked
+//!   (the locked decoder, and under CONFIG_LOCK the DVSEC fields it froze) and the sticky RAS
+//!   registers; with Mem Clr enabled the caller clears device memory too.
 
 use std::sync::Mutex;
 
@@ -49,6 +58,20 @@ const DVSEC_IO_ENABLE: u16 = 1 << 1;
 /// DVSEC CXL Lock: CONFIG_LOCK, set once until reset; it makes the RWL fields (Control's
 /// enables, Range 1's base) read-only (CXL r3.1 8.1.3.6).
 const DVSEC_CONFIG_LOCK: u16 = 1;
+/// DVSEC CXL Capability: Cache, IO and Mem capable, one HDM range, Cache Writeback and
+/// Invalidate capable, CXL Reset capable with a 100 ms timeout (001b) and Mem Clr capable.
+const DVSEC_CAPABILITY: u16 = 0x17 | 1 << 6 | 1 << 7 | 1 << 8 | 1 << 11;
+// DVSEC CXL Control2 (CXL r3.1 8.1.3.4) and Status2 (8.1.3.5).
+const CONTROL2_DISABLE_CACHING: u16 = 1 << 0;
+const CONTROL2_INITIATE_WBI: u16 = 1 << 1;
+const CONTROL2_INITIATE_RESET: u16 = 1 << 2;
+const CONTROL2_MEM_CLR: u16 = 1 << 3;
+/// Control2 bits that hold their value (the two Initiate bits read as 0).
+const CONTROL2_KEPT: u16 = CONTROL2_DISABLE_CACHING | CONTROL2_MEM_CLR;
+const STATUS2_CACHE_INVALID: u16 = 1 << 0;
+const STATUS2_RESET_COMPLETE: u16 = 1 << 1;
+/// Power Management Initialization Complete: always, there is nothing to initialise.
+const STATUS2_PM_INIT_COMPLETE: u16 = 1 << 15;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Decoder {
@@ -98,6 +121,45 @@ struct Regs {
     dvsec_control: u16,
     dvsec_lock: u16,
     range_base: u64,
+    control2: u16,
+    status2: u16,
+}
+
+impl Regs {
+    /// After a conventional reset: the defaults, but RAS is sticky.
+    fn after_conventional_reset(&self) -> Regs {
+        Regs {
+            ras: self.ras.clone(),
+            ..Regs::default()
+        }
+    }
+
+    /// After a CXL Reset: the defaults, but RAS is sticky, a committed and locked decoder
+    /// stays as it is (its global enable with it), and under CONFIG_LOCK the fields it
+    /// locked (Control's enables, the range base) keep their values. Reset Complete is set.
+    fn after_cxl_reset(&self) -> Regs {
+        let mut r = self.after_conventional_reset();
+        for (new, old) in r.decoders.iter_mut().zip(&self.decoders) {
+            if old.locked() {
+                *new = *old;
+                r.hdm_global = self.hdm_global;
+            }
+        }
+        if self.dvsec_lock & DVSEC_CONFIG_LOCK != 0 {
+            r.dvsec_lock = self.dvsec_lock;
+            r.dvsec_control = self.dvsec_control;
+            r.range_base = self.range_base;
+        }
+        r.status2 = STATUS2_RESET_COMPLETE;
+        r
+    }
+}
+
+/// A CXL Reset the guest started through the CXL Device DVSEC: the transport resets the
+/// function and, when asked, clears device memory before the guest sees Reset Complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CxlReset {
+    pub clear_memory: bool,
 }
 
 /// A RAS error raised in the registers, for the control channel.
@@ -149,8 +211,15 @@ impl Cxl {
     }
 
     /// Power-on state: nothing committed, HDM and memory disabled, no error logged.
-    pub fn reset(&self) {
+    pub fn power_on(&self) {
         *self.regs() = Regs::default();
+    }
+
+    /// A conventional (hot or warm) reset: as power-on, but the sticky RAS registers keep
+    /// their status, masks and log.
+    pub fn conventional_reset(&self) {
+        let mut r = self.regs();
+        *r = r.after_conventional_reset();
     }
 
     /// Whether decoder 0 is committed, and its HPA range.
@@ -168,10 +237,10 @@ impl Cxl {
         let r = self.regs();
         let size = self.capacity;
         match off & !3 {
-            // Capability: Mem_Capable, HDM_Count 1, Cache and IO capable (a Type-2
-            // device); Control in the upper half.
-            0x08 => (0x0017u32 << 16) | DVSEC_DEVICE_ID as u32,
+            // Capability (a Type-2 device), after the DVSEC ID; Control, Status (nothing).
+            0x08 => ((DVSEC_CAPABILITY as u32) << 16) | DVSEC_DEVICE_ID as u32,
             0x0C => (r.dvsec_control | DVSEC_IO_ENABLE) as u32,
+            0x10 => r.control2 as u32 | ((r.status2 | STATUS2_PM_INIT_COMPLETE) as u32) << 16,
             // CXL Lock; Capability2 (nothing) in the upper half.
             0x14 => r.dvsec_lock as u32,
             // Range 1: size with Memory_Info_Valid and Memory_Active, base as firmware set.
@@ -185,16 +254,22 @@ impl Cxl {
 
     /// A config write into the CXL Device DVSEC (dword `off` from its start): Control's
     /// enables and Range 1's base are writable until CONFIG_LOCK is set, which is set
-    /// once; the rest is read-only.
-    pub fn dvsec_device_write(&self, off: u64, value: u32, mask: u32) {
+    /// once; Control2 starts a cache write-back or a CXL Reset, which the register state
+    /// has gone through on return: what the caller must still do for it is returned.
+    /// The rest is read-only.
+    pub fn dvsec_device_write(&self, off: u64, value: u32, mask: u32) -> Option<CxlReset> {
         let mut r = self.regs();
         let dw = off & !3;
         if dw == 0x14 {
             r.dvsec_lock |= (value & mask) as u16 & DVSEC_CONFIG_LOCK;
-            return;
+            return None;
+        }
+        if dw == 0x10 {
+            // Status2 (the upper half) is read-only.
+            return control2_write(&mut r, value as u16, mask as u16);
         }
         if r.dvsec_lock & DVSEC_CONFIG_LOCK != 0 {
-            return;
+            return None;
         }
         match dw {
             0x0C => {
@@ -211,6 +286,7 @@ impl Cxl {
             }
             _ => {}
         }
+        None
     }
 
     // ------------------------------------------------------ component registers
@@ -304,6 +380,27 @@ impl Cxl {
 
 /// DVSEC ID of the PCIe DVSEC for CXL Devices.
 pub const DVSEC_DEVICE_ID: u16 = 0;
+
+/// A write of DVSEC CXL Control2. The device has no cache of its own to write back (device
+/// memory is the shared file), so a write-back and invalidation completes at once, and a
+/// CXL Reset completes before the write returns.
+fn control2_write(r: &mut Regs, value: u16, mask: u16) -> Option<CxlReset> {
+    let written = value & mask;
+    r.control2 = (r.control2 & !(mask & CONTROL2_KEPT)) | (written & CONTROL2_KEPT);
+    let caching_off = r.control2 & CONTROL2_DISABLE_CACHING != 0;
+    if !caching_off {
+        // Cache Invalid reads 0 while caching is enabled.
+        r.status2 &= !STATUS2_CACHE_INVALID;
+    } else if written & CONTROL2_INITIATE_WBI != 0 {
+        r.status2 |= STATUS2_CACHE_INVALID;
+    }
+    if written & CONTROL2_INITIATE_RESET == 0 {
+        return None;
+    }
+    let clear_memory = r.control2 & CONTROL2_MEM_CLR != 0;
+    *r = r.after_cxl_reset();
+    Some(CxlReset { clear_memory })
+}
 
 fn ras_read(ras: &Ras, off: u64) -> u32 {
     match off {
@@ -448,7 +545,7 @@ mod tests {
         c.component_write(D0, 0x2000_0000);
         assert_ne!(c.component_read(D0 + 0x10) & CTRL_COMMITTED, 0);
         assert_eq!(c.component_read(D0), base as u32);
-        c.reset();
+        c.conventional_reset();
         assert_eq!(c.committed_range(), None);
     }
 
@@ -534,9 +631,100 @@ mod tests {
         assert_eq!(c.dvsec_device_read(0x0C) as u16, DVSEC_IO_ENABLE);
         assert_eq!(c.dvsec_device_read(0x24), 0x1000_0000);
         assert_eq!(c.dvsec_device_read(0x14), DVSEC_CONFIG_LOCK as u32);
-        c.reset();
+        c.conventional_reset();
         assert_eq!(c.dvsec_device_read(0x14), 0);
         c.dvsec_device_write(0x24, 0x2000_0000, !0);
         assert_eq!(c.dvsec_device_read(0x24), 0x2000_0000);
+    }
+
+    /// Decoder 0 committed and locked at `base`, RAS with an error and masks written, the
+    /// range base set, CONFIG_LOCK set with Mem_Enable on.
+    fn set_up_locked(c: &Cxl, base: u64) {
+        program(c, base, 256 << 20, CTRL_LOCK | CTRL_COMMIT);
+        c.component_write(RAS + 4, 0);
+        c.raise(RasError::Correctable { bit: 1 }).unwrap();
+        c.dvsec_device_write(0x24, base as u32, !0);
+        c.dvsec_device_write(0x0C, DVSEC_MEM_ENABLE as u32, 0xFFFF);
+        c.dvsec_device_write(0x14, DVSEC_CONFIG_LOCK as u32, 0xFFFF);
+    }
+
+    #[test]
+    fn the_dvsec_advertises_cxl_reset_with_mem_clr() {
+        let c = Cxl::new(256 << 20);
+        let cap = (c.dvsec_device_read(0x08) >> 16) as u16;
+        assert_eq!(cap & 0x7, 0x7, "cache, IO and mem capable: {cap:#x}");
+        assert_eq!((cap >> 4) & 0x3, 1, "one HDM range");
+        assert_ne!(cap & (1 << 7), 0, "CXL Reset capable");
+        assert_eq!((cap >> 8) & 0x7, 1, "CXL Reset timeout 100 ms");
+        assert_ne!(cap & (1 << 11), 0, "Mem Clr capable");
+        // Status2: PM initialisation complete, nothing else.
+        assert_eq!(c.dvsec_device_read(0x10) >> 16, 1 << 15);
+    }
+
+    #[test]
+    fn a_conventional_reset_keeps_the_sticky_ras_registers_only() {
+        let c = Cxl::new(256 << 20);
+        set_up_locked(&c, 0x1_1000_0000);
+        c.conventional_reset();
+        assert_eq!(c.committed_range(), None);
+        assert_eq!(c.dvsec_device_read(0x14), 0);
+        assert_eq!(c.dvsec_device_read(0x24), 0);
+        assert_eq!(c.dvsec_device_read(0x0C) as u16, DVSEC_IO_ENABLE);
+        assert_eq!(c.component_read(RAS + 0xC), 1 << 1, "CE status is sticky");
+        assert_eq!(c.component_read(RAS + 4), 0, "UE mask is sticky");
+        c.power_on();
+        assert_eq!(c.component_read(RAS + 0xC), 0);
+        assert_eq!(c.component_read(RAS + 4), UE_MASK);
+    }
+
+    #[test]
+    fn a_cxl_reset_keeps_what_is_locked_and_reports_completion() {
+        let c = Cxl::new(256 << 20);
+        let base = 0x1_1000_0000;
+        set_up_locked(&c, base);
+        // Mem Clr enabled in the same write as the Initiate bit.
+        let reset = c.dvsec_device_write(0x10, (1 << 2) | (1 << 3), 0xFFFF);
+        assert_eq!(reset, Some(CxlReset { clear_memory: true }));
+        assert_eq!(c.committed_range(), Some((base, 256 << 20)));
+        assert_eq!(c.dvsec_device_read(0x14), DVSEC_CONFIG_LOCK as u32);
+        assert_eq!(c.dvsec_device_read(0x24), base as u32 & 0xF000_0000);
+        assert_eq!(
+            c.dvsec_device_read(0x0C) as u16,
+            DVSEC_MEM_ENABLE | DVSEC_IO_ENABLE
+        );
+        assert_eq!(c.component_read(RAS + 0xC), 1 << 1);
+        let ctl2 = c.dvsec_device_read(0x10);
+        assert_eq!(ctl2 & 0xFFFF, 0, "the Initiate and Mem Clr bits reset");
+        assert_eq!(ctl2 >> 16, (1 << 15) | (1 << 1), "Reset Complete");
+
+        // Nothing locked: everything but RAS goes, and no memory clear unless asked.
+        let c = Cxl::new(256 << 20);
+        program(&c, base, 256 << 20, CTRL_COMMIT);
+        c.dvsec_device_write(0x24, 0x1000_0000, !0);
+        let reset = c.dvsec_device_write(0x10, 1 << 2, 0xFFFF);
+        assert_eq!(
+            reset,
+            Some(CxlReset {
+                clear_memory: false
+            })
+        );
+        assert_eq!(c.committed_range(), None);
+        assert_eq!(c.dvsec_device_read(0x24), 0);
+    }
+
+    #[test]
+    fn a_write_back_and_invalidate_reports_cache_invalid_while_caching_is_off() {
+        let c = Cxl::new(256 << 20);
+        // Caching on: the write-back does not make the cache invalid.
+        assert_eq!(c.dvsec_device_write(0x10, 1 << 1, 0xFFFF), None);
+        assert_eq!(c.dvsec_device_read(0x10) & (1 << 16), 0);
+        c.dvsec_device_write(0x10, 1, 0xFFFF);
+        c.dvsec_device_write(0x10, 1 | (1 << 1), 0xFFFF);
+        assert_eq!(c.dvsec_device_read(0x10) & 0x1_FFFF, 0x1_0001);
+        // Status2 is read-only; caching on again clears Cache Invalid.
+        c.dvsec_device_write(0x10, 0, 0xFFFF_0000);
+        assert_ne!(c.dvsec_device_read(0x10) & (1 << 16), 0);
+        c.dvsec_device_write(0x10, 0, 0xFFFF);
+        assert_eq!(c.dvsec_device_read(0x10) & 0x1_FFFF, 0);
     }
 }

@@ -173,6 +173,17 @@ impl DeviceMemory {
         }
     }
 
+    /// Zeroes all of device memory (a CXL Reset with Mem Clr). QEMU maps the same file, so
+    /// the guest sees zeros through the BAR and the region at once.
+    pub fn clear(&self) {
+        let zeros = vec![0u8; DEVMEM_ALIGN as usize];
+        let mut at = 0;
+        while let Some(s) = self.slice(at, DEVMEM_ALIGN) {
+            s.copy_from(&zeros);
+            at += DEVMEM_ALIGN;
+        }
+    }
+
     /// Slice of device memory; `None` when the range is out of bounds.
     pub fn slice(&self, offset: u64, len: u64) -> Option<VolatileSlice<'_>> {
         let end = offset.checked_add(len)?;

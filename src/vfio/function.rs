@@ -430,15 +430,19 @@ impl Function for CxlFunction {
         Ok(())
     }
 
+    /// VFIO_USER_DEVICE_RESET: QEMU's system reset or a secondary bus reset above us, a
+    /// conventional reset (sticky RAS registers and device memory stay).
     fn reset(&mut self) -> Result<(), Errno> {
         self.virtio.reset();
-        self.device.cxl().reset();
+        self.device.cxl().conventional_reset();
         self.reset_config();
         Ok(())
     }
 
     fn disconnected(&mut self) {
         self.virtio.reset();
+        // The next client is a new machine: its platform powers the device on.
+        self.device.cxl().power_on();
         self.irqs.clear();
         self.maps.clear();
         self.device.set_devmem_gpa(None);

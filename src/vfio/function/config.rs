@@ -5,6 +5,7 @@
 //! device memory).
 
 use super::{CxlFunction, CONFIG_SIZE};
+use crate::device::cxl::CxlReset;
 use crate::protocol::{SHM_ID_DEVMEM, VIRTIO_ID};
 use crate::vfio::virtio;
 use crate::vfio::Errno;
@@ -21,6 +22,10 @@ const CXL_VENDOR: u32 = 0x1E98;
 
 /// Command register: memory space decoding.
 const CMD_MEMORY: u16 = 1 << 1;
+/// PCIe Device Capabilities: Function Level Reset capable.
+const DEVCAP_FLR: u32 = 1 << 28;
+/// PCIe Device Control: Initiate Function Level Reset (reads as 0).
+const DEVCTL_INITIATE_FLR: u32 = 1 << 15;
 
 impl CxlFunction {
     fn put(&mut self, off: usize, bytes: &[u8]) {
@@ -53,11 +58,12 @@ impl CxlFunction {
         self.put16(0x2E, 0x1100);
         self.config[0x34] = PCIE_CAP as u8;
 
-        // PCI Express capability v2, an endpoint; link 2.5 GT/s x16.
+        // PCI Express capability v2, an endpoint (role-based error reporting, FLR);
+        // link 2.5 GT/s x16.
         let p = PCIE_CAP;
         self.put(p, &[0x10, MSIX_CAP as u8]);
         self.put16(p + 0x02, 0x0002);
-        self.put32(p + 0x04, 1 << 15);
+        self.put32(p + 0x04, 1 << 15 | DEVCAP_FLR);
         self.put32(p + 0x0C, 0x0000_0101);
         self.put16(p + 0x12, 0x0101);
         self.put32(p + 0x2C, 0x2);
@@ -202,18 +208,26 @@ impl CxlFunction {
                 self.write_bar(bar, value, mask);
             }
             0x3C => self.merge(dw, value, mask, 0x0000_00FF),
-            // PCIe: device control (status RW1C: nothing to clear), link control, device
-            // control 2, link control 2.
-            _ if dw == PCIE_CAP + 0x08 => self.merge(dw, value, mask, 0x0000_FFFF),
+            // PCIe: device control (status RW1C: nothing to clear; Initiate FLR starts a
+            // reset and is not kept), link control, device control 2, link control 2.
+            _ if dw == PCIE_CAP + 0x08 => {
+                self.merge(dw, value, mask, 0x0000_FFFF & !DEVCTL_INITIATE_FLR);
+                if value & mask & DEVCTL_INITIATE_FLR != 0 {
+                    self.function_level_reset();
+                }
+            }
             _ if dw == PCIE_CAP + 0x10 => self.merge(dw, value, mask, 0x0000_FFFF),
             _ if dw == PCIE_CAP + 0x28 => self.merge(dw, value, mask, 0x0000_FFFF),
             _ if dw == PCIE_CAP + 0x30 => self.merge(dw, value, mask, 0x0000_FFFF),
             // MSI-X message control: QEMU emulates it; kept so reads agree.
             _ if dw == MSIX_CAP => self.merge(dw, value, mask, 0xC000_0000),
-            _ if (DVSEC_DEVICE + 8..DVSEC_DEVICE + 0x3C).contains(&dw) => self
-                .device
-                .cxl()
-                .dvsec_device_write((dw - DVSEC_DEVICE) as u64, value, mask),
+            _ if (DVSEC_DEVICE + 8..DVSEC_DEVICE + 0x3C).contains(&dw) => {
+                let cxl = self.device.cxl();
+                if let Some(reset) = cxl.dvsec_device_write((dw - DVSEC_DEVICE) as u64, value, mask)
+                {
+                    self.cxl_reset(reset);
+                }
+            }
             _ => {}
         }
     }
@@ -255,10 +269,41 @@ impl CxlFunction {
         lo | hi << 32
     }
 
-    /// A reset: the command register cleared, so memory decoding is off.
+    /// A reset of config space: the command register cleared (memory decoding off) and
+    /// device control back to its default. BAR registers keep their values: QEMU owns the
+    /// guest's view of them, and the kernel restores config space after a reset anyway.
     pub(super) fn reset_config(&mut self) {
         self.put16(0x04, 0);
+        self.put16(PCIE_CAP + 0x08, 0);
         self.update_devmem_gpa();
+    }
+
+    /// Function Level Reset: the virtio state (queues stop, status 0) and config space
+    /// reset. CXL.cache and CXL.mem state is not the function's (CXL r3.1 9.5): decoders,
+    /// DVSEC ranges and locks, RAS and device memory stay, so a region survives. Interrupt
+    /// eventfds and DMA maps are QEMU's, which keeps them.
+    fn function_level_reset(&mut self) {
+        log::info!("function level reset");
+        self.virtio.reset();
+        self.reset_config();
+    }
+
+    /// CXL Reset: the register side happened in the model; the function resets as for FLR
+    /// and device memory is zeroed when Mem Clr was enabled, all before the config write
+    /// that started it completes, so the guest reads Reset Complete with the work done.
+    fn cxl_reset(&mut self, reset: CxlReset) {
+        log::info!(
+            "CXL reset{}",
+            if reset.clear_memory {
+                " with memory clear"
+            } else {
+                ""
+            }
+        );
+        self.function_level_reset();
+        if reset.clear_memory {
+            self.device.devmem().clear();
+        }
     }
 
     /// Tells the device where the guest put its memory: BAR4, while memory decoding is on
