@@ -66,7 +66,9 @@ static vm_fault_t cxla_vm_fault(struct vm_fault *vmf)
 
 	if (idx >= buf->npages)
 		return VM_FAULT_SIGBUS;
-	down_read(&cd->map_sem);
+	err = cxla_map_read_lock(cd);
+	if (err)	/* killed (no retry then), or a reset that did not end */
+		return err == -EINTR ? VM_FAULT_NOPAGE : VM_FAULT_SIGBUS;
 	if (cd->dead || !buf->pages_held) {
 		ret = VM_FAULT_SIGBUS;	/* the device or the buffer's memory is gone */
 	} else if (cxla_badrange_hit(cd, buf->offset + ((u64)idx << PAGE_SHIFT),

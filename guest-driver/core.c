@@ -88,3 +88,22 @@ int cxla_deferred_wait(struct cxla_dev *cd, bool intr)
 						limit);
 	return left < 0 ? left : 0;
 }
+
+/* How long a fault, migration or command waits for a function reset to end */
+#define CXLA_RESET_WAIT_MS	60000
+
+/*
+ * Wait, killable, until a function reset clears *held (cd->resetting or
+ * cd->cmds_held): 0 then, -EINTR on a fatal signal, -ETIMEDOUT when the
+ * reset did not end in CXLA_RESET_WAIT_MS.
+ */
+int cxla_reset_wait(struct cxla_dev *cd, const bool *held)
+{
+	long left;
+
+	left = wait_event_killable_timeout(cd->unpaused, !READ_ONCE(*held),
+					   msecs_to_jiffies(CXLA_RESET_WAIT_MS));
+	if (left < 0)
+		return -EINTR;
+	return left ? 0 : -ETIMEDOUT;
+}

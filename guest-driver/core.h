@@ -24,5 +24,6 @@ void cxla_defer_delayed(struct cxla_dev *cd, struct delayed_work *dwork,
 			unsigned long delay);
 void cxla_deferred_done(struct cxla_dev *cd);
 int cxla_deferred_wait(struct cxla_dev *cd, bool intr);
+int cxla_reset_wait(struct cxla_dev *cd, const bool *held);
 
 #endif /* CXL_ACCEL_CORE_H */

@@ -72,6 +72,16 @@ struct cxla_dev {
 	spinlock_t cmd_lock;		/* reap_list (inside a queue's lock) */
 	bool dead;			/* removing: no new ioctls or mappings */
 	bool stopped;			/* queues stopped: set under every queue's lock */
+	/*
+	 * A function reset (main.c's reset_prepare .. reset_done): faults and
+	 * migrations wait (set under map_sem and the pool's sem for writing),
+	 * commands wait while cmds_held (set under every queue's lock); all
+	 * wait on unpaused.
+	 */
+	bool resetting;
+	bool cmds_held;
+	wait_queue_head_t unpaused;
+	bool mem_enabled;		/* we enabled mem_pdev (not virtio-pci) */
 	bool wedged;			/* last command timed out */
 	bool indirect;			/* VIRTIO_RING_F_INDIRECT_DESC */
 	atomic64_t next_tag;

@@ -543,7 +543,13 @@ int cxla_devmem_init(struct cxla_dev *cd)
 	cd->mem_pdev = pdev;
 	cxla_mem_track(cd, true);
 
-	ret = pci_enable_device_mem(pdev);
+	/*
+	 * Shared memory: the BAR is the virtio function's, which virtio-pci
+	 * enabled; a second enable would keep it enabled through virtio-pci's
+	 * reset_prepare, and then its reset_done never reaches the driver.
+	 */
+	cd->mem_enabled = &pdev->dev != vdev->parent;
+	ret = cd->mem_enabled ? pci_enable_device_mem(pdev) : 0;
 	if (ret) {
 		dev_err(vdev, "cannot enable %s: %d\n", pci_name(pdev), ret);
 		goto err_put;
@@ -606,7 +612,8 @@ int cxla_devmem_init(struct cxla_dev *cd)
 err_release:
 	pci_release_region(pdev, cd->mem_bar);
 err_disable:
-	pci_disable_device(pdev);
+	if (cd->mem_enabled)
+		pci_disable_device(pdev);
 err_put:
 	cxla_mem_track(cd, false);
 	pci_dev_put(pdev);
@@ -803,13 +810,35 @@ bool cxla_devmem_teardown(struct cxla_dev *cd)
 	return false;
 }
 
+/*
+ * map_sem for reading, for a fault about to map device memory: during a
+ * function reset (cd->resetting, set under map_sem for writing) it waits
+ * for the reset's end first, since QEMU takes the BAR away meanwhile.
+ * 0 with the lock held, else -EINTR (killed) or -ETIMEDOUT without it.
+ */
+int cxla_map_read_lock(struct cxla_dev *cd)
+{
+	int ret;
+
+	for (;;) {
+		down_read(&cd->map_sem);
+		if (!READ_ONCE(cd->resetting))
+			return 0;
+		up_read(&cd->map_sem);
+		ret = cxla_reset_wait(cd, &cd->resetting);
+		if (ret)
+			return ret;
+	}
+}
+
 void cxla_devmem_release_pci(struct cxla_dev *cd)
 {
 	if (!cd->mem_pdev)
 		return;
 	cxla_mem_track(cd, false);
 	pci_release_region(cd->mem_pdev, cd->mem_bar);
-	pci_disable_device(cd->mem_pdev);
+	if (cd->mem_enabled)
+		pci_disable_device(cd->mem_pdev);
 	pci_dev_put(cd->mem_pdev);
 	cd->mem_pdev = NULL;
 }

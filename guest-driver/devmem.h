@@ -79,6 +79,7 @@ bool cxla_page_is_ours(struct cxla_dev *cd, struct page *page);
 struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx);
 struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
 void cxla_zap_mappings(struct cxla_dev *cd);
+int cxla_map_read_lock(struct cxla_dev *cd);
 
 /* numa.c */
 #endif /* CXL_ACCEL_DEVMEM_H */

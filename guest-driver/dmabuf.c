@@ -391,7 +391,9 @@ static vm_fault_t cxla_dmabuf_fault(struct vm_fault *vmf)
 
 	if (vmf->pgoff >= buf->npages)
 		return VM_FAULT_SIGBUS;
-	down_read(&cd->map_sem);
+	err = cxla_map_read_lock(cd);
+	if (err)	/* killed (no retry then), or a reset that did not end */
+		return err == -EINTR ? VM_FAULT_NOPAGE : VM_FAULT_SIGBUS;
 	if (!cd->dead && !READ_ONCE(exp->revoked) && buf->pages_held &&
 	    cxla_badrange_hit(cd, buf->offset + ((u64)vmf->pgoff << PAGE_SHIFT),
 			    PAGE_SIZE)) {

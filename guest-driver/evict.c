@@ -440,10 +440,14 @@ static void cxla_mig_evict_removal(struct cxla_dev *cd, bool dma,
 	if (!ret)
 		ret = cxla_evict_loop(&x, CXLA_REMOVE_RETRY_MS);
 	cxla_mig_ctx_free(&x);
-	if (res.migrated || ret)
-		dev_info(&cd->dev,
+	if (ret)
+		dev_warn(&cd->dev,
 			 "%llu migrated pages moved back to system RAM %s, %llu of them by CPU copy (error %d)\n",
 			 res.migrated, when, x.cpu_copied, ret);
+	else if (res.migrated)
+		dev_info(&cd->dev,
+			 "%llu migrated pages moved back to system RAM %s, %llu of them by CPU copy\n",
+			 res.migrated, when, x.cpu_copied);
 }
 
 /*
@@ -468,6 +472,25 @@ void cxla_mig_evict_all(struct cxla_dev *cd)
 	up_write(&mig->sem);
 	if (cancel_delayed_work_sync(&mig->shrink_work))
 		cxla_deferred_done(cd);
+}
+
+/*
+ * A function reset is coming (main.c set cd->resetting, which migration
+ * passes look at under mig->sem): wait for the passes under way, then every
+ * migrated page goes back to system RAM while the device still copies, so
+ * that no process maps device memory while the reset takes the BAR away.
+ * The pool stays open; passes wait for the reset's end.
+ */
+void cxla_mig_pause(struct cxla_dev *cd)
+{
+	struct cxla_mig *mig = cd->mig;
+
+	if (!mig)
+		return;
+	down_write(&mig->sem);
+	cxla_mig_evict_removal(cd, !READ_ONCE(cd->wedged),
+			       "before a function reset");
+	up_write(&mig->sem);
 }
 
 /*

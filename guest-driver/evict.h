@@ -16,6 +16,7 @@ struct mm_struct;
 long cxla_ioc_evict(struct cxla_file *cf, void __user *arg);
 int cxla_evict_device(struct cxla_dev *cd);
 void cxla_mig_evict_all(struct cxla_dev *cd);
+void cxla_mig_pause(struct cxla_dev *cd);
 void cxla_mig_teardown(struct cxla_dev *cd);
 
 #endif /* CXL_ACCEL_EVICT_H */

@@ -232,6 +232,7 @@ static int cxla_probe(struct virtio_device *vdev)
 	spin_lock_init(&cd->evt_lock);
 	init_waitqueue_head(&cd->evt_wait);
 	init_waitqueue_head(&cd->deferred_wait);
+	init_waitqueue_head(&cd->unpaused);
 	init_rwsem(&cd->map_sem);
 	mutex_init(&cd->buf_lock);
 	INIT_LIST_HEAD(&cd->bufs);
@@ -361,6 +362,80 @@ static void cxla_remove(struct virtio_device *vdev)
 	put_device(&cd->dev);
 }
 
+#ifdef CXLA_HAVE_VIRTIO_RESET
+/*
+ * A function reset (FLR: sysfs reset, a VFIO user, the CXL core), which
+ * virtio-pci brackets with these two. The device forgets its virtqueues;
+ * device memory and the CXL.mem state stay (CXL r3.1 9.5), so the region
+ * survives, but QEMU takes the BAR away while memory decoding is off. So
+ * first faults wait and CPU mappings of device memory are zapped, migrated
+ * pages go back to RAM while the device still copies, then commands wait,
+ * those in flight get the command timeout to come back (the rest end with
+ * -EIO), and the virtqueues go. reset_done builds them again and lets the
+ * waiters on. Other attach modes lose device memory with the reset.
+ */
+static int cxla_reset_prepare(struct virtio_device *vdev)
+{
+	struct cxla_dev *cd = vdev->priv;
+	unsigned long t0 = jiffies;
+	unsigned int busy;
+
+	if (!(cd->features & CXLA_F_CXL)) {
+		dev_warn(&cd->dev,
+			 "function reset: only a CXL endpoint keeps its memory through one; unbind the driver before resetting this device\n");
+		return -EOPNOTSUPP;
+	}
+	down_write(&cd->map_sem);
+	WRITE_ONCE(cd->resetting, true);
+	up_write(&cd->map_sem);
+	cxla_zap_mappings(cd);
+	cxla_dmabuf_zap(cd, 0, U64_MAX);
+	cxla_mig_pause(cd);
+
+	busy = cxla_cmdq_hold(cd, cxla_timeout_jiffies(0));
+	virtio_reset_device(vdev);
+	cxla_cancel_all(cd);
+	flush_work(&cd->reap_work);
+	cxla_cmdq_detach(cd);
+	cd->evt_vq = NULL;
+	vdev->config->del_vqs(vdev);
+	dev_info(&cd->dev,
+		 "function reset: device quiet after %u ms%s\n",
+		 jiffies_to_msecs(jiffies - t0),
+		 busy ? ", commands in flight cancelled" : "");
+	return 0;
+}
+
+static int cxla_reset_done(struct virtio_device *vdev)
+{
+	struct cxla_dev *cd = vdev->priv;
+	int ret;
+
+	ret = cxla_init_vqs(cd);
+	if (!ret) {
+		virtio_device_ready(vdev);
+		if (cd->evt_vq)
+			ret = cxla_evt_init(cd);
+	}
+	if (ret) {
+		/* commands fail (-ENODEV) from now on; removal still works */
+		WRITE_ONCE(cd->cmds_held, false);
+		dev_err(&cd->dev,
+			"function reset: cannot set up the queues again (%d); bind the driver again\n",
+			ret);
+	} else {
+		cxla_cmdq_release(cd);
+	}
+	down_write(&cd->map_sem);
+	WRITE_ONCE(cd->resetting, false);
+	up_write(&cd->map_sem);
+	wake_up_all(&cd->unpaused);
+	if (!ret)
+		dev_info(&cd->dev, "function reset: serving again\n");
+	return ret;
+}
+#endif
+
 static const struct virtio_device_id cxla_id_table[] = {
 	{ CXLA_VIRTIO_ID, VIRTIO_DEV_ANY_ID },
 	{ 0 },
@@ -372,6 +447,10 @@ static struct virtio_driver cxla_driver = {
 	.id_table = cxla_id_table,
 	.probe = cxla_probe,
 	.remove = cxla_remove,
+#ifdef CXLA_HAVE_VIRTIO_RESET
+	.reset_prepare = cxla_reset_prepare,
+	.reset_done = cxla_reset_done,
+#endif
 };
 
 static int __init cxla_init(void)

@@ -1069,10 +1069,19 @@ static int cxla_migrate_pass(struct cxla_mig_ctx *x, struct mm_struct *mm,
 	bool wlock = false, merge;
 	int ret = 0;
 
+again:
 	down_read(&mig->sem);
 	if (READ_ONCE(cd->dead) || READ_ONCE(mig->closed)) {
 		ret = -ENODEV;
 		goto out;
+	}
+	/* a function reset: device memory is out of reach until it ends */
+	if (READ_ONCE(cd->resetting)) {
+		up_read(&mig->sem);
+		ret = cxla_reset_wait(cd, &cd->resetting);
+		if (ret)
+			return ret;
+		goto again;
 	}
 	/* eviction must find this address space again */
 	if (to_dev)

@@ -274,7 +274,7 @@ static bool cxla_cmd_room(struct cxla_dev *cd, struct cxla_cmdq *q,
 	bool room;
 
 	spin_lock_irqsave(&q->lock, flags);
-	room = cd->stopped || q->vq->num_free >= needed;
+	room = cd->stopped || cd->cmds_held || q->vq->num_free >= needed;
 	spin_unlock_irqrestore(&q->lock, flags);
 	return room;
 }
@@ -313,7 +313,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 	int ret;
 
 	/* after removal the queues are gone: nothing below may touch them */
-	if (READ_ONCE(cd->stopped))
+	if (READ_ONCE(cd->stopped) && !READ_ONCE(cd->cmds_held))
 		return -ENODEV;
 	if (is_vmalloc_addr(req->out)) {
 		nents = DIV_ROUND_UP(offset_in_page(req->out) + req->out_len,
@@ -337,7 +337,9 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 
 	for (;;) {
 		spin_lock_irqsave(&q->lock, flags);
-		if (cd->stopped) {
+		if (cd->cmds_held) {
+			ret = -EAGAIN;	/* a function reset: wait for its end */
+		} else if (cd->stopped) {
 			ret = -ENODEV;
 		} else {
 			req->tag = atomic64_inc_return(&cd->next_tag);
@@ -352,6 +354,16 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 			}
 		}
 		spin_unlock_irqrestore(&q->lock, flags);
+		if (ret == -EAGAIN) {
+			unsigned long held_since = jiffies;
+
+			ret = cxla_reset_wait(cd, &cd->cmds_held);
+			if (ret)
+				break;
+			/* the reset's time does not count against the command */
+			deadline += jiffies - held_since;
+			continue;
+		}
 		if (ret != -ENOSPC)
 			break;
 
@@ -409,8 +421,9 @@ static int cxla_req_result(struct cxla_dev *cd, struct cxla_req *req)
 	struct cxla_resp *resp = req->in;
 	u32 status;
 
+	/* taken back at a reset the driver survives: the command's outcome is unknown */
 	if (req->cancelled)
-		return -ENODEV;
+		return READ_ONCE(cd->dead) ? -ENODEV : -EIO;
 	if (req->used_len < sizeof(*resp) || req->used_len > req->in_len) {
 		cxla_dstat_inc(cd, CXL_ACCEL_DSTAT_PROTOCOL);
 		dev_err_ratelimited(&cd->dev,
@@ -758,7 +771,7 @@ void cxla_cancel_all(struct cxla_dev *cd)
 		struct cxla_cmdq *q = &cd->cmdq[i];
 
 		spin_lock_irqsave(&q->lock, flags);
-		while ((req = virtqueue_detach_unused_buf(q->vq))) {
+		while (q->vq && (req = virtqueue_detach_unused_buf(q->vq))) {
 			req->cancelled = true;
 			cxla_req_handback(cd, req);
 		}
@@ -768,11 +781,23 @@ void cxla_cancel_all(struct cxla_dev *cd)
 	cxla_defer(cd, &cd->reap_work);
 }
 
-/* Command queues: vqs[k] is command queue k. */
+/*
+ * Command queues: vqs[k] is command queue k. After a function reset the
+ * queues exist and get their new virtqueues.
+ */
 int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n)
 {
 	unsigned int i;
 
+	if (cd->cmdq) {
+		if (n != cd->nr_cmdq)
+			return -EIO;
+		for (i = 0; i < n; i++) {
+			cd->cmdq[i].vq = vqs[i];
+			cd->cmdq[i].size = virtqueue_get_vring_size(vqs[i]);
+		}
+		return 0;
+	}
 	cd->cmdq = kcalloc(n, sizeof(*cd->cmdq), GFP_KERNEL);
 	if (!cd->cmdq)
 		return -ENOMEM;
@@ -806,6 +831,68 @@ void cxla_cmdq_stop(struct cxla_dev *cd)
 		WRITE_ONCE(cd->stopped, true);
 }
 
+/* every descriptor back (read unlocked: a wait condition, woken on completions) */
+static bool cxla_cmdq_idle(struct cxla_cmdq *q)
+{
+	return READ_ONCE(q->vq->num_free) == q->size;
+}
+
+/*
+ * A function reset is coming: submitters wait from now on (cmds_held), the
+ * requests in flight get until timeout to come back, then the queues stop.
+ * Returns how many queues still had requests (cxla_cancel_all() takes them
+ * back after the device reset).
+ */
+unsigned int cxla_cmdq_hold(struct cxla_dev *cd, unsigned long timeout)
+{
+	unsigned long deadline = jiffies + timeout;
+	unsigned int i, busy = 0;
+
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		spin_lock_irq(&cd->cmdq[i].lock);
+		if (i == 0)
+			WRITE_ONCE(cd->cmds_held, true);
+		spin_unlock_irq(&cd->cmdq[i].lock);
+	}
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		struct cxla_cmdq *q = &cd->cmdq[i];
+		long rest = max_t(long, (long)(deadline - jiffies), 1);
+
+		if (!wait_event_timeout(q->space, cxla_cmdq_idle(q), rest))
+			busy++;
+	}
+	cxla_cmdq_stop(cd);
+	return busy;
+}
+
+/* The virtqueues went with the device reset: nothing may touch them. */
+void cxla_cmdq_detach(struct cxla_dev *cd)
+{
+	unsigned int i;
+
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		spin_lock_irq(&cd->cmdq[i].lock);
+		cd->cmdq[i].vq = NULL;
+		spin_unlock_irq(&cd->cmdq[i].lock);
+	}
+}
+
+/* After the reset, with new virtqueues: submitters go on. */
+void cxla_cmdq_release(struct cxla_dev *cd)
+{
+	unsigned int i;
+
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		spin_lock_irq(&cd->cmdq[i].lock);
+		if (i == 0) {
+			WRITE_ONCE(cd->stopped, false);
+			WRITE_ONCE(cd->cmds_held, false);
+		}
+		spin_unlock_irq(&cd->cmdq[i].lock);
+	}
+	wake_up_all(&cd->unpaused);
+}
+
 /* The device is gone and no request lives any more: the caches go. */
 void cxla_cmdq_free(struct cxla_dev *cd)
 {
@@ -836,8 +923,10 @@ int cxla_evt_init(struct cxla_dev *cd)
 	unsigned long flags;
 	int i, ret = 0;
 
-	cd->evt_bufs = kcalloc(CXLA_EVENT_BUFS, sizeof(*cd->evt_bufs),
-			       GFP_KERNEL);
+	/* after a function reset: the same buffers, on the new queue */
+	if (!cd->evt_bufs)
+		cd->evt_bufs = kcalloc(CXLA_EVENT_BUFS, sizeof(*cd->evt_bufs),
+				       GFP_KERNEL);
 	if (!cd->evt_bufs)
 		return -ENOMEM;
 	spin_lock_irqsave(&cd->evt_lock, flags);

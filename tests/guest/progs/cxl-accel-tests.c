@@ -1612,6 +1612,161 @@ static int restart_stream(int secs, const char *path, bool soak)
 	return why[0] ? 1 : 0;
 }
 
+/* ----------------------------------------------------- function reset */
+
+/*
+ * A Function Level Reset of the device's PCI function while a thread runs
+ * device ATOMICs and pages are migrated to device memory (CXL attach on a
+ * kernel with virtio's reset_prepare/reset_done; only with -t: it resets
+ * the device under the other tests). Nothing is lost: the buffer and the
+ * migrated pages hold their data, every ATOMIC either completed (counted
+ * in the word) or failed with EIO, and the device serves on.
+ */
+FIXTURE_ALIAS(reset, dev);
+
+FIXTURE_SETUP(reset)
+{
+	return cxla_open_devs(&c->devs, CXLA_NO_PEER);
+}
+
+FIXTURE_APPLIES(reset)
+{
+	return false;
+}
+
+struct hammer {
+	int fd;
+	struct cxl_accel_mem target;
+	volatile int stop;
+	uint64_t ok, cut, other, added;
+	int other_errno;
+};
+
+static void *hammer_thread(void *arg)
+{
+	struct hammer *h = arg;
+	struct cxl_accel_atomic out;
+	int r;
+
+	while (!h->stop) {
+		r = cxla_atomic(h->fd, h->target, CXL_ACCEL_ATOMIC_FETCH_ADD, 8,
+				1, 0, 100, 120000, &out);
+		if (!r) {
+			h->ok++;
+			h->added += out.count;
+		} else if (r == -EIO) {
+			h->cut++;
+		} else {
+			h->other++;
+			h->other_errno = -r;
+		}
+	}
+	return NULL;
+}
+
+/* The first line of a sysfs file, without its newline: 0, or -1 (errno). */
+static int read_attr(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	bool got;
+
+	if (!f)
+		return -1;
+	got = fgets(buf, len, f);
+	fclose(f);
+	if (!got)
+		return -1;
+	buf[strcspn(buf, "\n")] = 0;
+	return 0;
+}
+
+CXLA_TEST_F(reset, function_reset)
+{
+	const char *dev = strrchr(c->path, '/') + 1;
+	const size_t blen = 64 * KiB, mlen = 64 * (size_t)page_size;
+	struct cxl_accel_alloc a, w;
+	struct cxl_accel_migrate m;
+	struct hammer h = { .fd = c->fd };
+	uint8_t *buf, *mig, *ref;
+	uint64_t *word, final;
+	char method[128] = "", cxl[128] = "", path[256];
+	pthread_t th;
+	double t0, took;
+	uint32_t crc;
+	int r;
+
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl", dev);
+	CHECK(!read_attr(path, cxl, sizeof(cxl)), "%s: %s", path,
+	      strerror(errno));
+	if (!strncmp(cxl, "none", 4)) {
+		DETAIL("not a CXL endpoint (%s)", cxl);
+		return SKIP;
+	}
+	/* the PCI function is the virtio device's parent */
+	snprintf(path, sizeof(path),
+		 "/sys/class/cxl-accel/%s/device/../reset_method", dev);
+	CHECK(!read_attr(path, method, sizeof(method)), "%s: %s", path,
+	      strerror(errno));
+	CHECK(!strncmp(method, "flr", 3), "reset_method '%s': FLR not first",
+	      method);
+
+	ref = malloc(blen);
+	CHECK(ref, "malloc");
+	fill_random(ref, blen, 0x5e7);
+	OK(cxla_alloc(c->fd, blen, 0, &a));
+	buf = cxla_map(c->fd, &a);
+	CHECK(buf, "mmap: %s", strerror(errno));
+	memcpy(buf, ref, blen);
+	mig = map_anon(mlen);
+	CHECK(mig, "mmap anon");
+	memcpy(mig, ref, mlen);
+	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+	CHECK(m.migrated == mlen / page_size, "%llu of %zu pages migrated",
+	      (unsigned long long)m.migrated, mlen / page_size);
+	OK(cxla_alloc(c->fd, 4096, 0, &w));
+	word = cxla_map(c->fd, &w);
+	CHECK(word, "mmap: %s", strerror(errno));
+	*word = 0;
+
+	h.target = cxla_dev(w.handle, 0);
+	CHECK(!pthread_create(&th, NULL, hammer_thread, &h), "pthread_create");
+	usleep(200000);
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/device/../reset",
+		 dev);
+	t0 = now_sec();
+	r = cxla_write_str(path, "1");
+	if (r) {
+		h.stop = 1;
+		pthread_join(th, NULL);
+		FAILF("writing %s: %s", path, strerror(-r));
+	}
+	took = now_sec() - t0;
+	usleep(300000);
+	h.stop = 1;
+	pthread_join(th, NULL);
+
+	final = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+	CHECK(!h.other, "%llu ATOMICs failed otherwise (last: %s)",
+	      (unsigned long long)h.other, strerror(h.other_errno));
+	CHECK(final >= h.added && final <= h.added + 100 * h.cut,
+	      "the word holds %llu, the completed ATOMICs added %llu (%llu cut)",
+	      (unsigned long long)final, (unsigned long long)h.added,
+	      (unsigned long long)h.cut);
+	CHECK(!memcmp(buf, ref, blen), "the buffer changed through the reset");
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), blen, 0, &crc));
+	CHECK(crc == crc32c(0, ref, blen), "the device reads other data");
+	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed");
+	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+	CHECK(!memcmp(mig, ref, mlen), "the pages changed moving again");
+	OK(cxla_fill(c->fd, cxla_dev(a.handle, 0), blen, 0xa5a5a5a5a5a5a5a5ULL, 0));
+	CHECK(buf[blen - 1] == 0xa5, "a device fill after the reset not seen");
+	free(ref);
+	DETAIL("FLR (reset_method %s) in %.0f ms under %llu ATOMICs (%llu cut); 64 KiB buffer and %zu migrated pages intact, device serving",
+	       method, took * 1000, (unsigned long long)h.ok,
+	       (unsigned long long)h.cut, mlen / page_size);
+	return PASS;
+}
+
 CXLA_MODE(hold, "--hold", "DEV", 1)
 {
 	return hold(argv[0]);

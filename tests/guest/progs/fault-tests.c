@@ -2073,7 +2073,7 @@ static int row_ras_correctable(struct cxlregs *r, char *d, size_t n)
 	return PASS;
 }
 
-/* 8.2.4.20.7: Lock On Commit: fixed until reset (the last row) */
+/* 8.2.4.20.7: Lock On Commit: fixed until reset (the resets below keep it) */
 static int row_lock_on_commit(struct cxlregs *r, char *d, size_t n)
 {
 	uint32_t c1 = decoder0(r, 0x100000000ULL, r->size, HDM_COMMIT | HDM_LOCK), c2, base;
@@ -2089,6 +2089,106 @@ static int row_lock_on_commit(struct cxlregs *r, char *d, size_t n)
 	return PASS;
 }
 
+/* the PCI Express capability's config offset (0: none) */
+static unsigned int pcie_cap(struct cxlregs *r)
+{
+	unsigned int off = cfg_rd(r, 0x34) & 0xFC, hops;
+
+	for (hops = 0; off && hops < 48; hops++) {
+		uint32_t h = cfg_rd(r, off);
+
+		if ((h & 0xFF) == 0x10)
+			return off;
+		off = (h >> 8) & 0xFC;
+	}
+	return 0;
+}
+
+/*
+ * What the rows before left, which a reset must keep: decoder 0 committed
+ * with Lock On Commit, CONFIG_LOCK with the Range 1 base, RAS masks cleared
+ * (sticky). Empty when kept, else what changed.
+ */
+static void cxl_mem_state(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t c = blk_rd(r, r->hdm + 0x20);
+	uint32_t lk = cfg_rd(r, r->dvsec[0] + 0x14) & 0xFFFF;
+	uint32_t lo = cfg_rd(r, r->dvsec[0] + 0x24);
+	uint32_t ue = blk_rd(r, r->ras + 4);
+
+	d[0] = 0;
+	if ((c & (HDM_COMMITTED | HDM_LOCK)) != (HDM_COMMITTED | HDM_LOCK) ||
+	    lk != 1 || lo != 0x10000000 || ue)
+		snprintf(d, n, "decoder 0 control %#x, CONFIG_LOCK %#x, base low %#x, UE mask %#x (want committed and locked, 1, 0x10000000, 0)",
+			 c, lk, lo, ue);
+}
+
+/* PCIe r6 6.6.2, CXL r3.1 9.5: FLR resets the function, not CXL.mem state */
+static int row_flr(struct cxlregs *r, char *d, size_t n)
+{
+	unsigned int pe = pcie_cap(r);
+	uint32_t devcap, cmd, ctl;
+
+	ROW_CHECK(pe, "no PCI Express capability");
+	devcap = cfg_rd(r, pe + 4);
+	ROW_CHECK(devcap & (1U << 28), "Device Capabilities %#x: not FLR capable", devcap);
+	cmd = cfg_rd(r, 4) & 0xFFFF;
+	cfg_wr(r, pe + 8, (cfg_rd(r, pe + 8) & 0xFFFF) | (1U << 15));
+	usleep(100000);			/* the 100 ms after an FLR */
+	ctl = cfg_rd(r, pe + 8) & 0xFFFF;
+	cfg_wr(r, 4, cmd);		/* as the kernel restores it */
+	ROW_CHECK(!(ctl & (1U << 15)), "Device Control %#x after FLR: Initiate FLR reads 1", ctl);
+	cxl_mem_state(r, d, n);
+	if (d[0])
+		return FAIL;
+	snprintf(d, n, "FLR capable (%#x); Initiate FLR written, reads 0; decoder 0 still committed and locked, CONFIG_LOCK and the base kept, RAS masks kept", devcap);
+	return PASS;
+}
+
+/*
+ * CXL r3.1 8.1.3.1, 8.1.3.4-5, 9.7: CXL Reset with Mem Clr: Reset Complete
+ * within the advertised timeout, device memory zeroed, what is locked and
+ * the sticky RAS registers kept (the last row: it clears device memory)
+ */
+static int row_cxl_reset(struct cxlregs *r, char *d, size_t n)
+{
+	unsigned int c2 = r->dvsec[0] + 0x10;
+	uint32_t cap = cfg_rd(r, r->dvsec[0] + 8) >> 16, cmd, st = 0, before, after;
+	volatile uint32_t *mem;
+	char p[256];
+	int fd, ms;
+
+	ROW_CHECK((cap & 0x880) == 0x880 && ((cap >> 8) & 7) == 1,
+		  "Capability %#x: want CXL Reset capable, Mem Clr capable, timeout 100 ms", cap);
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource4", r->bdf);
+	fd = open(p, O_RDWR | O_SYNC);
+	mem = fd < 0 ? MAP_FAILED : mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	ROW_CHECK(mem != MAP_FAILED, "%s: %s", p, strerror(errno));
+	mem[0] = 0xC0FFEE;
+	before = mem[0];
+	cmd = cfg_rd(r, 4) & 0xFFFF;
+	cfg_wr(r, c2, (1U << 2) | (1U << 3));	/* Initiate CXL Reset, Mem Clr Enable */
+	for (ms = 0; ms <= 100; ms += 10) {
+		st = cfg_rd(r, c2) >> 16;
+		if (st & (3U << 1))
+			break;
+		usleep(10000);
+	}
+	cfg_wr(r, 4, cmd);
+	after = mem[0];
+	munmap((void *)mem, 4096);
+	ROW_CHECK((st & 6) == 2, "Status2 %#x: want CXL Reset Complete, no Reset Error", st);
+	ROW_CHECK(before == 0xC0FFEE && !after,
+		  "device memory word %#x before, %#x after (want 0: Mem Clr)", before, after);
+	cxl_mem_state(r, d, n);
+	if (d[0])
+		return FAIL;
+	snprintf(d, n, "Capability %#x; Initiate CXL Reset with Mem Clr: Reset Complete (Status2 %#x) within %d ms, device memory zeroed, locked decoder, CONFIG_LOCK, base and RAS masks kept", cap, st, ms);
+	return PASS;
+}
+
 static const struct { const char *name; cxl_row_fn fn; } cxl_rows[] = {
 	{ "dvsecs", row_dvsecs }, { "capability", row_capability },
 	{ "range_size", row_range_size }, { "control", row_control },
@@ -2097,6 +2197,7 @@ static const struct { const char *name; cxl_row_fn fn; } cxl_rows[] = {
 	{ "commit", row_commit }, { "commit_errors", row_commit_errors },
 	{ "ras_masks", row_ras_masks }, { "ras_uncorrectable", row_ras_uncorrectable },
 	{ "ras_correctable", row_ras_correctable }, { "lock_on_commit", row_lock_on_commit },
+	{ "flr", row_flr }, { "cxl_reset", row_cxl_reset },
 };
 
 CXLA_MODE(cxl_registers, "--cxl-registers", "", 0)

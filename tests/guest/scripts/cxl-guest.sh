@@ -273,6 +273,28 @@ for dev in $(device_list); do
     fi
 done
 
+# A Function Level Reset of each function, through sysfs, while a thread runs
+# device ATOMICs and pages are migrated there: the driver quiesces and
+# rebuilds its queues (reset_prepare/reset_done), nothing is lost, and the
+# CXL state stays as the specification says (FLR leaves CXL.mem alone): the
+# same memdev, locked decoders and region.
+for dev in $(device_list); do
+    bdf=$(pci_of "$dev")
+    region_before=$(cat "/sys/class/cxl-accel/$dev/cxl")
+    before=$(dmesg | wc -l)
+    "$TESTS" -d "/dev/$dev" -p "$dev." -t function_reset >/tmp/t.out 2>&1
+    cat /tmp/t.out
+    region_after=$(cat "/sys/class/cxl-accel/$dev/cxl")
+    served=$(dmesg | tail -n +$((before + 1)) | grep -c "function reset: serving again")
+    if grep -q "function_reset PASS" /tmp/t.out && [ "$served" = 1 ] &&
+        [ "$region_after" = "$region_before" ]; then
+        result "$dev.reset_region_kept" PASS "$bdf: FLR, the driver served again once, region unchanged ($region_after)"
+    else
+        result "$dev.reset_region_kept" FAIL "$bdf: test '$(grep -o 'function_reset [A-Z]*' /tmp/t.out)', 'serving again' $served times, region '$region_before' -> '$region_after'"
+    fi
+done
+check_all reset
+
 # Loads and stores through each region: the device memory behind it (a QEMU
 # with x-cxl-mem-bar), or an mmap refused with ENXIO (stock QEMU).
 want_path='refused with ENXIO'
