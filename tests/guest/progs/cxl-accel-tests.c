@@ -1683,6 +1683,7 @@ static int read_attr(const char *path, char *buf, size_t len)
 CXLA_TEST_F(reset, function_reset)
 {
 	const char *dev = strrchr(c->path, '/') + 1;
+	/* a buffer and migrated pages; ref holds the larger */
 	const size_t blen = 64 * KiB, mlen = 64 * (size_t)page_size;
 	struct cxl_accel_alloc a, w;
 	struct cxl_accel_migrate m;
@@ -1710,9 +1711,9 @@ CXLA_TEST_F(reset, function_reset)
 	CHECK(!strncmp(method, "flr", 3), "reset_method '%s': FLR not first",
 	      method);
 
-	ref = malloc(blen);
+	ref = malloc(mlen);
 	CHECK(ref, "malloc");
-	fill_random(ref, blen, 0x5e7);
+	fill_random(ref, mlen, 0x5e7);
 	OK(cxla_alloc(c->fd, blen, 0, &a));
 	buf = cxla_map(c->fd, &a);
 	CHECK(buf, "mmap: %s", strerror(errno));
