@@ -380,6 +380,9 @@ static int cxla_reset_prepare(struct virtio_device *vdev)
 	unsigned long t0 = jiffies;
 	unsigned int busy;
 
+	/* not while probe or remove runs (they hold another lock than the reset) */
+	if (!cd || !cd->cmdq || READ_ONCE(cd->dead))
+		return -ENODEV;
 	if (!(cd->features & CXLA_F_CXL)) {
 		dev_warn(&cd->dev,
 			 "function reset: only a CXL endpoint keeps its memory through one; unbind the driver before resetting this device\n");
@@ -394,8 +397,8 @@ static int cxla_reset_prepare(struct virtio_device *vdev)
 
 	busy = cxla_cmdq_hold(cd, cxla_timeout_jiffies(0));
 	virtio_reset_device(vdev);
+	/* the reaper may submit (a FREE): it waits for reset_done, unflushed */
 	cxla_cancel_all(cd);
-	flush_work(&cd->reap_work);
 	cxla_cmdq_detach(cd);
 	cd->evt_vq = NULL;
 	vdev->config->del_vqs(vdev);
