@@ -59,8 +59,9 @@ const DVSEC_IO_ENABLE: u16 = 1 << 1;
 /// enables, Range 1's base) read-only (CXL r3.1 8.1.3.6).
 const DVSEC_CONFIG_LOCK: u16 = 1;
 /// DVSEC CXL Capability: Cache, IO and Mem capable, one HDM range, Cache Writeback and
-/// Invalidate capable, CXL Reset capable with a 100 ms timeout (001b) and Mem Clr capable.
-const DVSEC_CAPABILITY: u16 = 0x17 | 1 << 6 | 1 << 7 | 1 << 8 | 1 << 11;
+/// Invalidate capable, CXL Reset capable and Mem Clr capable; the CXL Reset timeout (bits
+/// 10:8) comes from the memory size ([`reset_timeout`]).
+const DVSEC_CAPABILITY: u16 = 0x17 | 1 << 6 | 1 << 7 | 1 << 11;
 // DVSEC CXL Control2 (CXL r3.1 8.1.3.4) and Status2 (8.1.3.5).
 const CONTROL2_DISABLE_CACHING: u16 = 1 << 0;
 const CONTROL2_INITIATE_WBI: u16 = 1 << 1;
@@ -238,7 +239,10 @@ impl Cxl {
         let size = self.capacity;
         match off & !3 {
             // Capability (a Type-2 device), after the DVSEC ID; Control, Status (nothing).
-            0x08 => ((DVSEC_CAPABILITY as u32) << 16) | DVSEC_DEVICE_ID as u32,
+            0x08 => {
+                let cap = DVSEC_CAPABILITY | reset_timeout(self.capacity) << 8;
+                ((cap as u32) << 16) | DVSEC_DEVICE_ID as u32
+            }
             0x0C => (r.dvsec_control | DVSEC_IO_ENABLE) as u32,
             0x10 => r.control2 as u32 | ((r.status2 | STATUS2_PM_INIT_COMPLETE) as u32) << 16,
             // CXL Lock; Capability2 (nothing) in the upper half.
@@ -380,6 +384,17 @@ impl Cxl {
 
 /// DVSEC ID of the PCIe DVSEC for CXL Devices.
 pub const DVSEC_DEVICE_ID: u16 = 0;
+
+/// The CXL Reset timeout code (CXL r3.1 8.1.3.1: 001b 100 ms, 010b 1 s, 011b 10 s) for
+/// clearing `capacity` bytes, which a CXL Reset with Mem Clr does before it completes (a
+/// few GB/s: 256 MiB well within 100 ms).
+fn reset_timeout(capacity: u64) -> u16 {
+    match capacity {
+        c if c <= 256 << 20 => 1,
+        c if c <= 4 << 30 => 2,
+        _ => 3,
+    }
+}
 
 /// A write of DVSEC CXL Control2. The device has no cache of its own to write back (device
 /// memory is the shared file), so a write-back and invalidation completes at once, and a
@@ -656,6 +671,8 @@ mod tests {
         assert_eq!((cap >> 4) & 0x3, 1, "one HDM range");
         assert_ne!(cap & (1 << 7), 0, "CXL Reset capable");
         assert_eq!((cap >> 8) & 0x7, 1, "CXL Reset timeout 100 ms");
+        let cap = (Cxl::new(1 << 30).dvsec_device_read(0x08) >> 16) as u16;
+        assert_eq!((cap >> 8) & 0x7, 2, "1 GiB: CXL Reset timeout 1 s");
         assert_ne!(cap & (1 << 11), 0, "Mem Clr capable");
         // Status2: PM initialisation complete, nothing else.
         assert_eq!(c.dvsec_device_read(0x10) >> 16, 1 << 15);
