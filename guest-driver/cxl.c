@@ -24,6 +24,7 @@
  * virtio-pci again, so the function comes back without a driver of ours.
  * It also goes when virtio-pci lets go of the function (its devres).
  */
+#include <linux/bitfield.h>
 #include <linux/delay.h>
 #include <linux/highmem.h>
 #include <linux/io.h>
@@ -293,6 +294,110 @@ int cxla_cxl_probe(struct cxla_dev *cd)
 
 #endif
 
+/* CXL r3.1 8.1.3.1, 8.1.3.4-5: CXL Reset in the CXL Device DVSEC */
+#define CXLA_DVSEC_CAP_RESET		BIT(7)
+#define CXLA_DVSEC_CAP_RESET_TIMEOUT	GENMASK(10, 8)
+#define CXLA_DVSEC_CAP_MEM_CLR		BIT(11)
+#define CXLA_DVSEC_CTRL2		0x10
+#define CXLA_DVSEC_CTRL2_RESET		BIT(2)
+#define CXLA_DVSEC_CTRL2_MEM_CLR	BIT(3)
+#define CXLA_DVSEC_STATUS2		0x12
+#define CXLA_DVSEC_STATUS2_DONE		BIT(1)
+#define CXLA_DVSEC_STATUS2_ERROR	BIT(2)
+
+#ifdef CXLA_HAVE_VIRTIO_RESET
+/*
+ * CXL Reset (CXL r3.1 9.7), for which the PCI core has no reset method:
+ * the driver quiesces as for an FLR (virtio's reset_prepare, main.c), saves
+ * config space, starts the reset through the CXL Device DVSEC (with Mem Clr
+ * when asked), waits for Reset Complete within the timeout the device
+ * advertises, restores config space and sets the device up again
+ * (reset_done). What firmware locked (the decoders, CONFIG_LOCK) survives
+ * it, so the region stays; with clear, device memory reads zeros after.
+ */
+static int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
+{
+	struct pci_dev *pdev = to_pci_dev(cd->vdev->dev.parent);
+	u16 dvsec, cap, st = 0;
+	unsigned long deadline;
+	unsigned int ms, code;
+	int ret, done;
+
+	dvsec = pci_find_dvsec_capability(pdev, PCI_VENDOR_ID_CXL,
+					  PCI_DVSEC_CXL_DEVICE);
+	if (!dvsec)
+		return -ENODEV;
+	pci_read_config_word(pdev, dvsec + PCI_DVSEC_CXL_CAP, &cap);
+	if (!(cap & CXLA_DVSEC_CAP_RESET) ||
+	    (clear && !(cap & CXLA_DVSEC_CAP_MEM_CLR)))
+		return -EOPNOTSUPP;
+	/* 000b 10 ms, 001b 100 ms, 010b 1 s, 011b 10 s, 100b 100 s */
+	code = min_t(unsigned int, FIELD_GET(CXLA_DVSEC_CAP_RESET_TIMEOUT, cap), 4);
+	for (ms = 10; code; code--)
+		ms *= 10;
+	/* not during a PCI reset of the function, nor its removal */
+	if (!device_trylock(&pdev->dev))
+		return -EBUSY;
+	ret = virtio_device_reset_prepare(cd->vdev);
+	if (ret)
+		goto out;
+	pci_save_state(pdev);
+	pci_write_config_word(pdev, dvsec + CXLA_DVSEC_CTRL2,
+			      CXLA_DVSEC_CTRL2_RESET |
+			      (clear ? CXLA_DVSEC_CTRL2_MEM_CLR : 0));
+	deadline = jiffies + msecs_to_jiffies(ms);
+	for (;;) {
+		pci_read_config_word(pdev, dvsec + CXLA_DVSEC_STATUS2, &st);
+		if (st & (CXLA_DVSEC_STATUS2_DONE | CXLA_DVSEC_STATUS2_ERROR) ||
+		    time_after(jiffies, deadline))
+			break;
+		usleep_range(10000, 20000);
+	}
+	pci_restore_state(pdev);
+	done = virtio_device_reset_done(cd->vdev);
+	if (!(st & CXLA_DVSEC_STATUS2_DONE) || (st & CXLA_DVSEC_STATUS2_ERROR)) {
+		dev_err(&cd->dev, "CXL reset: no Reset Complete within %u ms (Status2 %#x)\n",
+			ms, st);
+		ret = -EIO;
+	} else {
+		ret = done;
+		dev_info(&cd->dev, "CXL reset%s complete (Status2 %#x)\n",
+			 clear ? " with memory clear" : "", st);
+	}
+out:
+	device_unlock(&pdev->dev);
+	return ret;
+}
+#else
+static int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
+{
+	return -EOPNOTSUPP;	/* the driver needs virtio's reset_prepare */
+}
+#endif
+
+/* "keep" or "clear" (device memory): a CXL Reset of the device */
+static ssize_t cxl_reset_store(struct device *dev,
+			       struct device_attribute *attr,
+			       const char *buf, size_t count)
+{
+	struct cxla_dev *cd = to_cxla_dev(dev);
+	bool clear;
+	int ret;
+
+	if (sysfs_streq(buf, "clear"))
+		clear = true;
+	else if (sysfs_streq(buf, "keep"))
+		clear = false;
+	else
+		return -EINVAL;
+	if (!(cd->features & CXLA_F_CXL) || !cd->vdev ||
+	    !dev_is_pci(cd->vdev->dev.parent))
+		return -ENODEV;
+	ret = cxla_cxl_reset(cd, clear);
+	return ret ?: count;
+}
+static DEVICE_ATTR_WO(cxl_reset);
+
 static ssize_t cxl_show(struct device *dev, struct device_attribute *attr,
 			char *buf)
 {
@@ -310,6 +415,7 @@ static DEVICE_ATTR_RO(cxl);
 
 static struct attribute *cxla_cxl_attrs[] = {
 	&dev_attr_cxl.attr,
+	&dev_attr_cxl_reset.attr,
 	NULL,
 };
 

@@ -1768,6 +1768,74 @@ CXLA_TEST_F(reset, function_reset)
 	return PASS;
 }
 
+/*
+ * A CXL Reset through the driver (sysfs cxl_reset), without and with Mem
+ * Clr: migrated pages stay intact either way (the driver moves them back
+ * first), a buffer keeps its data with "keep" and reads zeros with "clear",
+ * and the device serves on.
+ */
+CXLA_TEST_F(reset, cxl_reset)
+{
+	const char *dev = strrchr(c->path, '/') + 1;
+	const size_t blen = 64 * KiB, mlen = 64 * (size_t)page_size;
+	struct cxl_accel_migrate m;
+	struct cxl_accel_alloc a;
+	uint8_t *buf, *mig, *ref, *zero;
+	char path[256], cxl[128] = "";
+	double t0, keep_ms, clear_ms;
+	uint32_t crc;
+	size_t i;
+	int r;
+
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl", dev);
+	CHECK(!read_attr(path, cxl, sizeof(cxl)), "%s: %s", path,
+	      strerror(errno));
+	if (!strncmp(cxl, "none", 4)) {
+		DETAIL("not a CXL endpoint (%s)", cxl);
+		return SKIP;
+	}
+	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl_reset", dev);
+	ref = malloc(mlen);
+	zero = calloc(1, blen);
+	CHECK(ref && zero, "malloc");
+	fill_random(ref, mlen, 0xc1e);
+	OK(cxla_alloc(c->fd, blen, 0, &a));
+	buf = cxla_map(c->fd, &a);
+	CHECK(buf, "mmap: %s", strerror(errno));
+	memcpy(buf, ref, blen);
+	mig = map_anon(mlen);
+	CHECK(mig, "mmap anon");
+	memcpy(mig, ref, mlen);
+	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+
+	CHECK(cxla_write_str(path, "bogus") == -EINVAL, "'bogus' accepted");
+	t0 = now_sec();
+	r = cxla_write_str(path, "keep");
+	keep_ms = (now_sec() - t0) * 1000;
+	CHECK(!r, "writing keep: %s", strerror(-r));
+	CHECK(!memcmp(buf, ref, blen), "the buffer changed through a reset without clear");
+	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed");
+	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+
+	t0 = now_sec();
+	r = cxla_write_str(path, "clear");
+	clear_ms = (now_sec() - t0) * 1000;
+	CHECK(!r, "writing clear: %s", strerror(-r));
+	for (i = 0; i < blen && !buf[i]; i++)
+		;
+	CHECK(i == blen, "byte %zu of the buffer reads %#x after Mem Clr", i, buf[i]);
+	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), blen, 0, &crc));
+	CHECK(crc == crc32c(0, zero, blen), "the device reads no zeros after Mem Clr");
+	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed through Mem Clr");
+	OK(cxla_fill(c->fd, cxla_dev(a.handle, 0), blen, 0x5a5a5a5a5a5a5a5aULL, 0));
+	CHECK(buf[blen / 2] == 0x5a, "a device fill after the reset not seen");
+	free(ref);
+	free(zero);
+	DETAIL("CXL Reset without clear in %.0f ms: buffer and %zu migrated pages intact; with Mem Clr in %.0f ms: buffer zeroed, migrated pages intact; device serving",
+	       keep_ms, mlen / page_size, clear_ms);
+	return PASS;
+}
+
 CXLA_MODE(hold, "--hold", "DEV", 1)
 {
 	return hold(argv[0]);
