@@ -80,6 +80,7 @@ struct cxla_dev {
 	 */
 	bool resetting;
 	bool cmds_held;
+	struct task_struct *reset_owner;	/* submits while cmds_held */
 	wait_queue_head_t unpaused;
 	bool mem_enabled;		/* we enabled mem_pdev (not virtio-pci) */
 	bool wedged;			/* last command timed out */

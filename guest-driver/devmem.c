@@ -450,7 +450,7 @@ static struct pci_dev *cxla_find_mem_function(struct cxla_dev *cd)
 }
 
 /* Tell the device where its memory BAR is; retry while it is not mapped. */
-static int cxla_set_devmem_base(struct cxla_dev *cd)
+int cxla_set_devmem_base(struct cxla_dev *cd)
 {
 	struct cxla_set_devmem_base b = { .gpa = cpu_to_le64(cd->devmem_gpa) };
 	struct cxla_resp resp;

@@ -80,6 +80,7 @@ struct page *cxla_buf_page(struct cxla_buf *buf, unsigned long idx);
 struct cxla_buf *cxla_file_buf_get(struct cxla_file *cf, u32 handle);
 void cxla_zap_mappings(struct cxla_dev *cd);
 int cxla_map_read_lock(struct cxla_dev *cd);
+int cxla_set_devmem_base(struct cxla_dev *cd);
 
 /* numa.c */
 #endif /* CXL_ACCEL_DEVMEM_H */

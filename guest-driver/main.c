@@ -364,15 +364,18 @@ static void cxla_remove(struct virtio_device *vdev)
 
 #ifdef CXLA_HAVE_VIRTIO_RESET
 /*
- * A function reset (FLR: sysfs reset, a VFIO user, the CXL core), which
- * virtio-pci brackets with these two. The device forgets its virtqueues;
- * device memory and the CXL.mem state stay (CXL r3.1 9.5), so the region
- * survives, but QEMU takes the BAR away while memory decoding is off. So
+ * A function reset (FLR: sysfs reset, a VFIO user; cxl.c's CXL Reset),
+ * which virtio-pci brackets with these two. The device forgets its
+ * virtqueues; device memory stays (the daemon's file; with CXL the CXL.mem
+ * state too, CXL r3.1 9.5, so the region survives), but the guest cannot
+ * reach it for a while: QEMU takes the BAR away while memory decoding is
+ * off, and a shared memory region until the daemon maps it again. So
  * first faults wait and CPU mappings of device memory are zapped, migrated
  * pages go back to RAM while the device still copies, then commands wait,
  * those in flight get the command timeout to come back (the rest end with
- * -EIO), and the virtqueues go. reset_done builds them again and lets the
- * waiters on. Other attach modes lose device memory with the reset.
+ * -EIO), and the virtqueues go. reset_done builds them again, has the
+ * device confirm its memory (SET_DEVMEM_BASE, as at probe) and lets the
+ * waiters on.
  */
 static int cxla_reset_prepare(struct virtio_device *vdev)
 {
@@ -383,11 +386,6 @@ static int cxla_reset_prepare(struct virtio_device *vdev)
 	/* not while probe or remove runs (they hold another lock than the reset) */
 	if (!cd || !cd->cmdq || READ_ONCE(cd->dead))
 		return -ENODEV;
-	if (!(cd->features & CXLA_F_CXL)) {
-		dev_warn(&cd->dev,
-			 "function reset: only a CXL endpoint keeps its memory through one; unbind the driver before resetting this device\n");
-		return -EOPNOTSUPP;
-	}
 	down_write(&cd->map_sem);
 	WRITE_ONCE(cd->resetting, true);
 	up_write(&cd->map_sem);
@@ -420,15 +418,23 @@ static int cxla_reset_done(struct virtio_device *vdev)
 		if (cd->evt_vq)
 			ret = cxla_evt_init(cd);
 	}
+	if (!ret && cd->mem_pdev) {
+		/* before anyone else: a shared memory region is back only then */
+		cxla_cmdq_restart(cd);
+		WRITE_ONCE(cd->reset_owner, current);
+		ret = cxla_set_devmem_base(cd);
+		WRITE_ONCE(cd->reset_owner, NULL);
+	}
 	if (ret) {
 		/* commands fail (-ENODEV) from now on; removal still works */
-		WRITE_ONCE(cd->cmds_held, false);
+		cxla_cmdq_stop(cd);
 		dev_err(&cd->dev,
-			"function reset: cannot set up the queues again (%d); bind the driver again\n",
+			"function reset: cannot set up the device again (%d); bind the driver again\n",
 			ret);
 	} else {
-		cxla_cmdq_release(cd);
+		cxla_cmdq_restart(cd);
 	}
+	cxla_cmdq_release(cd);
 	down_write(&cd->map_sem);
 	WRITE_ONCE(cd->resetting, false);
 	up_write(&cd->map_sem);

@@ -274,7 +274,8 @@ static bool cxla_cmd_room(struct cxla_dev *cd, struct cxla_cmdq *q,
 	bool room;
 
 	spin_lock_irqsave(&q->lock, flags);
-	room = cd->stopped || cd->cmds_held || q->vq->num_free >= needed;
+	room = cd->stopped || (cd->cmds_held && cd->reset_owner != current) ||
+	       q->vq->num_free >= needed;
 	spin_unlock_irqrestore(&q->lock, flags);
 	return room;
 }
@@ -337,7 +338,7 @@ int cxla_req_submit(struct cxla_dev *cd, struct cxla_req *req,
 
 	for (;;) {
 		spin_lock_irqsave(&q->lock, flags);
-		if (cd->cmds_held) {
+		if (cd->cmds_held && cd->reset_owner != current) {
 			ret = -EAGAIN;	/* a function reset: wait for its end */
 		} else if (cd->stopped) {
 			ret = -ENODEV;
@@ -877,17 +878,32 @@ void cxla_cmdq_detach(struct cxla_dev *cd)
 	}
 }
 
-/* After the reset, with new virtqueues: submitters go on. */
+/*
+ * After the reset, with new virtqueues: the queues run again, only for
+ * cd->reset_owner (what the device needs before the rest) until
+ * cxla_cmdq_release().
+ */
+void cxla_cmdq_restart(struct cxla_dev *cd)
+{
+	unsigned int i;
+
+	for (i = 0; i < cd->nr_cmdq; i++) {
+		spin_lock_irq(&cd->cmdq[i].lock);
+		if (i == 0)
+			WRITE_ONCE(cd->stopped, false);
+		spin_unlock_irq(&cd->cmdq[i].lock);
+	}
+}
+
+/* Every submitter goes on. */
 void cxla_cmdq_release(struct cxla_dev *cd)
 {
 	unsigned int i;
 
 	for (i = 0; i < cd->nr_cmdq; i++) {
 		spin_lock_irq(&cd->cmdq[i].lock);
-		if (i == 0) {
-			WRITE_ONCE(cd->stopped, false);
+		if (i == 0)
 			WRITE_ONCE(cd->cmds_held, false);
-		}
 		spin_unlock_irq(&cd->cmdq[i].lock);
 	}
 	wake_up_all(&cd->unpaused);

@@ -115,6 +115,7 @@ void cxla_cmdq_free(struct cxla_dev *cd);
 void cxla_cmdq_stop(struct cxla_dev *cd);
 unsigned int cxla_cmdq_hold(struct cxla_dev *cd, unsigned long timeout);
 void cxla_cmdq_detach(struct cxla_dev *cd);
+void cxla_cmdq_restart(struct cxla_dev *cd);
 void cxla_cmdq_release(struct cxla_dev *cd);
 void cxla_reap_work(struct work_struct *work);
 void cxla_cancel_all(struct cxla_dev *cd);

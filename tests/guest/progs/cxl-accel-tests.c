@@ -1616,9 +1616,9 @@ static int restart_stream(int secs, const char *path, bool soak)
 
 /*
  * A Function Level Reset of the device's PCI function while a thread runs
- * device ATOMICs and pages are migrated to device memory (CXL attach on a
- * kernel with virtio's reset_prepare/reset_done; only with -t: it resets
- * the device under the other tests). Nothing is lost: the buffer and the
+ * device ATOMICs and pages are migrated to device memory (a kernel with
+ * virtio's reset_prepare/reset_done; only with -t: it resets the device
+ * under the other tests). Nothing is lost: the buffer and the
  * migrated pages hold their data, every ATOMIC either completed (counted
  * in the word) or failed with EIO, and the device serves on.
  */
@@ -1699,17 +1699,16 @@ CXLA_TEST_F(reset, function_reset)
 	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl", dev);
 	CHECK(!read_attr(path, cxl, sizeof(cxl)), "%s: %s", path,
 	      strerror(errno));
-	if (!strncmp(cxl, "none", 4)) {
-		DETAIL("not a CXL endpoint (%s)", cxl);
-		return SKIP;
-	}
 	/* the PCI function is the virtio device's parent */
 	snprintf(path, sizeof(path),
 		 "/sys/class/cxl-accel/%s/device/../reset_method", dev);
-	CHECK(!read_attr(path, method, sizeof(method)), "%s: %s", path,
-	      strerror(errno));
-	CHECK(!strncmp(method, "flr", 3), "reset_method '%s': FLR not first",
-	      method);
+	if (read_attr(path, method, sizeof(method)) || strncmp(method, "flr", 3)) {
+		/* our CXL function advertises FLR; QEMU's functions may not */
+		CHECK(!strncmp(cxl, "none", 4), "reset_method '%s': no FLR first",
+		      method);
+		DETAIL("reset_method '%s': no FLR", method);
+		return SKIP;
+	}
 
 	ref = malloc(mlen);
 	CHECK(ref, "malloc");
