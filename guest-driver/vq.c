@@ -817,19 +817,28 @@ int cxla_cmdq_init(struct cxla_dev *cd, struct virtqueue **vqs, unsigned int n)
 	return 0;
 }
 
-/* No new commands on any queue (each queue's submitters see it under its lock). */
-void cxla_cmdq_stop(struct cxla_dev *cd)
+/*
+ * Sets a flag of cd that submitters read under their queue's lock: once
+ * every queue's lock was taken after it, each of them sees it.
+ */
+static void cxla_cmdq_flag(struct cxla_dev *cd, bool *flag, bool value)
 {
 	unsigned int i;
 
 	for (i = 0; i < cd->nr_cmdq; i++) {
 		spin_lock_irq(&cd->cmdq[i].lock);
 		if (i == 0)
-			WRITE_ONCE(cd->stopped, true);
+			WRITE_ONCE(*flag, value);
 		spin_unlock_irq(&cd->cmdq[i].lock);
 	}
 	if (!cd->nr_cmdq)
-		WRITE_ONCE(cd->stopped, true);
+		WRITE_ONCE(*flag, value);
+}
+
+/* No new commands on any queue. */
+void cxla_cmdq_stop(struct cxla_dev *cd)
+{
+	cxla_cmdq_flag(cd, &cd->stopped, true);
 }
 
 /* every descriptor back (read unlocked: a wait condition, woken on completions) */
@@ -849,12 +858,7 @@ unsigned int cxla_cmdq_hold(struct cxla_dev *cd, unsigned long timeout)
 	unsigned long deadline = jiffies + timeout;
 	unsigned int i, busy = 0;
 
-	for (i = 0; i < cd->nr_cmdq; i++) {
-		spin_lock_irq(&cd->cmdq[i].lock);
-		if (i == 0)
-			WRITE_ONCE(cd->cmds_held, true);
-		spin_unlock_irq(&cd->cmdq[i].lock);
-	}
+	cxla_cmdq_flag(cd, &cd->cmds_held, true);
 	for (i = 0; i < cd->nr_cmdq; i++) {
 		struct cxla_cmdq *q = &cd->cmdq[i];
 		long rest = max_t(long, (long)(deadline - jiffies), 1);
@@ -885,27 +889,13 @@ void cxla_cmdq_detach(struct cxla_dev *cd)
  */
 void cxla_cmdq_restart(struct cxla_dev *cd)
 {
-	unsigned int i;
-
-	for (i = 0; i < cd->nr_cmdq; i++) {
-		spin_lock_irq(&cd->cmdq[i].lock);
-		if (i == 0)
-			WRITE_ONCE(cd->stopped, false);
-		spin_unlock_irq(&cd->cmdq[i].lock);
-	}
+	cxla_cmdq_flag(cd, &cd->stopped, false);
 }
 
 /* Every submitter goes on. */
 void cxla_cmdq_release(struct cxla_dev *cd)
 {
-	unsigned int i;
-
-	for (i = 0; i < cd->nr_cmdq; i++) {
-		spin_lock_irq(&cd->cmdq[i].lock);
-		if (i == 0)
-			WRITE_ONCE(cd->cmds_held, false);
-		spin_unlock_irq(&cd->cmdq[i].lock);
-	}
+	cxla_cmdq_flag(cd, &cd->cmds_held, false);
 	wake_up_all(&cd->unpaused);
 }
 

@@ -208,6 +208,25 @@ impl Rig {
         b
     }
 
+    /// A driver's function (memory enabled, queue set up) with what a reset may keep or
+    /// drop: 8 KiB of device memory filled with 0xA5 and the CXL state below.
+    fn with_state_to_reset() -> Rig {
+        let mut r = Rig::new();
+        r.enable_memory();
+        r.start_driver();
+        r.fill_devmem(1, 0xA5, 0, 8192);
+        r.set_cxl_state();
+        r
+    }
+
+    /// After a reset: the driver sets the function up again and is served.
+    fn serves_again(&mut self) {
+        self.enable_memory();
+        self.restart_driver();
+        self.fill_devmem(2, 0x5A, 4096, 4096);
+        assert!(self.devmem_bytes(4096, 4096).iter().all(|&b| b == 0x5A));
+    }
+
     /// DVSEC state a reset may keep or drop: the range base set, CONFIG_LOCK set, a
     /// correctable RAS error logged with the masks cleared.
     fn set_cxl_state(&mut self) {
@@ -450,12 +469,8 @@ fn ras_errors_need_the_cxl_attach_mode() {
 
 #[test]
 fn a_function_level_reset_stops_the_queues_and_keeps_cxl_mem_state_and_memory() {
-    let mut r = Rig::new();
+    let mut r = Rig::with_state_to_reset();
     assert_ne!(r.config_read32(PCIE + 4) & (1 << 28), 0, "FLR capable");
-    r.enable_memory();
-    r.start_driver();
-    r.fill_devmem(1, 0xA5, 0, 8192);
-    r.set_cxl_state();
 
     // Initiate FLR (Device Control bit 15): it reads back as 0.
     r.config_write32(PCIE + 8, 1 << 15);
@@ -469,20 +484,12 @@ fn a_function_level_reset_stops_the_queues_and_keeps_cxl_mem_state_and_memory() 
     assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 1 << 3);
     assert!(r.devmem_bytes(0, 8192).iter().all(|&b| b == 0xA5));
 
-    // The driver sets the function up again and is served.
-    r.enable_memory();
-    r.restart_driver();
-    r.fill_devmem(2, 0x5A, 4096, 4096);
-    assert!(r.devmem_bytes(4096, 4096).iter().all(|&b| b == 0x5A));
+    r.serves_again();
 }
 
 #[test]
 fn a_cxl_reset_with_mem_clr_zeroes_device_memory_and_keeps_the_locked_registers() {
-    let mut r = Rig::new();
-    r.enable_memory();
-    r.start_driver();
-    r.fill_devmem(1, 0xA5, 0, 8192);
-    r.set_cxl_state();
+    let mut r = Rig::with_state_to_reset();
 
     // Without Mem Clr: memory stays.
     r.config_write32(DVSEC + 0x10, 1 << 2);
@@ -503,19 +510,12 @@ fn a_cxl_reset_with_mem_clr_zeroes_device_memory_and_keeps_the_locked_registers(
     assert_eq!(r.config_read32(DVSEC + 0x14), 1);
     assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 1 << 3);
 
-    r.enable_memory();
-    r.restart_driver();
-    r.fill_devmem(2, 0x5A, 0, 4096);
-    assert!(r.devmem_bytes(0, 4096).iter().all(|&b| b == 0x5A));
+    r.serves_again();
 }
 
 #[test]
 fn a_conventional_reset_drops_the_dvsec_state_and_keeps_ras_and_memory() {
-    let mut r = Rig::new();
-    r.enable_memory();
-    r.start_driver();
-    r.fill_devmem(1, 0xA5, 0, 8192);
-    r.set_cxl_state();
+    let mut r = Rig::with_state_to_reset();
 
     // What QEMU sends for a system reset or a secondary bus reset above us.
     r.f.reset().unwrap();

@@ -1680,15 +1680,43 @@ static int read_attr(const char *path, char *buf, size_t len)
 	return 0;
 }
 
+/* What a reset must keep: a buffer and pages migrated to device memory */
+struct reset_data {
+	size_t blen, mlen;		/* the buffer, the migrated pages */
+	struct cxl_accel_alloc a;
+	uint8_t *buf, *mig, *ref;	/* ref holds what both must hold */
+};
+
+#define RESET_DATA_INIT	{ .blen = 64 * KiB, .mlen = 64 * (size_t)page_size }
+
+static int reset_data_set_up(FIXTURE_DATA(reset) *c, struct reset_data *d,
+			     uint64_t seed)
+{
+	struct cxl_accel_migrate m;
+
+	d->ref = malloc(d->mlen);
+	CHECK(d->ref && d->blen <= d->mlen, "malloc");
+	fill_random(d->ref, d->mlen, seed);
+	OK(cxla_alloc(c->fd, d->blen, 0, &d->a));
+	d->buf = cxla_map(c->fd, &d->a);
+	CHECK(d->buf, "mmap: %s", strerror(errno));
+	memcpy(d->buf, d->ref, d->blen);
+	d->mig = map_anon(d->mlen);
+	CHECK(d->mig, "mmap anon");
+	memcpy(d->mig, d->ref, d->mlen);
+	OK(cxla_migrate(c->fd, d->mig, d->mlen, true, &m));
+	CHECK(m.migrated == d->mlen / page_size, "%llu of %zu pages migrated",
+	      (unsigned long long)m.migrated, d->mlen / page_size);
+	return PASS;
+}
+
 CXLA_TEST_F(reset, function_reset)
 {
 	const char *dev = strrchr(c->path, '/') + 1;
-	/* a buffer and migrated pages; ref holds the larger */
-	const size_t blen = 64 * KiB, mlen = 64 * (size_t)page_size;
-	struct cxl_accel_alloc a, w;
+	struct reset_data d = RESET_DATA_INIT;
+	struct cxl_accel_alloc w;
 	struct cxl_accel_migrate m;
 	struct hammer h = { .fd = c->fd };
-	uint8_t *buf, *mig, *ref;
 	uint64_t *word, final;
 	char method[128] = "", cxl[128] = "", path[256];
 	pthread_t th;
@@ -1710,19 +1738,9 @@ CXLA_TEST_F(reset, function_reset)
 		return SKIP;
 	}
 
-	ref = malloc(mlen);
-	CHECK(ref, "malloc");
-	fill_random(ref, mlen, 0x5e7);
-	OK(cxla_alloc(c->fd, blen, 0, &a));
-	buf = cxla_map(c->fd, &a);
-	CHECK(buf, "mmap: %s", strerror(errno));
-	memcpy(buf, ref, blen);
-	mig = map_anon(mlen);
-	CHECK(mig, "mmap anon");
-	memcpy(mig, ref, mlen);
-	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
-	CHECK(m.migrated == mlen / page_size, "%llu of %zu pages migrated",
-	      (unsigned long long)m.migrated, mlen / page_size);
+	r = reset_data_set_up(c, &d, 0x5e7);
+	if (r != PASS)
+		return r;
 	OK(cxla_alloc(c->fd, 4096, 0, &w));
 	word = cxla_map(c->fd, &w);
 	CHECK(word, "mmap: %s", strerror(errno));
@@ -1752,18 +1770,18 @@ CXLA_TEST_F(reset, function_reset)
 	      "the word holds %llu, the completed ATOMICs added %llu (%llu cut)",
 	      (unsigned long long)final, (unsigned long long)h.added,
 	      (unsigned long long)h.cut);
-	CHECK(!memcmp(buf, ref, blen), "the buffer changed through the reset");
-	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), blen, 0, &crc));
-	CHECK(crc == crc32c(0, ref, blen), "the device reads other data");
-	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed");
-	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
-	CHECK(!memcmp(mig, ref, mlen), "the pages changed moving again");
-	OK(cxla_fill(c->fd, cxla_dev(a.handle, 0), blen, 0xa5a5a5a5a5a5a5a5ULL, 0));
-	CHECK(buf[blen - 1] == 0xa5, "a device fill after the reset not seen");
-	free(ref);
+	CHECK(!memcmp(d.buf, d.ref, d.blen), "the buffer changed through the reset");
+	OK(cxla_checksum(c->fd, cxla_dev(d.a.handle, 0), d.blen, 0, &crc));
+	CHECK(crc == crc32c(0, d.ref, d.blen), "the device reads other data");
+	CHECK(!memcmp(d.mig, d.ref, d.mlen), "the migrated pages changed");
+	OK(cxla_migrate(c->fd, d.mig, d.mlen, true, &m));
+	CHECK(!memcmp(d.mig, d.ref, d.mlen), "the pages changed moving again");
+	OK(cxla_fill(c->fd, cxla_dev(d.a.handle, 0), d.blen, 0xa5a5a5a5a5a5a5a5ULL, 0));
+	CHECK(d.buf[d.blen - 1] == 0xa5, "a device fill after the reset not seen");
+	free(d.ref);
 	DETAIL("FLR (reset_method %s) in %.0f ms under %llu ATOMICs (%llu cut); 64 KiB buffer and %zu migrated pages intact, device serving",
 	       method, took * 1000, (unsigned long long)h.ok,
-	       (unsigned long long)h.cut, mlen / page_size);
+	       (unsigned long long)h.cut, d.mlen / page_size);
 	return PASS;
 }
 
@@ -1776,10 +1794,9 @@ CXLA_TEST_F(reset, function_reset)
 CXLA_TEST_F(reset, cxl_reset)
 {
 	const char *dev = strrchr(c->path, '/') + 1;
-	const size_t blen = 64 * KiB, mlen = 64 * (size_t)page_size;
+	struct reset_data d = RESET_DATA_INIT;
 	struct cxl_accel_migrate m;
-	struct cxl_accel_alloc a;
-	uint8_t *buf, *mig, *ref, *zero;
+	uint8_t *zero;
 	char path[256], cxl[128] = "";
 	double t0, keep_ms, clear_ms;
 	uint32_t crc;
@@ -1794,44 +1811,37 @@ CXLA_TEST_F(reset, cxl_reset)
 		return SKIP;
 	}
 	snprintf(path, sizeof(path), "/sys/class/cxl-accel/%s/cxl_reset", dev);
-	ref = malloc(mlen);
-	zero = calloc(1, blen);
-	CHECK(ref && zero, "malloc");
-	fill_random(ref, mlen, 0xc1e);
-	OK(cxla_alloc(c->fd, blen, 0, &a));
-	buf = cxla_map(c->fd, &a);
-	CHECK(buf, "mmap: %s", strerror(errno));
-	memcpy(buf, ref, blen);
-	mig = map_anon(mlen);
-	CHECK(mig, "mmap anon");
-	memcpy(mig, ref, mlen);
-	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+	zero = calloc(1, d.blen);
+	CHECK(zero, "calloc");
+	r = reset_data_set_up(c, &d, 0xc1e);
+	if (r != PASS)
+		return r;
 
 	CHECK(cxla_write_str(path, "bogus") == -EINVAL, "'bogus' accepted");
 	t0 = now_sec();
 	r = cxla_write_str(path, "keep");
 	keep_ms = (now_sec() - t0) * 1000;
 	CHECK(!r, "writing keep: %s", strerror(-r));
-	CHECK(!memcmp(buf, ref, blen), "the buffer changed through a reset without clear");
-	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed");
-	OK(cxla_migrate(c->fd, mig, mlen, true, &m));
+	CHECK(!memcmp(d.buf, d.ref, d.blen), "the buffer changed through a reset without clear");
+	CHECK(!memcmp(d.mig, d.ref, d.mlen), "the migrated pages changed");
+	OK(cxla_migrate(c->fd, d.mig, d.mlen, true, &m));
 
 	t0 = now_sec();
 	r = cxla_write_str(path, "clear");
 	clear_ms = (now_sec() - t0) * 1000;
 	CHECK(!r, "writing clear: %s", strerror(-r));
-	for (i = 0; i < blen && !buf[i]; i++)
+	for (i = 0; i < d.blen && !d.buf[i]; i++)
 		;
-	CHECK(i == blen, "byte %zu of the buffer reads %#x after Mem Clr", i, buf[i]);
-	OK(cxla_checksum(c->fd, cxla_dev(a.handle, 0), blen, 0, &crc));
-	CHECK(crc == crc32c(0, zero, blen), "the device reads no zeros after Mem Clr");
-	CHECK(!memcmp(mig, ref, mlen), "the migrated pages changed through Mem Clr");
-	OK(cxla_fill(c->fd, cxla_dev(a.handle, 0), blen, 0x5a5a5a5a5a5a5a5aULL, 0));
-	CHECK(buf[blen / 2] == 0x5a, "a device fill after the reset not seen");
-	free(ref);
+	CHECK(i == d.blen, "byte %zu of the buffer reads %#x after Mem Clr", i, d.buf[i]);
+	OK(cxla_checksum(c->fd, cxla_dev(d.a.handle, 0), d.blen, 0, &crc));
+	CHECK(crc == crc32c(0, zero, d.blen), "the device reads no zeros after Mem Clr");
+	CHECK(!memcmp(d.mig, d.ref, d.mlen), "the migrated pages changed through Mem Clr");
+	OK(cxla_fill(c->fd, cxla_dev(d.a.handle, 0), d.blen, 0x5a5a5a5a5a5a5a5aULL, 0));
+	CHECK(d.buf[d.blen / 2] == 0x5a, "a device fill after the reset not seen");
+	free(d.ref);
 	free(zero);
 	DETAIL("CXL Reset without clear in %.0f ms: buffer and %zu migrated pages intact; with Mem Clr in %.0f ms: buffer zeroed, migrated pages intact; device serving",
-	       keep_ms, mlen / page_size, clear_ms);
+	       keep_ms, d.mlen / page_size, clear_ms);
 	return PASS;
 }
 
