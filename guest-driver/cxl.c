@@ -315,7 +315,7 @@ int cxla_cxl_probe(struct cxla_dev *cd)
  * (reset_done). What firmware locked (the decoders, CONFIG_LOCK) survives
  * it, so the region stays; with clear, device memory reads zeros after.
  */
-static int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
+int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
 {
 	struct pci_dev *pdev = to_pci_dev(cd->vdev->dev.parent);
 	u16 dvsec, cap, st = 0;
@@ -369,7 +369,7 @@ out:
 	return ret;
 }
 #else
-static int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
+int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
 {
 	return -EOPNOTSUPP;	/* the driver needs virtio's reset_prepare */
 }

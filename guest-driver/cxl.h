@@ -26,4 +26,7 @@ static inline void cxla_cxl_exit(void) { }
 
 extern const struct attribute_group cxla_cxl_group;	/* sysfs */
 
+/* A CXL Reset (clear: with Mem Clr), the driver quiesced around it */
+int cxla_cxl_reset(struct cxla_dev *cd, bool clear);
+
 #endif /* CXL_ACCEL_CXL_H */

@@ -171,10 +171,13 @@ static void cxla_shutdown(struct cxla_dev *cd)
 	struct virtio_device *vdev = cd->vdev;
 	bool orphan;
 
-	/* no new ioctls, mappings or page handouts */
+	/* no new ioctls, mappings, page handouts or resets */
 	down_write(&cd->map_sem);
 	WRITE_ONCE(cd->dead, true);
 	up_write(&cd->map_sem);
+	/* a reset under way (the PCI core's, cxl.c's, a RAS recovery) ends first */
+	if (cxla_reset_wait(cd, &cd->resetting))
+		dev_warn(&cd->dev, "removal: a function reset did not end\n");
 	wake_up_all(&cd->evt_wait);
 	/* DMA-BUFs of this memory: importers told, CPU mappings zapped */
 	cxla_dmabuf_revoke_exports(cd);
@@ -383,10 +386,17 @@ static int cxla_reset_prepare(struct virtio_device *vdev)
 	unsigned long t0 = jiffies;
 	unsigned int busy;
 
-	/* not while probe or remove runs (they hold another lock than the reset) */
-	if (!cd || !cd->cmdq || READ_ONCE(cd->dead))
+	/*
+	 * Not during probe, nor once removal began: it sets dead under
+	 * map_sem, then waits for a reset that set resetting before.
+	 */
+	if (!cd || !cd->cmdq)
 		return -ENODEV;
 	down_write(&cd->map_sem);
+	if (cd->dead) {
+		up_write(&cd->map_sem);
+		return -ENODEV;
+	}
 	WRITE_ONCE(cd->resetting, true);
 	up_write(&cd->map_sem);
 	cxla_zap_mappings(cd);

@@ -18,6 +18,14 @@
  * unmasks every error at probe; sysfs cxl_ras_mask sets the masks (a masked
  * error stays in the status register, unsignalled, until the next handled
  * one clears it with the rest).
+ *
+ * Recovery. An uncorrectable error that the severity register calls fatal
+ * leaves the device's state in doubt; on hardware AER would then reset the
+ * link below the root port and call the PCI driver's error handlers (here
+ * virtio-pci's, which have none for errors). The driver recovers itself
+ * instead: a CXL Reset without Mem Clr (cxl.c), the driver quiesced around
+ * it as for any reset, so device memory, the region and every user's data
+ * stay and the device serves again.
  */
 #include <linux/bitfield.h>
 #include <linux/io.h>
@@ -28,6 +36,7 @@
 
 #include "cxl_accel.h"
 #include "core.h"
+#include "cxl.h"
 #include "devmem.h"
 #include "ras.h"
 #include "vq.h"
@@ -44,6 +53,7 @@
 /* RAS capability registers */
 #define CXLA_RAS_UE_STATUS	0x00
 #define CXLA_RAS_UE_MASK	0x04
+#define CXLA_RAS_UE_SEVERITY	0x08
 #define CXLA_RAS_CE_STATUS	0x0C
 #define CXLA_RAS_CE_MASK	0x10
 #define CXLA_RAS_CAP_CONTROL	0x14
@@ -66,6 +76,8 @@ struct cxla_ras {
 	u32 last_ue;
 	u32 last_fe;			/* the last uncorrectable's first error */
 	u32 last_header[CXLA_RAS_HEADER_WORDS];
+	u64 recoveries;			/* CXL Resets after fatal errors */
+	int last_recovery;		/* how the last one ended */
 };
 
 /* The RAS capability in the CXL capability array, or NULL */
@@ -104,15 +116,15 @@ static void cxla_ras_correctable(struct cxla_ras *ras)
 			     status);
 }
 
-/* Uncorrectable errors: the first one's header log too */
-static void cxla_ras_uncorrectable(struct cxla_ras *ras)
+/* Uncorrectable errors: the first one's header log too; whether one is fatal */
+static bool cxla_ras_uncorrectable(struct cxla_ras *ras)
 {
 	u32 status = readl(ras->regs + CXLA_RAS_UE_STATUS) & CXLA_RAS_UE_BITS;
 	u32 fe;
 	int i;
 
 	if (!status)
-		return;
+		return false;
 	fe = status;
 	if (hweight32(status) > 1)
 		fe = BIT(FIELD_GET(CXLA_RAS_FE,
@@ -127,16 +139,39 @@ static void cxla_ras_uncorrectable(struct cxla_ras *ras)
 			    "CXL RAS: uncorrectable error, status %#x, first error %#x, header log %08x %08x %08x %08x\n",
 			    status, fe, ras->last_header[0], ras->last_header[1],
 			    ras->last_header[2], ras->last_header[3]);
+	return status & readl(ras->regs + CXLA_RAS_UE_SEVERITY);
+}
+
+/* After a fatal error: a CXL Reset that keeps device memory (above) */
+static void cxla_ras_recover(struct cxla_ras *ras)
+{
+	struct cxla_dev *cd = ras->cd;
+	int ret;
+
+	dev_warn(&cd->dev, "CXL RAS: a fatal error: recovering with a CXL Reset\n");
+	ret = cxla_cxl_reset(cd, false);
+	mutex_lock(&ras->lock);
+	ras->recoveries++;
+	ras->last_recovery = ret;
+	mutex_unlock(&ras->lock);
+	if (ret)
+		dev_err(&cd->dev, "CXL RAS: recovery failed (%d): unbind and bind the driver\n",
+			ret);
+	else
+		dev_info(&cd->dev, "CXL RAS: recovered, the device serves again\n");
 }
 
 static void cxla_ras_work(struct work_struct *work)
 {
 	struct cxla_ras *ras = container_of(work, struct cxla_ras, work);
+	bool fatal;
 
 	mutex_lock(&ras->lock);
 	cxla_ras_correctable(ras);
-	cxla_ras_uncorrectable(ras);
+	fatal = cxla_ras_uncorrectable(ras);
 	mutex_unlock(&ras->lock);
+	if (fatal && !READ_ONCE(ras->cd->dead))
+		cxla_ras_recover(ras);
 	cxla_deferred_done(ras->cd);
 }
 
@@ -224,7 +259,7 @@ static ssize_t cxl_ras_show(struct device *dev, struct device_attribute *attr,
 		return sysfs_emit(buf, "none\n");
 	mutex_lock(&ras->lock);
 	n = sysfs_emit(buf,
-		       "correctable_events %llu\nuncorrectable_events %llu\nlast_correctable_status %#x\nlast_uncorrectable_status %#x\nlast_first_error %#x\nlast_header_log %08x %08x %08x %08x\nuncorrectable_status %#x\ncorrectable_status %#x\nuncorrectable_mask %#x\ncorrectable_mask %#x\n",
+		       "correctable_events %llu\nuncorrectable_events %llu\nlast_correctable_status %#x\nlast_uncorrectable_status %#x\nlast_first_error %#x\nlast_header_log %08x %08x %08x %08x\nuncorrectable_status %#x\ncorrectable_status %#x\nuncorrectable_mask %#x\ncorrectable_mask %#x\nuncorrectable_severity %#x\nrecoveries %llu\nlast_recovery %d\n",
 		       ras->ce_events, ras->ue_events, ras->last_ce,
 		       ras->last_ue, ras->last_fe, ras->last_header[0],
 		       ras->last_header[1], ras->last_header[2],
@@ -232,7 +267,9 @@ static ssize_t cxl_ras_show(struct device *dev, struct device_attribute *attr,
 		       readl(ras->regs + CXLA_RAS_UE_STATUS),
 		       readl(ras->regs + CXLA_RAS_CE_STATUS),
 		       readl(ras->regs + CXLA_RAS_UE_MASK),
-		       readl(ras->regs + CXLA_RAS_CE_MASK));
+		       readl(ras->regs + CXLA_RAS_CE_MASK),
+		       readl(ras->regs + CXLA_RAS_UE_SEVERITY),
+		       ras->recoveries, ras->last_recovery);
 	mutex_unlock(&ras->lock);
 	return n;
 }

@@ -640,7 +640,7 @@ static int ras_mask(FIXTURE_DATA(fault) *c, const char *masks)
 CXLA_TEST_F(fault, cxl_ras)
 {
 	char buf[1024];
-	long long ce0, ue0;
+	long long ce0, ue0, rec0;
 
 	if (sys_read(c, "cxl_ras", buf, sizeof(buf)) || !strncmp(buf, "none", 4)) {
 		DETAIL("not a CXL endpoint (no RAS registers): --attach cxl has them");
@@ -648,6 +648,7 @@ CXLA_TEST_F(fault, cxl_ras)
 	}
 	ce0 = sys_field(c, "cxl_ras", "correctable_events");
 	ue0 = sys_field(c, "cxl_ras", "uncorrectable_events");
+	rec0 = sys_field(c, "cxl_ras", "recoveries");
 
 	/* correctable */
 	HOST(c, "ras --correctable 3");
@@ -673,6 +674,8 @@ CXLA_TEST_F(fault, cxl_ras)
 	      "what the driver logged: %s", buf);
 	HOST(c, "ras");
 	CHECK(json_num(reply, "uncorrectable_status") == 0, "status not cleared: %.200s", reply);
+	/* fatal by default (severity): the driver recovers (cxl_ras_recovery) */
+	CHECK(wait_ras(c, "recoveries", rec0 + 1) == rec0 + 1, "no recovery after a fatal error");
 
 	/* masked: set, not signalled; the next handled error clears it too */
 	OK(ras_mask(c, "0 0x4"));
@@ -704,8 +707,64 @@ CXLA_TEST_F(fault, cxl_ras)
 	HOST(c, "ras");
 	CHECK(json_num(reply, "uncorrectable_status") == 0 &&
 	      json_num(reply, "correctable_status") == 0, "not cleared: %.200s", reply);
+	CHECK(wait_ras(c, "recoveries", rec0 + 2) == rec0 + 2, "no recovery after the second fatal error");
 	SETTLED(c);
 	DETAIL("correctable (bit 3), uncorrectable with header log (bit 14), masked (held, cleared with the next), two uncorrectable (first error bit 5 and its header): each handled and cleared by the driver");
+	return PASS;
+}
+
+/*
+ * A fatal uncorrectable error (the severity register's default) while a
+ * buffer holds data and pages are migrated to the device: the driver
+ * recovers with a CXL Reset that keeps device memory, and nothing is lost.
+ */
+CXLA_TEST_F(fault, cxl_ras_recovery)
+{
+	const size_t n = 64;
+	struct cxl_accel_migrate mg;
+	long long rec0, rec;
+	uint8_t *p, *ref;
+	struct dbuf b;
+	char buf[1024];
+	double t0, t;
+	uint32_t crc;
+
+	if (sys_read(c, "cxl_ras", buf, sizeof(buf)) || !strncmp(buf, "none", 4)) {
+		DETAIL("not a CXL endpoint (no RAS registers): --attach cxl has them");
+		return SKIP;
+	}
+	CHECK(sys_field(c, "cxl_ras", "uncorrectable_severity") & (1 << 3),
+	      "uncorrectable error bit 3 is not fatal: %s", buf);
+	ref = malloc(n * PG);
+	p = map_anon(n * PG);
+	CHECK(ref && p, "memory");
+	fill_random(ref, n * PG, 33);
+	OK(dbuf_new(c, &b, n * PG, true));
+	memcpy(b.p, ref, n * PG);
+	memcpy(p, ref, n * PG);
+	OK(cxla_migrate(c->fd, p, n * PG, true, &mg));
+	rec0 = sys_field(c, "cxl_ras", "recoveries");
+
+	t0 = now_sec();
+	HOST(c, "ras --uncorrectable 3 --header 0x33");
+	rec = wait_ras(c, "recoveries", rec0 + 1);
+	t = now_sec() - t0;
+	CHECK(rec == rec0 + 1, "recoveries %lld, expected %lld", rec, rec0 + 1);
+	CHECK(sys_field(c, "cxl_ras", "last_recovery") == 0, "the recovery failed: %lld",
+	      sys_field(c, "cxl_ras", "last_recovery"));
+	CHECK(!memcmp(b.p, ref, n * PG), "the buffer changed through the recovery");
+	CHECK(!memcmp(p, ref, n * PG), "the migrated pages changed");
+	OK(cxla_checksum(c->fd, cxla_dev(b.a.handle, 0), n * PG, 0, &crc));
+	CHECK(crc == crc32c(0, ref, n * PG), "the device reads other data");
+	OK(cxla_migrate(c->fd, p, n * PG, true, &mg));
+	CHECK(!memcmp(p, ref, n * PG), "the pages changed moving again");
+	OK(cxla_migrate(c->fd, p, n * PG, false, &mg));
+	munmap(p, n * PG);
+	dbuf_del(c, &b);
+	free(ref);
+	SETTLED(c);
+	DETAIL("fatal uncorrectable error (bit 3): recovered with a CXL Reset in %.0f ms; buffer and %zu migrated pages intact, device serving",
+	       t * 1000, n);
 	return PASS;
 }
 
