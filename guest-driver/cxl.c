@@ -38,6 +38,7 @@
 #include "cxl_accel.h"
 #include "core.h"
 #include "cxl.h"
+#include "cxlfw.h"
 #include "devmem.h"
 
 #ifdef CXLA_CXL_TYPE2
@@ -374,6 +375,27 @@ int cxla_cxl_reset(struct cxla_dev *cd, bool clear)
 	return -EOPNOTSUPP;	/* the driver needs virtio's reset_prepare */
 }
 #endif
+
+/*
+ * After any reset of the function (main.c's reset_done): a conventional one
+ * (a secondary bus reset: the kernel's cxl_bus method) returned the
+ * endpoint's decoder and DVSEC to their defaults, under a region the CXL
+ * core still holds; firmware would set them up again, so its stand-in
+ * does (cxlfw.c). FLR and CXL Reset leave them, and this finds them there.
+ */
+void cxla_cxl_after_reset(struct cxla_dev *cd)
+{
+	int ret;
+
+	if (!(cd->features & CXLA_F_CXL) || cd->cxl_status ||
+	    !dev_is_pci(cd->vdev->dev.parent))
+		return;
+	ret = cxla_cxl_firmware_endpoint(to_pci_dev(cd->vdev->dev.parent),
+					 cd->cxl_range.start);
+	if (ret < 0)
+		dev_err(&cd->dev, "after a reset: the region's decoder not set up again (%d): loads and stores through it fail\n",
+			ret);
+}
 
 /* "keep" or "clear" (device memory): a CXL Reset of the device */
 static ssize_t cxl_reset_store(struct device *dev,

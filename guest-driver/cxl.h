@@ -28,5 +28,6 @@ extern const struct attribute_group cxla_cxl_group;	/* sysfs */
 
 /* A CXL Reset (clear: with Mem Clr), the driver quiesced around it */
 int cxla_cxl_reset(struct cxla_dev *cd, bool clear);
+void cxla_cxl_after_reset(struct cxla_dev *cd);
 
 #endif /* CXL_ACCEL_CXL_H */

@@ -89,7 +89,8 @@ static void __iomem *cxla_fw_hdm(void __iomem *block)
 
 /*
  * Commit decoder n on [base, base + size) with its target list (or DPA
- * skip) word tl, locked; done already (by an earlier load) counts.
+ * skip) word tl, locked: 1 when it did, 0 when it was (an earlier load),
+ * else an error.
  */
 static int cxla_fw_commit(void __iomem *hdm, int n, u64 base, u64 size, u32 tl,
 			  const char *what)
@@ -104,7 +105,7 @@ static int cxla_fw_commit(void __iomem *hdm, int n, u64 base, u64 size, u32 tl,
 		have_size = (u64)readl(hdm + CXLA_DEC(n, CXLA_DEC_SIZE_HI)) << 32 |
 			    (readl(hdm + CXLA_DEC(n, CXLA_DEC_SIZE_LO)) & 0xF0000000);
 		if (have_base == base && have_size == size)
-			return 0;
+			return 0;	/* committed already */
 		pr_warn("cxl_accel: %s decoder %d already maps %#llx+%#llx, not %#llx+%#llx\n",
 			what, n, have_base, have_size, base, size);
 		return -EBUSY;
@@ -129,7 +130,7 @@ static int cxla_fw_commit(void __iomem *hdm, int n, u64 base, u64 size, u32 tl,
 		return -EIO;
 	}
 	writel(readl(hdm + CXLA_HDM_GLOBAL) | CXLA_HDM_ENABLE, hdm + CXLA_HDM_GLOBAL);
-	return 0;
+	return 1;
 }
 
 /* The CEDT, in which firmware describes host bridges and windows */
@@ -225,7 +226,10 @@ static bool cxla_fw_describe(struct pci_dev *pdev, struct cxla_fw_fn *f)
 	return f->size && pci_resource_len(pdev, 2) >= CXLA_COMPONENT_SIZE;
 }
 
-/* The function's own part: decoder 0, DVSEC range and memory enable */
+/*
+ * The function's own part: decoder 0, DVSEC range and memory enable; as
+ * cxla_fw_commit() returns
+ */
 static int cxla_fw_endpoint(struct cxla_fw_fn *f, u64 base)
 {
 	void __iomem *block, *hdm;
@@ -239,7 +243,7 @@ static int cxla_fw_endpoint(struct cxla_fw_fn *f, u64 base)
 	ret = hdm ? cxla_fw_commit(hdm, 0, base, f->size, 0, pci_name(f->pdev)) :
 		    -ENODEV;
 	iounmap(block);
-	if (ret)
+	if (ret < 0)
 		return ret;
 	pci_write_config_dword(f->pdev, f->dvsec + CXLA_DVSEC_BASE_HI,
 			       upper_32_bits(base));
@@ -248,7 +252,32 @@ static int cxla_fw_endpoint(struct cxla_fw_fn *f, u64 base)
 	pci_read_config_word(f->pdev, f->dvsec + CXLA_DVSEC_CTRL, &ctrl);
 	pci_write_config_word(f->pdev, f->dvsec + CXLA_DVSEC_CTRL,
 			      ctrl | CXLA_DVSEC_MEM_ENABLE);
-	return 0;
+	return ret;
+}
+
+/*
+ * After a reset that took the endpoint's CXL.mem state, what firmware would
+ * do on such a reset: decoder 0 (a conventional reset uncommits it), the
+ * DVSEC range and Mem_Enable (any reset but FLR clears them unless locked)
+ * at base again. 1 when the decoder had to be committed again, 0 when it
+ * was there, else an error.
+ */
+int cxla_cxl_firmware_endpoint(struct pci_dev *pdev, u64 base)
+{
+	struct cxla_fw_fn f = { };
+	u16 ctrl;
+	int ret;
+
+	if (!cxla_fw_describe(pdev, &f))
+		return -ENODEV;
+	pci_read_config_word(pdev, f.dvsec + CXLA_DVSEC_CTRL, &ctrl);
+	if (ctrl & CXLA_DVSEC_MEM_ENABLE)
+		return 0;
+	ret = cxla_fw_endpoint(&f, base);
+	if (ret > 0)
+		pr_info("cxl_accel: %s: HDM decoder 0 committed again for %#llx after a reset\n",
+			pci_name(pdev), base);
+	return ret;
 }
 
 /* One host bridge's functions fn[0..n): its decoders 0..n-1, in bus order */
@@ -283,8 +312,8 @@ static void cxla_fw_host_bridge(struct acpi_table_header *cedt,
 				fn[i].uid);
 			break;
 		}
-		if (cxla_fw_commit(hdm, i, base, fn[i].size, fn[i].port, what) ||
-		    cxla_fw_endpoint(&fn[i], base))
+		if (cxla_fw_commit(hdm, i, base, fn[i].size, fn[i].port, what) < 0 ||
+		    cxla_fw_endpoint(&fn[i], base) < 0)
 			break;
 		pr_info("cxl_accel: %s: HDM decoders committed for %#llx-%#llx (host bridge %u, root port %u)\n",
 			pci_name(fn[i].pdev), base, base + fn[i].size - 1,

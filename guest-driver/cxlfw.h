@@ -9,10 +9,17 @@
 
 #include "cxl.h"	/* CXLA_CXL_TYPE2 */
 
+struct pci_dev;
+
 #ifdef CXLA_CXL_TYPE2
 void cxla_cxl_firmware(void);
+int cxla_cxl_firmware_endpoint(struct pci_dev *pdev, u64 base);
 #else
 static inline void cxla_cxl_firmware(void) { }
+static inline int cxla_cxl_firmware_endpoint(struct pci_dev *pdev, u64 base)
+{
+	return -EOPNOTSUPP;
+}
 #endif
 
 #endif /* CXL_ACCEL_CXLFW_H */

@@ -428,6 +428,8 @@ static int cxla_reset_done(struct virtio_device *vdev)
 		if (cd->evt_vq)
 			ret = cxla_evt_init(cd);
 	}
+	if (!ret)
+		cxla_cxl_after_reset(cd);	/* the region's decoder, if it went */
 	if (!ret && cd->mem_pdev) {
 		/* before anyone else: a shared memory region is back only then */
 		cxla_cmdq_restart(cd);

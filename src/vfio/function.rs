@@ -433,6 +433,7 @@ impl Function for CxlFunction {
     /// VFIO_USER_DEVICE_RESET: QEMU's system reset or a secondary bus reset above us, a
     /// conventional reset (sticky RAS registers and device memory stay).
     fn reset(&mut self) -> Result<(), Errno> {
+        log::info!("device reset (conventional: CXL.mem registers to their defaults)");
         self.virtio.reset();
         self.device.cxl().conventional_reset();
         self.reset_config();

@@ -1712,7 +1712,7 @@ static int reset_data_set_up(FIXTURE_DATA(reset) *c, struct reset_data *d,
 
 CXLA_TEST_F(reset, function_reset)
 {
-	const char *dev = strrchr(c->path, '/') + 1;
+	const char *dev = strrchr(c->path, '/') + 1, *want = getenv("CXLA_RESET_METHOD");
 	struct reset_data d = RESET_DATA_INIT;
 	struct cxl_accel_alloc w;
 	struct cxl_accel_migrate m;
@@ -1730,7 +1730,13 @@ CXLA_TEST_F(reset, function_reset)
 	/* the PCI function is the virtio device's parent */
 	snprintf(path, sizeof(path),
 		 "/sys/class/cxl-accel/%s/device/../reset_method", dev);
-	if (read_attr(path, method, sizeof(method)) || strncmp(method, "flr", 3)) {
+	/* CXLA_RESET_METHOD: another of the kernel's reset methods (cxl_bus) */
+	if (want) {
+		r = cxla_write_str(path, want);
+		CHECK(!r, "%s: %s: %s", path, want, strerror(-r));
+	}
+	if (read_attr(path, method, sizeof(method)) ||
+	    strncmp(method, want ?: "flr", strlen(want ?: "flr"))) {
 		/* our CXL function advertises FLR; QEMU's functions may not */
 		CHECK(!strncmp(cxl, "none", 4), "reset_method '%s': no FLR first",
 		      method);
@@ -1753,12 +1759,17 @@ CXLA_TEST_F(reset, function_reset)
 		 dev);
 	t0 = now_sec();
 	r = cxla_write_str(path, "1");
+	took = now_sec() - t0;
+	if (want) {
+		snprintf(path, sizeof(path),
+			 "/sys/class/cxl-accel/%s/device/../reset_method", dev);
+		cxla_write_str(path, "default");
+	}
 	if (r) {
 		h.stop = 1;
 		pthread_join(th, NULL);
-		FAILF("writing %s: %s", path, strerror(-r));
+		FAILF("reset: %s", strerror(-r));
 	}
-	took = now_sec() - t0;
 	usleep(300000);
 	h.stop = 1;
 	pthread_join(th, NULL);
@@ -1779,8 +1790,8 @@ CXLA_TEST_F(reset, function_reset)
 	OK(cxla_fill(c->fd, cxla_dev(d.a.handle, 0), d.blen, 0xa5a5a5a5a5a5a5a5ULL, 0));
 	CHECK(d.buf[d.blen - 1] == 0xa5, "a device fill after the reset not seen");
 	free(d.ref);
-	DETAIL("FLR (reset_method %s) in %.0f ms under %llu ATOMICs (%llu cut); 64 KiB buffer and %zu migrated pages intact, device serving",
-	       method, took * 1000, (unsigned long long)h.ok,
+	DETAIL("%s (reset_method %s) in %.0f ms under %llu ATOMICs (%llu cut); 64 KiB buffer and %zu migrated pages intact, device serving",
+	       want ? "reset" : "FLR", method, took * 1000, (unsigned long long)h.ok,
 	       (unsigned long long)h.cut, d.mlen / page_size);
 	return PASS;
 }

@@ -274,26 +274,31 @@ for dev in $(device_list); do
 done
 
 # Resets of each function: a Function Level Reset through the PCI core's
-# sysfs reset while a thread runs device ATOMICs, then CXL Resets through the
-# driver's sysfs cxl_reset, without and with Mem Clr; pages are migrated
-# there each time. The driver quiesces and rebuilds its queues
+# sysfs reset while a thread runs device ATOMICs, CXL Resets through the
+# driver's sysfs cxl_reset, without and with Mem Clr, and a secondary bus
+# reset (the kernel's cxl_bus method) under ATOMICs again; pages are
+# migrated there each time. The driver quiesces and rebuilds its queues
 # (reset_prepare/reset_done), nothing is lost that the reset keeps, and the
-# CXL state stays as the specification says (FLR leaves CXL.mem alone, CXL
-# Reset keeps what firmware locked): the same memdev, decoders and region.
+# CXL state is as the specification says: FLR leaves CXL.mem alone, CXL
+# Reset keeps what firmware locked, and after the bus reset, which returns
+# the endpoint's decoder to its defaults, the driver's firmware stand-in
+# commits it again (once). The same memdev, decoders and region after all.
 for dev in $(device_list); do
     bdf=$(pci_of "$dev")
     region_before=$(cat "/sys/class/cxl-accel/$dev/cxl")
     before=$(dmesg | wc -l)
     "$TESTS" -d "/dev/$dev" -p "$dev." -t function_reset -t cxl_reset >/tmp/t.out 2>&1
+    CXLA_RESET_METHOD=cxl_bus "$TESTS" -d "/dev/$dev" -p "$dev.bus_reset." -t function_reset >>/tmp/t.out 2>&1
     cat /tmp/t.out
     region_after=$(cat "/sys/class/cxl-accel/$dev/cxl")
     served=$(dmesg | tail -n +$((before + 1)) | grep -c "function reset: serving again")
     cxlr=$(dmesg | tail -n +$((before + 1)) | grep -c "CXL reset.* complete")
-    if grep -q "function_reset PASS" /tmp/t.out && grep -q "cxl_reset PASS" /tmp/t.out &&
-        [ "$served" = 3 ] && [ "$cxlr" = 2 ] && [ "$region_after" = "$region_before" ]; then
-        result "$dev.reset_region_kept" PASS "$bdf: an FLR and two CXL Resets, the driver served again after each, region unchanged ($region_after)"
+    again=$(dmesg | tail -n +$((before + 1)) | grep -c "$bdf: HDM decoder 0 committed again")
+    if [ "$(grep -c "reset PASS" /tmp/t.out)" = 3 ] && [ "$served" = 4 ] && [ "$cxlr" = 2 ] &&
+        [ "$again" = 1 ] && [ "$region_after" = "$region_before" ]; then
+        result "$dev.reset_region_kept" PASS "$bdf: an FLR, two CXL Resets and a bus reset, the driver served again after each, the decoder committed again after the bus reset, region unchanged ($region_after)"
     else
-        result "$dev.reset_region_kept" FAIL "$bdf: tests '$(grep -o '[a-z_]*reset [A-Z]*' /tmp/t.out | tr '\n' ' ')', 'serving again' $served times, CXL resets $cxlr, region '$region_before' -> '$region_after'"
+        result "$dev.reset_region_kept" FAIL "$bdf: tests '$(grep -o '[a-z_]*reset [A-Z]*' /tmp/t.out | tr '\n' ' ')', 'serving again' $served times, CXL resets $cxlr, decoder committed again $again times, region '$region_before' -> '$region_after'"
     fi
 done
 check_all reset
