@@ -2207,7 +2207,7 @@ static int row_flr(struct cxlregs *r, char *d, size_t n)
 /*
  * CXL r3.1 8.1.3.1, 8.1.3.4-5, 9.7: CXL Reset with Mem Clr: Reset Complete
  * within the advertised timeout, device memory zeroed, what is locked and
- * the sticky RAS registers kept (the last row: it clears device memory)
+ * the sticky RAS registers kept (it clears device memory)
  */
 static int row_cxl_reset(struct cxlregs *r, char *d, size_t n)
 {
@@ -2248,6 +2248,48 @@ static int row_cxl_reset(struct cxlregs *r, char *d, size_t n)
 	return PASS;
 }
 
+/*
+ * PCIe r6 6.6.1, CXL r3.1 8.2.4.17: a conventional reset (a secondary bus
+ * reset, through the kernel's cxl_bus reset method) takes the decoder, the
+ * lock and the range base, keeps the sticky RAS masks and device memory
+ * (the last row: it undoes the rows before)
+ */
+static int row_conventional_reset(struct cxlregs *r, char *d, size_t n)
+{
+	uint32_t c, lk, lo, ue, word;
+	volatile uint32_t *mem;
+	char p[256];
+	int fd;
+
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource4", r->bdf);
+	fd = open(p, O_RDWR | O_SYNC);
+	mem = fd < 0 ? MAP_FAILED : mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	ROW_CHECK(mem != MAP_FAILED, "%s: %s", p, strerror(errno));
+	mem[1] = 0xBEEF;
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset_method", r->bdf);
+	ROW_CHECK(!cxla_write_str(p, "cxl_bus"), "%s: cxl_bus: %s", p, strerror(errno));
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset", r->bdf);
+	fd = cxla_write_str(p, "1");
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset_method", r->bdf);
+	cxla_write_str(p, "default");
+	ROW_CHECK(!fd, "bus reset: %s", strerror(-fd));
+	c = blk_rd(r, r->hdm + 0x20);
+	lk = cfg_rd(r, r->dvsec[0] + 0x14) & 0xFFFF;
+	lo = cfg_rd(r, r->dvsec[0] + 0x24);
+	ue = blk_rd(r, r->ras + 4);
+	word = mem[1];
+	munmap((void *)mem, 4096);
+	ROW_CHECK(!(c & (HDM_COMMITTED | HDM_LOCK)) && !lk && !lo,
+		  "decoder 0 control %#x, CONFIG_LOCK %#x, base low %#x: want all at their defaults",
+		  c, lk, lo);
+	ROW_CHECK(!ue && word == 0xBEEF, "UE mask %#x (want the sticky 0), memory word %#x (want kept)",
+		  ue, word);
+	snprintf(d, n, "bus reset (cxl_bus): decoder 0 uncommitted and unlocked (%#x), CONFIG_LOCK and the base cleared; RAS masks and device memory kept", c);
+	return PASS;
+}
+
 static const struct { const char *name; cxl_row_fn fn; } cxl_rows[] = {
 	{ "dvsecs", row_dvsecs }, { "capability", row_capability },
 	{ "range_size", row_range_size }, { "control", row_control },
@@ -2257,6 +2299,7 @@ static const struct { const char *name; cxl_row_fn fn; } cxl_rows[] = {
 	{ "ras_masks", row_ras_masks }, { "ras_uncorrectable", row_ras_uncorrectable },
 	{ "ras_correctable", row_ras_correctable }, { "lock_on_commit", row_lock_on_commit },
 	{ "flr", row_flr }, { "cxl_reset", row_cxl_reset },
+	{ "conventional_reset", row_conventional_reset },
 };
 
 CXLA_MODE(cxl_registers, "--cxl-registers", "", 0)
