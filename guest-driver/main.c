@@ -425,6 +425,7 @@ static int cxla_reset_done(struct virtio_device *vdev)
 	ret = cxla_init_vqs(cd);
 	if (!ret) {
 		virtio_device_ready(vdev);
+		cxla_cmdq_restart(cd);	/* for reset_owner only until released */
 		if (cd->evt_vq)
 			ret = cxla_evt_init(cd);
 	}
@@ -432,7 +433,6 @@ static int cxla_reset_done(struct virtio_device *vdev)
 		cxla_cxl_after_reset(cd);	/* the region's decoder, if it went */
 	if (!ret && cd->mem_pdev) {
 		/* before anyone else: a shared memory region is back only then */
-		cxla_cmdq_restart(cd);
 		WRITE_ONCE(cd->reset_owner, current);
 		ret = cxla_set_devmem_base(cd);
 		WRITE_ONCE(cd->reset_owner, NULL);
@@ -443,14 +443,12 @@ static int cxla_reset_done(struct virtio_device *vdev)
 		dev_err(&cd->dev,
 			"function reset: cannot set up the device again (%d); bind the driver again\n",
 			ret);
-	} else {
-		cxla_cmdq_restart(cd);
 	}
-	cxla_cmdq_release(cd);
 	down_write(&cd->map_sem);
 	WRITE_ONCE(cd->resetting, false);
 	up_write(&cd->map_sem);
-	wake_up_all(&cd->unpaused);
+	/* wakes whoever waits for either flag */
+	cxla_cmdq_release(cd);
 	if (!ret)
 		dev_info(&cd->dev, "function reset: serving again\n");
 	return ret;
