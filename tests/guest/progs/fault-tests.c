@@ -1840,6 +1840,22 @@ static unsigned int cxl_dvsecs(struct cxlregs *r)
 	return n;
 }
 
+/* len bytes at off of BAR bar of function bdf, through sysfs; MAP_FAILED (errno) */
+static void *bar_map(const char *bdf, unsigned int bar, off_t off, size_t len)
+{
+	char p[128];
+	void *m;
+	int fd;
+
+	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource%u", bdf, bar);
+	fd = open(p, O_RDWR | O_SYNC);
+	if (fd < 0)
+		return MAP_FAILED;
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off);
+	close(fd);
+	return m;
+}
+
 /* The function with the CXL Device DVSEC: its config space, and the block */
 static int cxl_regs_open(struct cxlregs *r, char *why, size_t n)
 {
@@ -1847,7 +1863,6 @@ static int cxl_regs_open(struct cxlregs *r, char *why, size_t n)
 	struct dirent *e;
 	char p[256];
 	uint32_t lo, bir, off;
-	int fd;
 
 	memset(r, 0, sizeof(*r));
 	r->cfg = -1;
@@ -1885,15 +1900,10 @@ static int cxl_regs_open(struct cxlregs *r, char *why, size_t n)
 			 r->bdf, lo);
 		return -1;
 	}
-	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource%u", r->bdf, bir);
-	fd = open(p, O_RDWR | O_SYNC);
 	r->blk_len = 0x10000;
-	r->blk = fd < 0 ? MAP_FAILED : mmap(NULL, r->blk_len, PROT_READ | PROT_WRITE,
-					    MAP_SHARED, fd, off);
-	if (fd >= 0)
-		close(fd);
+	r->blk = bar_map(r->bdf, bir, off, r->blk_len);
 	if (r->blk == MAP_FAILED) {
-		snprintf(why, n, "%s: mmap of %s at %#x: %s", r->bdf, p, off, strerror(errno));
+		snprintf(why, n, "%s: mmap of BAR%u at %#x: %s", r->bdf, bir, off, strerror(errno));
 		return -1;
 	}
 	r->cm = 0x1000;			/* CXL.cache/mem registers (8.2.3) */
@@ -2214,17 +2224,12 @@ static int row_cxl_reset(struct cxlregs *r, char *d, size_t n)
 	unsigned int c2 = r->dvsec[0] + 0x10;
 	uint32_t cap = cfg_rd(r, r->dvsec[0] + 8) >> 16, cmd, st = 0, before, after;
 	volatile uint32_t *mem;
-	char p[256];
-	int fd, ms;
+	int ms;
 
 	ROW_CHECK((cap & 0x880) == 0x880 && ((cap >> 8) & 7) >= 1 && ((cap >> 8) & 7) <= 4,
 		  "Capability %#x: want CXL Reset capable, Mem Clr capable, a timeout code 1-4", cap);
-	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource4", r->bdf);
-	fd = open(p, O_RDWR | O_SYNC);
-	mem = fd < 0 ? MAP_FAILED : mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (fd >= 0)
-		close(fd);
-	ROW_CHECK(mem != MAP_FAILED, "%s: %s", p, strerror(errno));
+	mem = bar_map(r->bdf, 4, 0, 4096);
+	ROW_CHECK(mem != MAP_FAILED, "device memory (BAR4): %s", strerror(errno));
 	mem[0] = 0xC0FFEE;
 	before = mem[0];
 	cmd = cfg_rd(r, 4) & 0xFFFF;
@@ -2259,22 +2264,18 @@ static int row_conventional_reset(struct cxlregs *r, char *d, size_t n)
 	uint32_t c, lk, lo, ue, word;
 	volatile uint32_t *mem;
 	char p[256];
-	int fd;
+	int ret;
 
-	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/resource4", r->bdf);
-	fd = open(p, O_RDWR | O_SYNC);
-	mem = fd < 0 ? MAP_FAILED : mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (fd >= 0)
-		close(fd);
-	ROW_CHECK(mem != MAP_FAILED, "%s: %s", p, strerror(errno));
+	mem = bar_map(r->bdf, 4, 0, 4096);
+	ROW_CHECK(mem != MAP_FAILED, "device memory (BAR4): %s", strerror(errno));
 	mem[1] = 0xBEEF;
 	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset_method", r->bdf);
 	ROW_CHECK(!cxla_write_str(p, "cxl_bus"), "%s: cxl_bus: %s", p, strerror(errno));
 	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset", r->bdf);
-	fd = cxla_write_str(p, "1");
+	ret = cxla_write_str(p, "1");
 	snprintf(p, sizeof(p), "/sys/bus/pci/devices/%s/reset_method", r->bdf);
 	cxla_write_str(p, "default");
-	ROW_CHECK(!fd, "bus reset: %s", strerror(-fd));
+	ROW_CHECK(!ret, "bus reset: %s", strerror(-ret));
 	c = blk_rd(r, r->hdm + 0x20);
 	lk = cfg_rd(r, r->dvsec[0] + 0x14) & 0xFFFF;
 	lo = cfg_rd(r, r->dvsec[0] + 0x24);
