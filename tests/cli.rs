@@ -357,14 +357,21 @@ fn supervised_daemon_stops_cleanly_and_recovers_from_a_crash() {
     sup.wait().unwrap();
     drop(conn);
     assert!(sock.exists() && state.exists());
-    let sup = bin().args(args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut sup = bin().args(args).stderr(Stdio::piped()).spawn().unwrap();
+    // The socket is connectable a moment before the line is logged: wait for the line, or
+    // a SIGTERM in between would end the supervisor before it says where it serves.
+    let mut stderr = std::io::BufReader::new(sup.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains("supervising on") {
+        let n = std::io::BufRead::read_line(&mut stderr, &mut log).unwrap();
+        assert_ne!(n, 0, "supervisor exited: {log}");
+    }
     wait_connectable();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(sup.id() as i32, libc::SIGTERM) };
-    let out = sup.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{:?}: {log}", out.status);
-    assert!(log.contains("supervising on"), "{log}");
+    std::io::Read::read_to_string(&mut stderr, &mut log).unwrap();
+    let status = sup.wait().unwrap();
+    assert!(status.success(), "{status:?}: {log}");
     let _ = std::fs::remove_dir_all(d);
 }
 
