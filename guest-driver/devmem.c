@@ -146,6 +146,17 @@ static void cxla_page_free(struct page *page)
 	struct cxla_dev *cd = container_of(cxla_page_pgmap(page), struct cxla_dev,
 					   pgmap);
 
+	/*
+	 * The kernel does not check ZONE_DEVICE pages at free: a page that
+	 * comes back while a page table still maps it lost a reference, and
+	 * handing it out again would give it two owners.
+	 */
+	if (folio_mapped(page_folio(page))) {
+		dev_err(&cd->dev, "page %#lx freed while mapped (mapcount %d)\n",
+			page_to_pfn(page), folio_mapcount(page_folio(page)));
+		dump_page(page, "cxl-accel: freed while mapped");
+		WARN_ON_ONCE(1);
+	}
 	if (buf && buf->chunk) {	/* a migration page: back to its pool */
 		cd->devmem_hooks->page_free(buf, page);
 		cxla_pages_live_dec(cd);
