@@ -306,6 +306,96 @@ CXLA_TEST_F(dev, copy_mmap_pointer)
 	return PASS;
 }
 
+/* Whether len bytes at p hold the fill pattern from phase 0 */
+static bool holds_pattern(const uint8_t *p, size_t len, uint64_t pat)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (p[i] != (uint8_t)(pat >> (8 * (i % 8))))
+			return false;
+	return true;
+}
+
+static bool holds_byte(const uint8_t *p, size_t len, uint8_t v)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (p[i] != v)
+			return false;
+	return true;
+}
+
+/*
+ * A device write asked for across the end of one mapping into the next
+ * lands in exactly the range asked for, as a CPU memset would: the device
+ * buffer's tail and the anonymous memory after it, nothing before or after.
+ * A range that runs into an inaccessible page writes nothing. (An outside
+ * fuzzer once took such writes, which reached its own reference copies
+ * lying next to its device mappings, for user memory corrupted by the
+ * driver: issue 40.)
+ */
+CXLA_TEST_F(dev, writes_across_mappings)
+{
+	const size_t blen = 64 * 1024, alen = 64 * 1024, head = 8 * 1024, tail = 12 * 1024;
+	const uint64_t pat = 0x0123456789abcdefULL;
+	uint64_t svm_pat = 0x1122334455667788ULL;
+	size_t g = page_size, win_len = g + blen + alen + g;
+	struct cxl_accel_alloc a;
+	uint8_t *win, *buf, *anon;
+	const char *svm = "SVM FILL across it too";
+	int r;
+
+	if (!(c->id.features & CXL_ACCEL_F_ALLOC)) {
+		DETAIL("device without ALLOC (NUMA mode)");
+		return SKIP;
+	}
+	/* guard, device buffer, anonymous memory, guard: adjacent by MAP_FIXED */
+	win = mmap(NULL, win_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(win != MAP_FAILED, "mmap: %s", strerror(errno));
+	OK(cxla_alloc(c->fd, blen, 0, &a));
+	CHECK(a.alloc_size == blen, "alloc_size %llu", (unsigned long long)a.alloc_size);
+	buf = mmap(win + g, blen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+		   c->fd, (off_t)a.mmap_offset);
+	CHECK(buf == win + g, "mmap of the buffer: %s", strerror(errno));
+	anon = mmap(buf + blen, alen, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	CHECK(anon == buf + blen, "mmap of the anonymous part: %s", strerror(errno));
+	memset(buf, 0xa5, blen);
+	memset(anon, 0x5a, alen);
+
+	OK(cxla_fill(c->fd, cxla_user(buf + blen - head), head + tail, pat, 0));
+	CHECK(holds_byte(buf, blen - head, 0xa5), "FILL wrote before its range");
+	CHECK(holds_pattern(buf + blen - head, head + tail, pat),
+	      "FILL did not write all of its range across the two mappings");
+	CHECK(holds_byte(anon + tail, alen - tail, 0x5a), "FILL wrote after its range");
+
+	/* into the guard: an error, and not a byte written */
+	memset(anon, 0x5a, alen);
+	EXPECT_ERR(cxla_fill(c->fd, cxla_user(anon + alen - head), 2 * head, pat, 0),
+		   EFAULT);
+	CHECK(holds_byte(anon, alen, 0x5a), "a FILL that failed wrote memory");
+
+	r = cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, buf + blen - head, head + tail, 0, 0,
+		     &svm_pat, NULL);
+	if (r == -EOPNOTSUPP) {
+		svm = "no SVM on this device";
+	} else {
+		OK(r);
+		CHECK(holds_byte(buf, blen - head, 0xa5), "SVM FILL wrote before its range");
+		CHECK(holds_pattern(buf + blen - head, head + tail, svm_pat),
+		      "SVM FILL did not write all of its range across the two mappings");
+		CHECK(holds_byte(anon + tail, alen - tail, 0x5a),
+		      "SVM FILL wrote after its range");
+	}
+	munmap(win, win_len);
+	OK(cxla_free(c->fd, a.handle));
+	DETAIL("FILL of [buffer end - %zu KiB, +%zu KiB) wrote exactly that, across the buffer and the anonymous memory after it; into a guard page: -EFAULT, nothing written; %s",
+	       head >> 10, (head + tail) >> 10, svm);
+	return PASS;
+}
+
 /* ---------------------------------------------------------- atomics */
 
 struct atomic_job {
