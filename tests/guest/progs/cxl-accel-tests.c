@@ -306,17 +306,6 @@ CXLA_TEST_F(dev, copy_mmap_pointer)
 	return PASS;
 }
 
-/* Whether len bytes at p hold the fill pattern from phase 0 */
-static bool holds_pattern(const uint8_t *p, size_t len, uint64_t pat)
-{
-	size_t i;
-
-	for (i = 0; i < len; i++)
-		if (p[i] != (uint8_t)(pat >> (8 * (i % 8))))
-			return false;
-	return true;
-}
-
 static bool holds_byte(const uint8_t *p, size_t len, uint8_t v)
 {
 	size_t i;
@@ -367,7 +356,7 @@ CXLA_TEST_F(dev, writes_across_mappings)
 
 	OK(cxla_fill(c->fd, cxla_user(buf + blen - head), head + tail, pat, 0));
 	CHECK(holds_byte(buf, blen - head, 0xa5), "FILL wrote before its range");
-	CHECK(holds_pattern(buf + blen - head, head + tail, pat),
+	CHECK(cxla_holds_pattern(buf + blen - head, head + tail, pat),
 	      "FILL did not write all of its range across the two mappings");
 	CHECK(holds_byte(anon + tail, alen - tail, 0x5a), "FILL wrote after its range");
 
@@ -384,7 +373,7 @@ CXLA_TEST_F(dev, writes_across_mappings)
 	} else {
 		OK(r);
 		CHECK(holds_byte(buf, blen - head, 0xa5), "SVM FILL wrote before its range");
-		CHECK(holds_pattern(buf + blen - head, head + tail, svm_pat),
+		CHECK(cxla_holds_pattern(buf + blen - head, head + tail, svm_pat),
 		      "SVM FILL did not write all of its range across the two mappings");
 		CHECK(holds_byte(anon + tail, alen - tail, 0x5a),
 		      "SVM FILL wrote after its range");

@@ -372,6 +372,17 @@ static inline void fill_random(void *buf, size_t len, uint64_t seed)
 		p[i] = (uint8_t)rnd64(&s);
 }
 
+/* Whether len bytes at p hold a FILL's 64-bit pattern, from its phase 0 */
+static inline bool cxla_holds_pattern(const uint8_t *p, size_t len, uint64_t pat)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (p[i] != (uint8_t)(pat >> (8 * (i % 8))))
+			return false;
+	return true;
+}
+
 /* private anonymous memory; NULL on failure */
 static inline void *map_anon(size_t len)
 {

@@ -132,16 +132,6 @@ static int mmap_err(int fd, size_t len, off_t off, int flags)
 	return -errno;
 }
 
-static bool pattern_ok(const uint8_t *p, size_t len, uint64_t pat)
-{
-	size_t i;
-
-	for (i = 0; i < len; i++)
-		if (p[i] != (uint8_t)(pat >> (8 * (i % 8))))
-			return false;
-	return true;
-}
-
 static uint32_t pattern_crc(size_t len, uint64_t pat)
 {
 	uint8_t *b = malloc(len);
@@ -286,7 +276,7 @@ CXLA_TEST_F(devs, self_import)
 	      crc, crc32c(0, p, len));
 	OK(cxla_fill(c->fd[0], cxla_dev(im.handle, 4096 + 13), 100000,
 		     0x1122334455667788ULL, 0));
-	CHECK(pattern_ok(p + 4096 + 13, 100000, 0x1122334455667788ULL),
+	CHECK(cxla_holds_pattern(p + 4096 + 13, 100000, 0x1122334455667788ULL),
 	      "fill through import not seen by the CPU");
 	fill_random(ram, len, 12);
 	OK(cxla_copy(c->fd[0], cxla_user(ram), cxla_dev(im.handle, 0), len, 0));
@@ -420,8 +410,8 @@ CXLA_TEST_F(devs, mmap_coherency)
 
 	/* no sync at all: coherent */
 	OK(cxla_fill(c->fd[0], cxla_dev(a.handle, 0), len, 0xa5a5a5a55a5a5a5aULL, 0));
-	CHECK(pattern_ok(p, len, 0xa5a5a5a55a5a5a5aULL), "device fill not seen through the DMA-BUF");
-	CHECK(pattern_ok(r, 64 * KiB, 0xa5a5a5a55a5a5a5aULL), "window mapping");
+	CHECK(cxla_holds_pattern(p, len, 0xa5a5a5a55a5a5a5aULL), "device fill not seen through the DMA-BUF");
+	CHECK(cxla_holds_pattern(r, 64 * KiB, 0xa5a5a5a55a5a5a5aULL), "window mapping");
 	q[100] = 0x77;
 	CHECK(p[100] == 0x77, "CPU store through one mapping not seen in the other");
 	r[5] = 0x66;
@@ -670,7 +660,7 @@ CXLA_TEST_F(devs, fd_passing)
 	waitpid(pid, &st, 0);
 	CHECK(!strcmp(msg, "ok"), "%s", msg);
 	CHECK(WIFEXITED(st) && !WEXITSTATUS(st), "child status %#x", st);
-	CHECK(pattern_ok(p, len - 4096, 0x5151515151515151ULL),
+	CHECK(cxla_holds_pattern(p, len - 4096, 0x5151515151515151ULL),
 	      "the receiver's device fill is not in the buffer");
 	CHECK(p[len - 1] == 0xc4 && p[len - 4096] == 0xc4,
 	      "the receiver's CPU writes are not in the buffer");
@@ -717,7 +707,7 @@ CXLA_TEST_F(devs, udmabuf_import)
 	CHECK(crc == crc32c(0, m, len), "device crc of the udmabuf %#x, cpu %#x",
 	      crc, crc32c(0, m, len));
 	OK(cxla_fill(c->fd[i], cxla_dev(im.handle, 12345), 300000, 0xdeadbeefcafef00dULL, 0));
-	CHECK(pattern_ok(m + 12345, 300000, 0xdeadbeefcafef00dULL),
+	CHECK(cxla_holds_pattern(m + 12345, 300000, 0xdeadbeefcafef00dULL),
 	      "device fill of the udmabuf not in the memfd");
 
 	OK(cxla_alloc(c->fd[i], alen, 0, &a));
@@ -772,7 +762,7 @@ CXLA_TEST_F(devs, heap_import)
 	      crc, crc32c(0, m, len));
 	OK(cxla_fill(c->fd[i], cxla_dev(im1.handle, 5 * MiB), 1 * MiB, 0x4848484848484848ULL, 0));
 	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ));
-	CHECK(pattern_ok(m + 5 * MiB, 1 * MiB, 0x4848484848484848ULL), "device fill of the heap buffer");
+	CHECK(cxla_holds_pattern(m + 5 * MiB, 1 * MiB, 0x4848484848484848ULL), "device fill of the heap buffer");
 	OK(cxla_sync_dmabuf(hd.fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ));
 
 	OK(cxla_alloc(c->fd[0], alen, 0, &a));
