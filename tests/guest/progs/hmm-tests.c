@@ -1908,11 +1908,16 @@ static void ksm_part(FIXTURE_DATA(dev) *c, uint32_t flags, uint64_t own,
 		snprintf(msg, mlen, "contents changed by the move to the device");
 		return;
 	}
-	if (m.migrated + m.refused + m.busy != KSM_PAGES ||
+	/*
+	 * The five counters share the pages out: a page busy at first and
+	 * found in place by the pass that looks again counts as already.
+	 */
+	if (m.migrated + m.already + m.refused + m.busy + m.no_space != KSM_PAGES ||
 	    m.refused < (uint64_t)merged) {
-		snprintf(msg, mlen, "to the device with %ld merged: migrated %llu refused %llu busy %llu",
+		snprintf(msg, mlen, "to the device with %ld merged: migrated %llu already %llu refused %llu busy %llu no space %llu",
 			 merged, (unsigned long long)m.migrated,
-			 (unsigned long long)m.refused, (unsigned long long)m.busy);
+			 (unsigned long long)m.already, (unsigned long long)m.refused,
+			 (unsigned long long)m.busy, (unsigned long long)m.no_space);
 		return;
 	}
 	if (cxla_migrate_flags(c->fd, p, len, false, 0, &m) || memcmp(p, ref, len)) {
