@@ -306,16 +306,6 @@ CXLA_TEST_F(dev, copy_mmap_pointer)
 	return PASS;
 }
 
-static bool holds_byte(const uint8_t *p, size_t len, uint8_t v)
-{
-	size_t i;
-
-	for (i = 0; i < len; i++)
-		if (p[i] != v)
-			return false;
-	return true;
-}
-
 /*
  * A device write asked for across the end of one mapping into the next
  * lands in exactly the range asked for, as a CPU memset would: the device
@@ -355,16 +345,16 @@ CXLA_TEST_F(dev, writes_across_mappings)
 	memset(anon, 0x5a, alen);
 
 	OK(cxla_fill(c->fd, cxla_user(buf + blen - head), head + tail, pat, 0));
-	CHECK(holds_byte(buf, blen - head, 0xa5), "FILL wrote before its range");
+	CHECK(cxla_all_bytes(buf, blen - head, 0xa5), "FILL wrote before its range");
 	CHECK(cxla_holds_pattern(buf + blen - head, head + tail, pat),
 	      "FILL did not write all of its range across the two mappings");
-	CHECK(holds_byte(anon + tail, alen - tail, 0x5a), "FILL wrote after its range");
+	CHECK(cxla_all_bytes(anon + tail, alen - tail, 0x5a), "FILL wrote after its range");
 
 	/* into the guard: an error, and not a byte written */
 	memset(anon, 0x5a, alen);
 	EXPECT_ERR(cxla_fill(c->fd, cxla_user(anon + alen - head), 2 * head, pat, 0),
 		   EFAULT);
-	CHECK(holds_byte(anon, alen, 0x5a), "a FILL that failed wrote memory");
+	CHECK(cxla_all_bytes(anon, alen, 0x5a), "a FILL that failed wrote memory");
 
 	r = cxla_svm(c->fd, CXL_ACCEL_SVM_FILL, buf + blen - head, head + tail, 0, 0,
 		     &svm_pat, NULL);
@@ -372,10 +362,10 @@ CXLA_TEST_F(dev, writes_across_mappings)
 		svm = "no SVM on this device";
 	} else {
 		OK(r);
-		CHECK(holds_byte(buf, blen - head, 0xa5), "SVM FILL wrote before its range");
+		CHECK(cxla_all_bytes(buf, blen - head, 0xa5), "SVM FILL wrote before its range");
 		CHECK(cxla_holds_pattern(buf + blen - head, head + tail, svm_pat),
 		      "SVM FILL did not write all of its range across the two mappings");
-		CHECK(holds_byte(anon + tail, alen - tail, 0x5a),
+		CHECK(cxla_all_bytes(anon + tail, alen - tail, 0x5a),
 		      "SVM FILL wrote after its range");
 	}
 	munmap(win, win_len);

@@ -372,6 +372,23 @@ static inline void fill_random(void *buf, size_t len, uint64_t seed)
 		p[i] = (uint8_t)rnd64(&s);
 }
 
+/* Whether len bytes at p all hold v */
+static inline bool cxla_all_bytes(const uint8_t *p, size_t len, uint8_t v)
+{
+	uint64_t w = 0x0101010101010101ULL * v, x;
+	size_t i = 0;
+
+	for (; i + 8 <= len; i += 8) {
+		memcpy(&x, p + i, 8);
+		if (x != w)
+			return false;
+	}
+	for (; i < len; i++)
+		if (p[i] != v)
+			return false;
+	return true;
+}
+
 /* Whether len bytes at p hold a FILL's 64-bit pattern, from its phase 0 */
 static inline bool cxla_holds_pattern(const uint8_t *p, size_t len, uint64_t pat)
 {

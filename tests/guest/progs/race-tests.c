@@ -868,22 +868,6 @@ CXLA_TEST_F(dev, garbage_import)
 	return PASS;
 }
 
-static bool all_bytes(const uint8_t *p, size_t len, uint8_t v)
-{
-	uint64_t w = 0x0101010101010101ULL * v, x;
-	size_t i = 0;
-
-	for (; i + 8 <= len; i += 8) {
-		memcpy(&x, p + i, 8);
-		if (x != w)
-			return false;
-	}
-	for (; i < len; i++)
-		if (p[i] != v)
-			return false;
-	return true;
-}
-
 /* mmap with bad offsets and lengths; mremap, mprotect, madvise, fork on a mapping */
 CXLA_TEST_F(dev, garbage_mmap)
 {
@@ -948,7 +932,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 		   map_anon(4 * PG));
 	CHECK(q != MAP_FAILED, "mremap move: %s", ename(errno));
 	moved = q;
-	CHECK(all_bytes(q, PG, 5) && all_bytes(q + 3 * PG, PG, 8), "data moved wrong");
+	CHECK(cxla_all_bytes(q, PG, 5) && cxla_all_bytes(q + 3 * PG, PG, 8), "data moved wrong");
 	CHECK(cxla_probe_read(p + 4 * PG, &byte, NULL) == SIGSEGV,
 	      "old place of a moved piece readable");
 	/* madvise: whatever is accepted, the data stays */
@@ -968,12 +952,12 @@ CXLA_TEST_F(dev, garbage_mmap)
 			      r == ENOMEM || r == EFAULT || r == EBUSY ||
 			      (r == ENODEV && advs[i] == MADV_REMOVE),
 			      "madvise %d: %s", advs[i], ename(r));
-			CHECK(all_bytes(p, PG, 1) && all_bytes(p + 3 * PG, PG, 4),
+			CHECK(cxla_all_bytes(p, PG, 1) && cxla_all_bytes(p + 3 * PG, PG, 4),
 			      "data changed by madvise %d", advs[i]);
 		}
 		r = mlock(p, 4 * PG);
 		munlock(p, 4 * PG);
-		CHECK(all_bytes(p + PG, PG, 2), "data changed by mlock");
+		CHECK(cxla_all_bytes(p + PG, PG, 2), "data changed by mlock");
 	}
 	/* the mapping as the operand of the migration and SVM ioctls */
 	{
@@ -1006,7 +990,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 		      (!r && pc.crc == crc32c(0, p + 10, 3 * PG) && !pc.on_device),
 		      "PIN_CHECKSUM of a device mapping: %d (%s), on device %llu",
 		      r, r ? ename(-r) : "ok", (unsigned long long)pc.on_device);
-		CHECK(all_bytes(p, PG, 1) && all_bytes(p + 3 * PG, PG, 4),
+		CHECK(cxla_all_bytes(p, PG, 1) && cxla_all_bytes(p + 3 * PG, PG, 4),
 		      "data changed by the HMM ioctls");
 		n += 6;
 		pin_result = r;
@@ -1015,30 +999,30 @@ CXLA_TEST_F(dev, garbage_mmap)
 	CHECK(!mprotect(p, 4 * PG, PROT_READ), "mprotect");
 	EXPECT_ERR(cxla_fill(fd, cxla_user(p), 100, 0, 0), EFAULT);
 	OK(cxla_copy(fd, cxla_user(p), cxla_user(buf), PG, 0));
-	CHECK(all_bytes(buf, PG, 1), "copy from a read-only device mapping");
+	CHECK(cxla_all_bytes(buf, PG, 1), "copy from a read-only device mapping");
 	CHECK(!mprotect(p, 4 * PG, PROT_READ | PROT_WRITE), "mprotect back");
 	/* split by a hole */
 	CHECK(!munmap(p + 9 * PG, PG), "munmap a page");
-	CHECK(all_bytes(p + 8 * PG, PG, 9) && all_bytes(p + 10 * PG, PG, 11),
+	CHECK(cxla_all_bytes(p + 8 * PG, PG, 9) && cxla_all_bytes(p + 10 * PG, PG, 11),
 	      "data around the hole");
 	EXPECT_ERR(cxla_fill(fd, cxla_user(p + 8 * PG), 3 * PG, 0, 0), EFAULT);
 	/* other ways to read a mapping: /proc/self/mem, process_vm_readv */
 	mem = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
 	CHECK(mem >= 0, "/proc/self/mem");
 	r = pread(mem, buf, PG, (off_t)(uintptr_t)(p + 2 * PG));
-	CHECK(r == (int)PG && all_bytes(buf, PG, 3), "/proc/self/mem read: %d", r);
+	CHECK(r == (int)PG && cxla_all_bytes(buf, PG, 3), "/proc/self/mem read: %d", r);
 	close(mem);
 	{
 		struct iovec l = { buf, PG }, rv = { p + 10 * PG, PG };
 
 		r = process_vm_readv(getpid(), &l, 1, &rv, 1, 0);
-		CHECK(r == (int)PG && all_bytes(buf, PG, 11), "process_vm_readv: %d", r);
+		CHECK(r == (int)PG && cxla_all_bytes(buf, PG, 11), "process_vm_readv: %d", r);
 	}
 	/* fork shares the mapping */
 	pid = fork();
 	CHECK(pid >= 0, "fork");
 	if (!pid) {
-		if (!all_bytes(p + 10 * PG, PG, 11))
+		if (!cxla_all_bytes(p + 10 * PG, PG, 11))
 			_exit(1);
 		p[10 * PG] = 0x77;
 		_exit(0);
@@ -1074,7 +1058,7 @@ CXLA_TEST_F(dev, garbage_mmap)
 	}
 	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, dmabuf, 0);
 	CHECK(m != MAP_FAILED, "DMA-BUF mmap: %s", ename(errno));
-	CHECK(all_bytes(m + 8 * PG, PG, 9), "DMA-BUF mapping sees other data");
+	CHECK(cxla_all_bytes(m + 8 * PG, PG, 9), "DMA-BUF mapping sees other data");
 	{
 		struct dma_buf_sync s = { .flags = 0x1234 };
 
@@ -1844,7 +1828,7 @@ static struct first_use first_use_run(const char *path, bool evict,
 
 			res.r = cxla_ioctl(fd, CXL_ACCEL_IOC_EVICT, &e);
 			res.moved = e.evicted == FIRST_USE_LEN / PG &&
-				    all_bytes(buf, FIRST_USE_LEN, 0x5a);
+				    cxla_all_bytes(buf, FIRST_USE_LEN, 0x5a);
 		} else {
 			res.r = cxla_svm(fd, CXL_ACCEL_SVM_CHECKSUM, buf,
 					 FIRST_USE_LEN, 0, 0, &v, NULL);
@@ -1978,7 +1962,7 @@ CXLA_TEST_F(dev, io_uring_task_work)
 		}
 	}
 	TALLY_OK(&t);
-	CHECK(all_bytes(anon, 1 * MiB, 9), "data after the migrations");
+	CHECK(cxla_all_bytes(anon, 1 * MiB, 9), "data after the migrations");
 
 	/* a real signal still ends a long command and a wait, at once */
 	uring_churn(ram, 1 * MiB, true);
@@ -2215,7 +2199,7 @@ static long first_bad_page(const uint8_t *p, const uint8_t *exp)
 	long i;
 
 	for (i = 0; i < UM_PAGES; i++)
-		if (!all_bytes(p + i * PG, PG, exp[i]))
+		if (!cxla_all_bytes(p + i * PG, PG, exp[i]))
 			return i;
 	return -1;
 }
@@ -2315,7 +2299,7 @@ CXLA_TEST_F(dev, unmap_during_migration)
 				    (uint32_t)crc != crc32c(0, q, UM_PIECE * PG))
 					_exit(3);
 				memset(q, 0xee, UM_PIECE * PG);
-				_exit(all_bytes(q, UM_PIECE * PG, 0xee) ? 0 : 2);
+				_exit(cxla_all_bytes(q, UM_PIECE * PG, 0xee) ? 0 : 2);
 			}
 			waitpid(pid, &status, 0);
 			child_bad += !WIFEXITED(status) || WEXITSTATUS(status);
@@ -2516,7 +2500,7 @@ CXLA_TEST_F(dev, dmabuf_close_during_copy)
 		OK(cxla_checksum(w.fd, cxla_dev(w.imp, 0), len, 0, &crc));
 		CHECK(crc == crc32c(0, m, len), "round %d: checksum through the import", round);
 		OK(cxla_fill(w.fd, cxla_dev(w.imp, 4096), 8192, 0x3131313131313131ULL, 0));
-		CHECK(all_bytes(m + 4096, 8192, 0x31), "round %d: FILL through the import", round);
+		CHECK(cxla_all_bytes(m + 4096, 8192, 0x31), "round %d: FILL through the import", round);
 
 		CHECK(!pthread_create(&th, NULL, db_thread, &w), "thread");
 		msleep_(1 + rnd32(&seed) % 10);
@@ -3157,7 +3141,7 @@ CXLA_TEST_F(dev, health)
 	OK(cxla_copy(fd, cxla_dev(a.handle, 0), cxla_user(ram2), len, 0));
 	CHECK(!memcmp(ram, ram2, len), "COPY back wrong");
 	OK(cxla_fill(fd, cxla_dev(a.handle, 100), 1000, 0x0101010101010101ULL, 0));
-	CHECK(all_bytes(p + 100, 1000, 1) && p[99] == ram[99] && p[1100] == ram[1100],
+	CHECK(cxla_all_bytes(p + 100, 1000, 1) && p[99] == ram[99] && p[1100] == ram[1100],
 	      "FILL wrong");
 	memset(p, 0, 8);
 	OK(cxla_atomic(fd, cxla_dev(a.handle, 0), CXL_ACCEL_ATOMIC_FETCH_ADD, 8, 3, 0,
