@@ -145,15 +145,16 @@ static void cxla_page_free(struct page *page)
 	struct cxla_buf *buf = page->zone_device_data;
 	struct cxla_dev *cd = container_of(cxla_page_pgmap(page), struct cxla_dev,
 					   pgmap);
+	struct folio *folio = page_folio(page);
 
 	/*
 	 * The kernel does not check ZONE_DEVICE pages at free: a page that
 	 * comes back while a page table still maps it lost a reference, and
 	 * handing it out again would give it two owners.
 	 */
-	if (folio_mapped(page_folio(page))) {
+	if (folio_mapped(folio)) {
 		dev_err(&cd->dev, "page %#lx freed while mapped (mapcount %d)\n",
-			page_to_pfn(page), folio_mapcount(page_folio(page)));
+			page_to_pfn(page), folio_mapcount(folio));
 		dump_page(page, "cxl-accel: freed while mapped");
 		WARN_ON_ONCE(1);
 	}
