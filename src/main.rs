@@ -40,10 +40,10 @@ fn main() -> ExitCode {
         };
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let result = if args.attach == cxl_accel::device::Attach::Cxl {
-        run_vfio(args)
-    } else if args.supervise && args.worker_fd.is_none() {
+    let result = if args.supervise && args.worker_fd.is_none() {
         supervise(args)
+    } else if args.attach == cxl_accel::device::Attach::Cxl {
+        run_vfio(args)
     } else {
         run(args)
     };
@@ -184,6 +184,11 @@ fn open_device(args: &Args, own_files: bool) -> Result<(Arc<Device>, Arc<Dispatc
         poll_us: args.poll_us,
         ..Default::default()
     };
+    // Where the guest saw device memory is for a worker that takes over to keep (peers'
+    // daemons read it meanwhile); a daemon that starts afresh has not been mapped yet.
+    if !args.resume {
+        state.set_guest_address(None);
+    }
     let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(state), restored));
     let dispatcher = Arc::new(Dispatcher::new(args.dma_threads as usize).map_err(Error::Engines)?);
     Ok((device, dispatcher))
@@ -195,23 +200,30 @@ fn run_vfio(args: Args) -> Result<()> {
     use cxl_accel::vfio::{function::CxlFunction, peers::Peers, server as vfio_server};
 
     cxl_accel::host::sandbox::prepare(args.seccomp);
-    if args.supervise || args.socket_mode == SocketMode::Client || args.fd.is_some() {
-        return Err(
-            "--attach cxl serves vfio-user on its own socket: no --supervise, --fd or \
-                    --socket-mode client"
-                .into(),
-        );
-    }
-    let own_socket = cxl_accel::host::sandbox::removable(args.socket_path());
+    check_vfio_socket(&args)?;
+    // A worker (--supervise) serves its supervisor's socket and files, which stay.
+    let worker = args.worker_fd.is_some();
+    let own_socket = (!worker)
+        .then(|| cxl_accel::host::sandbox::removable(args.socket_path()))
+        .flatten();
     signals::exit_on_termination(own_socket.into_iter().collect())?;
-    let (device, dispatcher) = open_device(&args, true)?;
-    let listener = vfio_server::bind(args.socket_path(), args.socket_group)?;
-    if let Some(path) = &args.control_socket {
-        let l = server::bind_std(path, None)?;
+    let (device, dispatcher) = open_device(&args, !worker)?;
+    let listener = match args.worker_fd {
+        // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
+        Some(fd) => unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) },
+        None => vfio_server::bind(args.socket_path(), args.socket_group)?,
+    };
+    let control = match (args.control_fd, &args.control_socket) {
+        // SAFETY: the supervisor passed this listening socket to us for our exclusive use.
+        (Some(fd), _) => Some(unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) }),
+        (None, Some(path)) => Some(server::bind_std(path, None)?),
+        (None, None) => None,
+    };
+    if let Some(l) = control {
         cxl_accel::control::serve(l, device.clone())
             .map_err(|e| format!("cannot start the control channel: {e}"))?;
     }
-    let mut function = CxlFunction::new(device, dispatcher, args.queue_size)
+    let mut function = CxlFunction::with_resume(device, dispatcher, args.queue_size, args.resume)
         .map_err(|e| format!("cannot set up the PCI function: {e}"))?;
     log::info!(
         "cxl-accel {} on {} (vfio-user, a CXL Type-2 endpoint; {} bytes of device memory in {}, {} DMA engines)",
@@ -244,13 +256,34 @@ fn run_vfio(args: Args) -> Result<()> {
     function.set_peers(peers);
     enter_sandbox(&args, false)?;
     server.session(first, &mut function);
+    if worker {
+        // The supervisor's one connection: when it ends, so does the worker.
+        return Ok(());
+    }
     server.serve(&mut function, None)?;
+    Ok(())
+}
+
+/// `--attach cxl` serves vfio-user on a socket it binds itself (or its supervisor did).
+fn check_vfio_socket(args: &Args) -> Result<()> {
+    if args.socket_mode == SocketMode::Client || args.fd.is_some() {
+        return Err(
+            "--attach cxl serves vfio-user on its own socket: no --fd or --socket-mode client"
+                .into(),
+        );
+    }
     Ok(())
 }
 
 /// `--supervise`: keep QEMU's connection here and run the device in restartable workers.
 fn supervise(args: Args) -> Result<()> {
     cxl_accel::host::sandbox::prepare(args.seccomp);
+    let protocol = if args.attach == cxl_accel::device::Attach::Cxl {
+        check_vfio_socket(&args)?;
+        supervisor::Protocol::VfioUser
+    } else {
+        supervisor::Protocol::VhostUser
+    };
     let worker_socket = args.worker_socket();
     let mut cleanup = vec![worker_socket.clone()];
     if args.socket_mode == SocketMode::Server && args.fd.is_none() {
@@ -296,7 +329,7 @@ fn supervise(args: Args) -> Result<()> {
         worker_socket,
         control,
     };
-    Ok(supervisor::run(front, spec, args.seccomp)?)
+    Ok(supervisor::run(front, spec, args.seccomp, protocol)?)
 }
 
 mod signals {

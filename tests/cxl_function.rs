@@ -14,7 +14,7 @@ use common::{memfd, pattern, DriverQueue, TempDir};
 use cxl_accel::cli::Args;
 use cxl_accel::device::command::encode;
 use cxl_accel::device::cxl::{CxlError, RasError};
-use cxl_accel::device::devmem::{DeviceMemory, FileId};
+use cxl_accel::device::devmem::{Access, DeviceMemory, FileId};
 use cxl_accel::device::dispatch::Dispatcher;
 use cxl_accel::device::state::{self, StateFile};
 use cxl_accel::device::{Attach, Device, DeviceConfig};
@@ -51,9 +51,22 @@ struct Rig {
     ram: GuestMemoryMmap,
     q: DriverQueue,
     dir: TempDir,
+    /// Guest RAM's file, as QEMU maps it again for a successor.
+    ram_file: File,
     our_state: PathBuf,
     peer: PathBuf,
     _peer_state: StateFile,
+}
+
+/// QEMU's DMA map of guest RAM.
+fn ram_map(file: File) -> DmaMap {
+    DmaMap {
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        offset: 0,
+        iova: 0,
+        size: RAM,
+        fd: Some(file),
+    }
 }
 
 fn state_path(memory: &Path) -> PathBuf {
@@ -98,20 +111,15 @@ impl Rig {
             .unwrap(),
         )])
         .unwrap();
-        f.dma_map(DmaMap {
-            flags: DMA_MAP_READ | DMA_MAP_WRITE,
-            offset: 0,
-            iova: 0,
-            size: RAM,
-            fd: Some(file),
-        })
-        .unwrap();
+        let ram_file = file.try_clone().unwrap();
+        f.dma_map(ram_map(file)).unwrap();
         Rig {
             f,
             device,
             ram,
             q: DriverQueue::new(RING, 256),
             dir,
+            ram_file,
             our_state,
             peer,
             _peer_state: peer_state,
@@ -528,4 +536,90 @@ fn a_conventional_reset_drops_the_dvsec_state_and_keeps_ras_and_memory() {
     // A new client (a new machine) powers the device on: RAS goes too.
     r.f.disconnected();
     assert_eq!(r.device.cxl().component_read(RAS + 0x0C), 0);
+}
+
+/// What a driver can read of the function: command, BAR4, virtio status, the DVSEC's lock
+/// and range base, RAS status.
+fn visible_state(r: &mut Rig) -> [u32; 7] {
+    [
+        r.config_read32(0x04) & 0xFFFF,
+        r.config_read32(0x20),
+        r.config_read32(0x24),
+        r.common_read8(0x14) as u32,
+        r.config_read32(DVSEC + 0x14),
+        r.config_read32(DVSEC + 0x24),
+        r.device.cxl().component_read(RAS + 0x0C),
+    ]
+}
+
+#[test]
+fn a_successor_takes_over_the_registers_and_the_ring_a_dead_daemon_left() {
+    let mut r = Rig::with_state_to_reset();
+    let before = visible_state(&mut r);
+    // A request the guest queued and rang for as the daemon died: never seen by it.
+    let req = encode::fill(
+        7,
+        u64::from_ne_bytes([0x3C; 8]),
+        &[encode::sge(SPACE_DEVMEM, 0, 4096)],
+    );
+    r.ram.write_slice(&req, GuestAddress(REQ)).unwrap();
+    r.q.push(
+        &r.ram,
+        &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
+    );
+
+    // The successor (a supervised worker, under its supervisor's locks) over the same files,
+    // with QEMU's DMA map replayed to it.
+    let ours = r.dir.0.join("devmem");
+    let access = Access {
+        lock: false,
+        group: None,
+    };
+    let devmem = DeviceMemory::open_with(&ours, DEVMEM, access).unwrap();
+    let (st, restored) = StateFile::open(&r.our_state, devmem.id(), DEVMEM, false).unwrap();
+    let cfg = DeviceConfig {
+        attach: Attach::Cxl,
+        ..Default::default()
+    };
+    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
+    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+    let mut f = CxlFunction::with_resume(device.clone(), dispatcher, 256, true).unwrap();
+    f.dma_map(ram_map(r.ram_file.try_clone().unwrap())).unwrap();
+    r.f = f;
+    r.device = device;
+
+    // Nothing runs until the replay is over, which the first region access says.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(r.q.wait_used(&r.ram, Duration::ZERO), None);
+    assert_eq!(visible_state(&mut r), before);
+    assert_eq!(r.device.layout().devmem_gpa, Some(OUR_BAR4));
+    // The queued request is served without a new doorbell, then the ring goes on.
+    r.q.wait_used(&r.ram, Duration::from_secs(20))
+        .expect("the successor did not serve the queued request");
+    let resp: Resp = r.ram.read_obj(GuestAddress(RESP)).unwrap();
+    assert_eq!((resp.tag, resp.status), (7, Status::Ok as u32));
+    assert!(r.devmem_bytes(0, 4096).iter().all(|&b| b == 0x3C));
+    r.fill_devmem(8, 0x77, 4096, 4096);
+    assert!(r.devmem_bytes(4096, 4096).iter().all(|&b| b == 0x77));
+}
+
+#[test]
+fn a_daemon_that_starts_afresh_takes_nothing_over() {
+    let mut r = Rig::with_state_to_reset();
+    let ours = r.dir.0.join("devmem");
+    let access = Access {
+        lock: false,
+        group: None,
+    };
+    let devmem = DeviceMemory::open_with(&ours, DEVMEM, access).unwrap();
+    let (st, restored) = StateFile::open(&r.our_state, devmem.id(), DEVMEM, false).unwrap();
+    let cfg = DeviceConfig {
+        attach: Attach::Cxl,
+        ..Default::default()
+    };
+    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
+    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+    r.f = CxlFunction::with_resume(device.clone(), dispatcher, 256, false).unwrap();
+    r.device = device;
+    assert_eq!(visible_state(&mut r), [0, 0xC, 0, 0, 0, 0, 0]);
 }

@@ -6,7 +6,7 @@
 //! From the bottom: `protocol` (the wire format), `host` (files, SIGBUS, sandbox),
 //! `device` (the model), `ring` (virtqueues to requests and back), the transports beside
 //! each other: `vhost` (the vhost-user adapter) and `vfio` (the vfio-user one, a PCIe
-//! function of its own), `supervisor` (the worker processes around vhost); `control` (the
+//! function of its own), `supervisor` (the worker processes around either); `control` (the
 //! control channel) stands on the model only. `cli`, `qemu_args`, `main` and `lib` tie them
 //! together.
 
@@ -21,7 +21,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("ring", &["protocol", "host", "device"]),
     ("vhost", &["protocol", "host", "device", "ring"]),
     ("vfio", &["protocol", "host", "device", "ring"]),
-    ("supervisor", &["protocol", "host", "vhost"]),
+    ("supervisor", &["protocol", "host", "vhost", "vfio"]),
     ("control", &["protocol", "host", "device"]),
 ];
 

@@ -19,7 +19,9 @@
 //!   (the locked decoder, and under CONFIG_LOCK the DVSEC fields it froze) and the sticky RAS
 //!   registers; with Mem Clr enabled the caller clears device memory too.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use crate::device::state::{Saved, StateFile};
 
 /// The component register block, a BAR of its own (64 KiB).
 pub const COMPONENT_BLOCK_SIZE: u64 = 0x1_0000;
@@ -187,18 +189,142 @@ pub enum CxlError {
     NotCxl,
 }
 
+/// The layout of saved registers ([`Regs::to_words`]): bumped when it changes, so a
+/// daemon never reads another's layout.
+const SAVED_FORMAT: u64 = 1 | (DECODERS as u64) << 8;
+
+impl Regs {
+    /// The registers as words, for the state file.
+    fn to_words(&self) -> Vec<u64> {
+        let mut w = vec![SAVED_FORMAT, self.hdm_global as u64];
+        for d in &self.decoders {
+            w.extend([d.base, d.size, d.ctrl as u64, d.skip]);
+        }
+        let ras = &self.ras;
+        w.extend(
+            [
+                ras.ue_status,
+                ras.ue_mask,
+                ras.ue_severity,
+                ras.ce_status,
+                ras.ce_mask,
+                ras.first_error,
+            ]
+            .map(u64::from),
+        );
+        w.extend(ras.header_log.map(u64::from));
+        w.extend([
+            self.dvsec_control as u64,
+            self.dvsec_lock as u64,
+            self.range_base,
+            self.control2 as u64,
+            self.status2 as u64,
+        ]);
+        w
+    }
+
+    /// The inverse of [`Regs::to_words`]; None for another layout.
+    fn from_words(w: &[u64]) -> Option<Regs> {
+        let mut it = w.iter().copied();
+        if it.next()? != SAVED_FORMAT {
+            return None;
+        }
+        let mut next = || it.next();
+        let mut r = Regs {
+            hdm_global: next()? as u32,
+            ..Regs::default()
+        };
+        for d in r.decoders.iter_mut() {
+            *d = Decoder {
+                base: next()?,
+                size: next()?,
+                ctrl: next()? as u32,
+                skip: next()?,
+            };
+        }
+        let ras = &mut r.ras;
+        for f in [
+            &mut ras.ue_status,
+            &mut ras.ue_mask,
+            &mut ras.ue_severity,
+            &mut ras.ce_status,
+            &mut ras.ce_mask,
+            &mut ras.first_error,
+        ] {
+            *f = next()? as u32;
+        }
+        for h in ras.header_log.iter_mut() {
+            *h = next()? as u32;
+        }
+        r.dvsec_control = next()? as u16;
+        r.dvsec_lock = next()? as u16;
+        r.range_base = next()?;
+        r.control2 = next()? as u16;
+        r.status2 = next()? as u16;
+        next().is_none().then_some(r)
+    }
+}
+
 /// The endpoint's CXL registers.
 pub struct Cxl {
     /// Device memory the decoders may map: the device memory size, in whole granules.
     capacity: u64,
     regs: Mutex<Regs>,
+    /// Where every change is saved, for a daemon that takes over (`--supervise`).
+    store: Option<Arc<StateFile>>,
+}
+
+/// The registers locked for a change, saved when the change is done.
+struct RegsMut<'a> {
+    regs: std::sync::MutexGuard<'a, Regs>,
+    store: Option<&'a StateFile>,
+}
+
+impl std::ops::Deref for RegsMut<'_> {
+    type Target = Regs;
+    fn deref(&self) -> &Regs {
+        &self.regs
+    }
+}
+
+impl std::ops::DerefMut for RegsMut<'_> {
+    fn deref_mut(&mut self) -> &mut Regs {
+        &mut self.regs
+    }
+}
+
+impl Drop for RegsMut<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.store {
+            s.save(Saved::Cxl, &self.regs.to_words());
+        }
+    }
 }
 
 impl Cxl {
     pub fn new(devmem_size: u64) -> Cxl {
+        Cxl::with_store(devmem_size, None)
+    }
+
+    /// Registers whose every change is saved in `store`.
+    pub fn with_store(devmem_size: u64, store: Option<Arc<StateFile>>) -> Cxl {
         Cxl {
             capacity: devmem_size / GRANULE * GRANULE,
             regs: Mutex::new(Regs::default()),
+            store,
+        }
+    }
+
+    /// Takes over the registers a previous daemon saved; false (power-on state kept) when
+    /// there are none it can read.
+    pub fn resume_saved(&self) -> bool {
+        let saved = self.store.as_ref().and_then(|s| s.saved(Saved::Cxl));
+        match saved.as_deref().and_then(Regs::from_words) {
+            Some(r) => {
+                *self.regs_mut() = r;
+                true
+            }
+            None => false,
         }
     }
 
@@ -211,15 +337,23 @@ impl Cxl {
         self.regs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The registers, to change them.
+    fn regs_mut(&self) -> RegsMut<'_> {
+        RegsMut {
+            regs: self.regs(),
+            store: self.store.as_deref(),
+        }
+    }
+
     /// Power-on state: nothing committed, HDM and memory disabled, no error logged.
     pub fn power_on(&self) {
-        *self.regs() = Regs::default();
+        *self.regs_mut() = Regs::default();
     }
 
     /// A conventional (hot or warm) reset: as power-on, but the sticky RAS registers keep
     /// their status, masks and log.
     pub fn conventional_reset(&self) {
-        let mut r = self.regs();
+        let mut r = self.regs_mut();
         *r = r.after_conventional_reset();
     }
 
@@ -262,7 +396,7 @@ impl Cxl {
     /// has gone through on return: what the caller must still do for it is returned.
     /// The rest is read-only.
     pub fn dvsec_device_write(&self, off: u64, value: u32, mask: u32) -> Option<CxlReset> {
-        let mut r = self.regs();
+        let mut r = self.regs_mut();
         let dw = off & !3;
         if dw == 0x14 {
             r.dvsec_lock |= (value & mask) as u16 & DVSEC_CONFIG_LOCK;
@@ -316,7 +450,7 @@ impl Cxl {
 
     /// A 32-bit write of the component register block at `off` (4-byte aligned).
     pub fn component_write(&self, off: u64, value: u32) {
-        let mut r = self.regs();
+        let mut r = self.regs_mut();
         if !(CM..CM + 0x1000).contains(&off) {
             return;
         }
@@ -335,7 +469,7 @@ impl Cxl {
     /// first uncorrectable one), as the device's error detection would. Whether the
     /// error is unmasked tells the transport to signal it.
     pub fn raise(&self, e: RasError) -> Result<Raised, CxlError> {
-        let mut r = self.regs();
+        let mut r = self.regs_mut();
         match e {
             RasError::Correctable { bit } => {
                 if bit > 31 || (1 << bit) & CE_MASK == 0 {
@@ -521,6 +655,32 @@ fn hdm_write(r: &mut Regs, off: u64, value: u32, capacity: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_register_change_is_saved_and_a_successor_takes_it_over() {
+        let store = Arc::new(StateFile::anonymous(256 << 20).unwrap());
+        let c = Cxl::with_store(256 << 20, Some(store.clone()));
+        c.component_write(CM + HDM_PTR + 0x10, 0x1000_0000);
+        c.dvsec_device_write(0x0C, 0x4, 0xFFFF);
+        c.raise(RasError::Uncorrectable {
+            bit: 0,
+            header: [1, 2, 3, 4],
+        })
+        .unwrap();
+        let next = Cxl::with_store(256 << 20, Some(store.clone()));
+        assert!(next.resume_saved());
+        assert_eq!(*next.regs(), *c.regs());
+        assert_eq!(next.ras_state(), c.ras_state());
+        // Another layout is not read.
+        let mut words = c.regs().to_words();
+        words[0] += 1;
+        assert!(Regs::from_words(&words).is_none());
+        words[0] -= 1;
+        words.pop();
+        assert!(Regs::from_words(&words).is_none());
+        // Without a store nothing is saved or taken over.
+        assert!(!Cxl::new(256 << 20).resume_saved());
+    }
 
     const HDM: u64 = CM + HDM_PTR;
     const D0: u64 = HDM + 0x10;

@@ -59,6 +59,15 @@ impl Device {
         }
     }
 
+    /// Where the guest mapped device memory, as the daemon this one takes over from knew
+    /// it: the driver was told then, and peers' daemons read it still.
+    pub fn take_over_devmem_gpa(&self, gpa: Option<u64>) {
+        if let Ok(mut layout) = self.layout.write() {
+            layout.devmem_gpa = gpa;
+        }
+        self.state.set_guest_address(gpa);
+    }
+
     /// Tells the log, the driver (an event) and peers' daemons (the state file) where
     /// the guest now sees device memory; the layout has it already.
     fn devmem_moved(&self, gpa: Option<u64>) {

@@ -241,8 +241,9 @@ impl Device {
         // The state file validated these against the same size.
         let alloc = Allocator::restore(size, restored.next_id, restored.buffers)
             .unwrap_or_else(|_| Allocator::new(size));
+        // Only a CXL endpoint has registers worth saving.
+        let cxl = cxl::Cxl::with_store(size, (cfg.attach == Attach::Cxl).then(|| state.clone()));
         Device {
-            cfg,
             devmem,
             alloc: Mutex::new(alloc),
             state,
@@ -257,7 +258,8 @@ impl Device {
             metrics: Metrics::new(),
             stages: Default::default(),
             tracing: std::sync::atomic::AtomicBool::new(false),
-            cxl: cxl::Cxl::new(size),
+            cxl,
+            cfg,
         }
     }
 

@@ -14,6 +14,7 @@
 
 mod message;
 mod recording;
+mod vfio_relay;
 pub mod workers;
 
 use std::io;
@@ -26,7 +27,7 @@ use vhost::vhost_user::message::FrontendReq;
 
 use crate::host::poll::wait_readable;
 use crate::host::sandbox;
-use crate::supervisor::workers::{End, Launcher};
+use crate::supervisor::workers::{End, Launcher, Worker};
 pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
 pub use message::{recv_message, send_message, Message};
 pub use recording::Recording;
@@ -55,6 +56,14 @@ pub enum SupervisorError {
     Worker(#[from] crate::supervisor::workers::WorkerError),
 }
 
+/// What the supervisor relays: how QEMU speaks to the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    VhostUser,
+    /// `--attach cxl` ([`vfio_relay`]).
+    VfioUser,
+}
+
 fn keep_error(e: io::Error) -> SupervisorError {
     SupervisorError::Io("cannot keep a descriptor", e)
 }
@@ -72,6 +81,7 @@ pub fn run(
     front: FrontEnd,
     spec: WorkerSpec,
     seccomp: sandbox::Mode,
+    protocol: Protocol,
 ) -> Result<(), SupervisorError> {
     // Private (0600) from the start: only our own workers connect to it.
     let workers = crate::vhost::server::bind_std(&spec.worker_socket, None)
@@ -88,7 +98,7 @@ pub fn run(
             if seccomp != sandbox::Mode::Off {
                 log::info!("supervisor: seccomp filter installed on the relay ({seccomp:?})");
             }
-            serve(front, &launcher)
+            serve(front, &launcher, protocol)
         })
         .map_err(|e| SupervisorError::Io("cannot start the relay thread", e))?;
     requests.serve(&spec, &workers);
@@ -96,7 +106,7 @@ pub fn run(
     relay.join().unwrap_or(Err(SupervisorError::RelayPanicked))
 }
 
-fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), SupervisorError> {
+fn serve(front: FrontEnd, launcher: &Launcher, protocol: Protocol) -> Result<(), SupervisorError> {
     loop {
         let qemu = match &front {
             FrontEnd::Listen(l) => l
@@ -106,7 +116,10 @@ fn serve(front: FrontEnd, launcher: &Launcher) -> Result<(), SupervisorError> {
             FrontEnd::Connect(path) => connect_retrying(path),
         };
         log::info!("supervisor: front-end connected");
-        let end = session(&qemu, launcher)?;
+        let end = match protocol {
+            Protocol::VhostUser => session(&qemu, launcher)?,
+            Protocol::VfioUser => vfio_relay::session(&qemu, launcher)?,
+        };
         log::info!("supervisor: {end}");
     }
 }
@@ -133,8 +146,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
     let mut worker = launcher.start_worker(false)?;
     // A request the worker has not answered yet: resent to a replacement.
     let mut pending: Option<Message> = None;
-    let mut restarts = 0u32;
-    let mut short_lived = 0u32;
+    let mut restarts = Restarts::default();
     loop {
         // A worker that dies before it accepted its connection never closes it (the
         // connection waits in the listener we keep): its pidfd says so.
@@ -198,39 +210,8 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
         // A worker whose connection failed may still be alive (it will not be used again).
         let mut ended_by_us = false;
         loop {
-            let lived = worker.started.elapsed();
-            let (status, mut end) = worker.reap();
-            if ended_by_us {
-                // Killed for failing its replay: a failure of its own, not an operator's.
-                end = End::Died;
-            }
-            if end == End::Refused {
-                return Ok(
-                    "the worker refused a front-end message; session ended (not replayed)".into(),
-                );
-            }
-            short_lived = if lived < SHORT_LIFE && end != End::Killed {
-                short_lived + 1
-            } else {
-                0
-            };
-            if short_lived >= CRASH_LOOP {
-                // Whatever keeps killing workers came with this session: end it, and serve
-                // the next front-end afresh.
-                return Ok(format!(
-                    "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
-                     (last: {status}); session ended"
-                ));
-            }
-            restarts += 1;
-            log::warn!(
-                "supervisor: worker {status} after {:.1} s; restart {restarts}, replaying {} \
-                 set-up messages",
-                lived.as_secs_f64(),
-                rec.len()
-            );
-            if short_lived > 1 {
-                std::thread::sleep(Duration::from_millis(100 << short_lived.min(5)));
+            if let Err(why) = restarts.after(&worker, ended_by_us, rec.len()) {
+                return Ok(why);
             }
             worker = launcher.start_worker(true)?;
             // The request the dead worker owed an answer: replay the rest, then ask again.
@@ -260,5 +241,54 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
                 }
             }
         }
+    }
+}
+
+/// A session's restarts, to tell a crash loop from workers killed now and then.
+#[derive(Default)]
+struct Restarts {
+    restarts: u32,
+    short_lived: u32,
+}
+
+impl Restarts {
+    /// Reaps the dead `worker` (`ended_by_us`: killed for failing its replay, a failure of
+    /// its own); Ok to start the next one (after a pause in a crash loop), or why the
+    /// session ends. `set_up`: how many set-up messages the next one gets.
+    fn after(&mut self, worker: &Worker, ended_by_us: bool, set_up: usize) -> Result<(), String> {
+        let lived = worker.started.elapsed();
+        let (status, mut end) = worker.reap();
+        if ended_by_us {
+            end = End::Died;
+        }
+        if end == End::Refused {
+            return Err(
+                "the worker refused a front-end message; session ended (not replayed)".into(),
+            );
+        }
+        self.short_lived = if lived < SHORT_LIFE && end != End::Killed {
+            self.short_lived + 1
+        } else {
+            0
+        };
+        if self.short_lived >= CRASH_LOOP {
+            // Whatever keeps killing workers came with this session: end it, and serve the
+            // next front-end afresh.
+            return Err(format!(
+                "worker died {CRASH_LOOP} times in a row within {SHORT_LIFE:?} of starting \
+                 (last: {status}); session ended"
+            ));
+        }
+        self.restarts += 1;
+        log::warn!(
+            "supervisor: worker {status} after {:.1} s; restart {}, replaying {set_up} set-up \
+             messages",
+            lived.as_secs_f64(),
+            self.restarts
+        );
+        if self.short_lived > 1 {
+            std::thread::sleep(Duration::from_millis(100 << self.short_lived.min(5)));
+        }
+        Ok(())
     }
 }

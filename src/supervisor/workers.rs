@@ -169,6 +169,21 @@ fn launch(spec: &WorkerSpec, workers: &UnixListener, resume: bool) -> Result<Wor
 }
 
 impl Worker {
+    /// A worker on `conn` that is this process (it never exits), for the relays' tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(conn: UnixStream) -> Worker {
+        // SAFETY: pidfd_open on our own pid; the new descriptor is owned below.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+        assert!(raw >= 0, "pidfd_open: {}", io::Error::last_os_error());
+        Worker {
+            pid: std::process::id(),
+            // SAFETY: pidfd_open returned a new descriptor that nobody else owns.
+            pidfd: unsafe { OwnedFd::from_raw_fd(raw as i32) },
+            conn,
+            started: Instant::now(),
+        }
+    }
+
     /// Its exit, if it has exited (`hang`: wait for it).
     fn exited(&self, hang: bool) -> io::Result<Option<libc::siginfo_t>> {
         let flags = libc::WEXITED | if hang { 0 } else { libc::WNOHANG };

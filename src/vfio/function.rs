@@ -27,6 +27,7 @@ use super::virtio::{self, Irqs, Virtio};
 use super::{DeviceInfo, DmaMap, Errno, Function, IrqInfo, RegionInfo, SetIrqs};
 use crate::device::cxl::COMPONENT_BLOCK_SIZE;
 use crate::device::dispatch::Dispatcher;
+use crate::device::state::Saved;
 use crate::device::Device;
 use crate::ring::Queues;
 
@@ -66,10 +67,108 @@ pub struct CxlFunction {
     irqs: Arc<Irqs>,
     maps: Vec<Mapped>,
     peers: Peers,
+    /// Taken over from a dead daemon, and QEMU's set-up still being replayed: it holds no
+    /// region access, so the first one ends it (the supervisor reads config space last).
+    /// The rings run from then on, with all of guest memory there; and interrupts the
+    /// predecessor raised may have been lost with it, so each vector fires once it is
+    /// back.
+    replaying: bool,
 }
 
+/// The layout of [`CxlFunction::save`]'s words before the virtio registers.
+const SAVED_FORMAT: u64 = 1 | (CONFIG_SIZE as u64) << 8;
+
 impl CxlFunction {
+    /// A function at power-on.
     pub fn new(
+        device: Arc<Device>,
+        dispatcher: Arc<Dispatcher>,
+        queue_size: u16,
+    ) -> std::io::Result<CxlFunction> {
+        CxlFunction::with_resume(device, dispatcher, queue_size, false)
+    }
+
+    /// `resume`: the function a daemon that died left in the state file (`--supervise`
+    /// replays QEMU's session to this one): its registers, CXL registers and rings carry
+    /// on, and QEMU's guest sees nothing but the pause. Otherwise (or when nothing usable
+    /// was saved) a function at power-on.
+    pub fn with_resume(
+        device: Arc<Device>,
+        dispatcher: Arc<Dispatcher>,
+        queue_size: u16,
+        resume: bool,
+    ) -> std::io::Result<CxlFunction> {
+        let mut f = CxlFunction::build(device, dispatcher, queue_size)?;
+        if resume && f.resume_saved() {
+            log::info!(
+                "function registers, CXL registers and rings taken over from the state file"
+            );
+        } else {
+            if resume {
+                log::warn!("no function state saved to take over; the device starts at power-on");
+            }
+            f.virtio.forget_rings();
+            f.device.cxl().power_on();
+            f.save();
+        }
+        Ok(f)
+    }
+
+    /// Saves the registers (config space, BARs, virtio) for a successor; the CXL model
+    /// saves its own. Called after every change a guest or QEMU makes to them.
+    fn save(&self) {
+        let mut w = vec![SAVED_FORMAT];
+        w.extend(self.bars.map(u64::from));
+        w.extend(
+            self.config
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+        );
+        w.extend(self.virtio.to_words());
+        if !self.device.state().save(Saved::Function, &w) {
+            log::warn!("function state larger than its slot; a restart would lose it");
+        }
+    }
+
+    /// Takes over what [`CxlFunction::save`] and the CXL model saved.
+    fn resume_saved(&mut self) -> bool {
+        let Some(w) = self.device.state().saved(Saved::Function) else {
+            return false;
+        };
+        let bars_end = 1 + 6;
+        let config_end = bars_end + CONFIG_SIZE / 8;
+        if w.len() < config_end || w[0] != SAVED_FORMAT {
+            return false;
+        }
+        if self.virtio.resume(&w[config_end..]) != Some(&[]) {
+            return false;
+        }
+        for (b, &v) in self.bars.iter_mut().zip(&w[1..bars_end]) {
+            *b = v as u32;
+        }
+        for (c, &v) in self
+            .config
+            .chunks_exact_mut(8)
+            .zip(&w[bars_end..config_end])
+        {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        if !self.device.cxl().resume_saved() {
+            log::warn!("no CXL registers saved; they start at power-on");
+        }
+        self.device.take_over_devmem_gpa(self.devmem_gpa());
+        self.replaying = true;
+        true
+    }
+
+    /// A region access: a replay is over, and the rings a predecessor ran run again.
+    fn end_replay(&mut self) {
+        if std::mem::take(&mut self.replaying) {
+            self.virtio.enable_resumed();
+        }
+    }
+
+    fn build(
         device: Arc<Device>,
         dispatcher: Arc<Dispatcher>,
         queue_size: u16,
@@ -86,6 +185,7 @@ impl CxlFunction {
             irqs,
             maps: Vec::new(),
             peers: Peers::default(),
+            replaying: false,
             device,
         };
         f.build_config();
@@ -216,7 +316,7 @@ impl CxlFunction {
         changed
     }
 
-    fn publish_memory(&self) -> Result<(), Errno> {
+    fn publish_memory(&mut self) -> Result<(), Errno> {
         // In address order, as guest memory wants them (QEMU maps in any order).
         let mut regions: Vec<Arc<GuestRegionMmap>> =
             self.maps.iter().filter_map(|m| m.region.clone()).collect();
@@ -231,7 +331,11 @@ impl CxlFunction {
         }
         self.virtio
             .set_memory(Arc::new(mem))
-            .map_err(|_| Errno::ENOMEM)
+            .map_err(|_| Errno::ENOMEM)?;
+        if !self.replaying {
+            self.virtio.enable_resumed();
+        }
+        Ok(())
     }
 }
 
@@ -307,6 +411,7 @@ impl Function for CxlFunction {
     }
 
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
+        self.end_replay();
         match region {
             CONFIG => self.config_read(offset, data),
             BAR0 => {
@@ -321,11 +426,20 @@ impl Function for CxlFunction {
     }
 
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        self.end_replay();
         match region {
-            CONFIG => self.config_write(offset, data),
+            CONFIG => {
+                let done = self.config_write(offset, data);
+                self.save();
+                done
+            }
             BAR0 => {
                 check_range(offset, data.len(), virtio::BAR0_SIZE)?;
                 self.virtio.write(offset, data);
+                // Doorbells change nothing a successor needs: only the set-up is saved.
+                if offset < virtio::COMMON + virtio::COMMON_LEN {
+                    self.save();
+                }
                 Ok(())
             }
             BAR2 => self.component_write(offset, data),
@@ -426,7 +540,13 @@ impl Function for CxlFunction {
         } else {
             return Err(Errno::EINVAL);
         };
+        let given = !fds.is_empty() && fds[0].is_some();
         self.irqs.set(irqs.start as usize, fds);
+        if self.replaying && given {
+            // A spurious interrupt costs the driver a look at its ring; a lost one, a
+            // command that never completes.
+            (irqs.start..end).for_each(|v| self.irqs.signal(v as u16));
+        }
         Ok(())
     }
 
@@ -437,6 +557,7 @@ impl Function for CxlFunction {
         self.virtio.reset();
         self.device.cxl().conventional_reset();
         self.reset_config();
+        self.save();
         Ok(())
     }
 
@@ -457,5 +578,7 @@ impl Function for CxlFunction {
             Ok(v) => self.virtio = v,
             Err(e) => log::error!("cannot set up the function again: {e}"),
         }
+        self.virtio.forget_rings();
+        self.save();
     }
 }

@@ -58,6 +58,31 @@ pub struct Message {
     pub too_many_fds: bool,
 }
 
+impl Message {
+    /// The whole message as it came: header, payload and descriptors (duplicated).
+    pub fn try_clone(&self) -> io::Result<Message> {
+        Ok(Message {
+            header: self.header,
+            payload: self.payload.clone(),
+            fds: self
+                .fds
+                .iter()
+                .map(|f| f.try_clone())
+                .collect::<io::Result<_>>()?,
+            too_many_fds: self.too_many_fds,
+        })
+    }
+
+    /// Sends it on as it came (a relay's forwarding).
+    pub fn forward(&self, stream: &UnixStream) -> Result<(), SocketError> {
+        use std::os::fd::AsFd;
+        let mut bytes = self.header.encode().to_vec();
+        bytes.extend_from_slice(&self.payload);
+        let fds: Vec<BorrowedFd> = self.fds.iter().map(|f| f.as_fd()).collect();
+        send_fds(stream, &bytes, &fds)
+    }
+}
+
 /// What [`recv`] got.
 #[derive(Debug)]
 pub enum Received {
@@ -212,7 +237,17 @@ pub fn send(
     message: &[u8],
     fd: Option<BorrowedFd>,
 ) -> Result<(), SocketError> {
-    let raw: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    send_fds(stream, message, fd.as_slice())
+}
+
+/// [`send`] with any number of descriptors (up to `MAX_MSG_FDS`), as a client sends
+/// `SET_IRQS` (the supervisor relays requests to its worker so).
+pub fn send_fds(
+    stream: &UnixStream,
+    message: &[u8],
+    fds: &[BorrowedFd],
+) -> Result<(), SocketError> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let mut sent = 0;
     while sent < message.len() {
         let fds: &[RawFd] = if sent == 0 { &raw } else { &[] };

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,11 +15,12 @@ use std::time::Duration;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{ByteValued, GuestMemoryMmap};
+use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::device::Device;
 use crate::protocol::QUEUE_EVENT;
-use crate::ring::{CmdQueue, Memory, Queues, Rings};
+use crate::ring::journal::{Journal, RingId};
+use crate::ring::{resume, CmdQueue, Memory, Queues, Rings};
 
 /// BAR0 layout: the virtio structures, then MSI-X (QEMU emulates the table and PBA over
 /// this BAR; the PBA reads zeros here).
@@ -94,6 +95,12 @@ pub struct FunctionRings {
     queues: Arc<Vec<Mutex<Queue>>>,
     vectors: Arc<Vec<AtomicU16>>,
     irqs: Arc<Irqs>,
+    device: Arc<Device>,
+    /// Each ring as the journal knows it (None: not looked at since it was set up).
+    adopted: Arc<Mutex<Vec<Option<RingId>>>>,
+    /// This daemon took over from one that died (`--supervise`): rings continue where
+    /// the journal says, until the driver sets them up anew.
+    resuming: Arc<AtomicBool>,
 }
 
 impl Rings for FunctionRings {
@@ -111,6 +118,23 @@ impl Rings for FunctionRings {
             self.irqs.signal(v);
         }
     }
+
+    /// See [`resume::adopt`]: the journal learns the ring, or a successor continues it.
+    fn first_use(&self, vq: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        let ring = resume::ring_id(queue);
+        let Ok(mut adopted) = self.adopted.lock() else {
+            return false;
+        };
+        let Some(slot) = adopted.get_mut(vq) else {
+            return false;
+        };
+        if *slot == Some(ring) {
+            return false;
+        }
+        *slot = Some(ring);
+        let resuming = self.resuming.load(Ordering::Acquire);
+        resume::adopt(vq, queue, mem, Journal::of(self.device.state()), resuming)
+    }
 }
 
 /// What the ring thread is asked to do.
@@ -121,7 +145,7 @@ enum Work {
 }
 
 /// Per-queue registers the driver sets before enabling a queue.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct QueueRegs {
     size: u16,
     enabled: bool,
@@ -144,9 +168,14 @@ pub struct Virtio {
     config_generation: u8,
     queue_select: u16,
     isr: u8,
+    /// Queues a predecessor had enabled, to enable once guest memory holds their rings.
+    resumed: Vec<usize>,
     work: Sender<Work>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// The layout of [`Virtio::to_words`], bumped when it changes.
+const SAVED_FORMAT: u64 = 1;
 
 impl Virtio {
     pub fn new(
@@ -163,6 +192,9 @@ impl Virtio {
             ),
             vectors: Arc::new((0..n).map(|_| AtomicU16::new(NO_VECTOR)).collect()),
             irqs,
+            device: device.clone(),
+            adopted: Arc::new(Mutex::new(vec![None; n])),
+            resuming: Arc::new(AtomicBool::new(false)),
         };
         let (work, rx) = channel();
         let thread = {
@@ -191,9 +223,93 @@ impl Virtio {
             config_generation: 0,
             queue_select: 0,
             isr: 0,
+            resumed: Vec::new(),
             work,
             thread: Some(thread),
         })
+    }
+
+    /// A new session: whatever the journal holds belongs to rings that are gone.
+    pub fn forget_rings(&self) {
+        for q in 0..self.regs.len() {
+            Journal::of(self.device.state()).clear_ring(q);
+        }
+    }
+
+    /// The registers as words, for the state file (a supervised daemon's successor).
+    pub fn to_words(&self) -> Vec<u64> {
+        let mut w = vec![
+            SAVED_FORMAT,
+            self.device_feature_select as u64,
+            self.guest_feature_select as u64,
+            self.guest_features,
+            self.msix_config as u64,
+            self.status as u64,
+            self.config_generation as u64,
+            self.queue_select as u64,
+            self.regs.len() as u64,
+        ];
+        for (q, r) in self.regs.iter().enumerate() {
+            let enabled = r.enabled || self.resumed.contains(&q);
+            let vector = self.rings.vectors[q].load(Ordering::Acquire);
+            w.extend([r.size as u64, enabled as u64, r.desc, r.driver, r.device]);
+            w.push(vector as u64);
+        }
+        w
+    }
+
+    /// Takes over the registers a predecessor saved ([`Virtio::to_words`]); `words`
+    /// left after them are returned. Its enabled queues start once guest memory holds
+    /// their rings ([`Virtio::enable_resumed`]), continuing where the journal says.
+    /// None (nothing taken) when the words are not such registers for as many queues.
+    pub fn resume<'w>(&mut self, words: &'w [u64]) -> Option<&'w [u64]> {
+        let n = self.regs.len();
+        let (head, rest) = words.split_at_checked(9)?;
+        if head[0] != SAVED_FORMAT || head[8] != n as u64 {
+            return None;
+        }
+        let (queues, rest) = rest.split_at_checked(6 * n)?;
+        self.device_feature_select = head[1] as u32;
+        self.guest_feature_select = head[2] as u32;
+        self.guest_features = head[3] & device_features();
+        self.msix_config = head[4] as u16;
+        self.status = head[5] as u8;
+        self.config_generation = head[6] as u8;
+        self.queue_select = head[7] as u16;
+        self.resumed.clear();
+        for (q, w) in queues.chunks_exact(6).enumerate() {
+            self.regs[q] = QueueRegs {
+                size: w[0] as u16,
+                enabled: false,
+                desc: w[2],
+                driver: w[3],
+                device: w[4],
+            };
+            let vector = w[5] as u16;
+            let vector = if vector < MSIX_VECTORS {
+                vector
+            } else {
+                NO_VECTOR
+            };
+            self.rings.vectors[q].store(vector, Ordering::Release);
+            if w[1] != 0 {
+                self.resumed.push(q);
+            }
+        }
+        self.rings.resuming.store(true, Ordering::Release);
+        Some(rest)
+    }
+
+    /// Enables the queues a predecessor had enabled whose rings guest memory now holds,
+    /// and serves them at once (what was in flight is answered from the journal).
+    pub fn enable_resumed(&mut self) {
+        for q in std::mem::take(&mut self.resumed) {
+            if self.enable_queue(q, true) {
+                let _ = self.work.send(Work::Kick(q));
+            } else {
+                self.resumed.push(q);
+            }
+        }
     }
 
     pub fn num_queues(&self) -> usize {
@@ -327,7 +443,9 @@ impl Virtio {
                     v.store(if ok { vector } else { NO_VECTOR }, Ordering::Release);
                 }
             }
-            0x1C if value & 1 == 1 => self.enable_selected(),
+            0x1C if value & 1 == 1 => {
+                self.enable_queue(self.queue_select as usize, false);
+            }
             0x20 | 0x24 | 0x28 | 0x2C | 0x30 | 0x34 => {
                 if let Some(q) = self.selected() {
                     if q.enabled {
@@ -349,18 +467,23 @@ impl Virtio {
         }
     }
 
-    /// The driver enables the selected queue: its ring is set up from the registers and
-    /// served from now on; a ring outside guest memory stays disabled.
-    fn enable_selected(&mut self) {
-        let sel = self.queue_select as usize;
+    /// The driver enables queue `sel` (or a predecessor had, `resumed`): its ring is set
+    /// up from the registers and served from now on; a ring outside guest memory stays
+    /// disabled (said unless `resumed`: the memory may be on its way). Whether it runs.
+    fn enable_queue(&mut self, sel: usize, resumed: bool) -> bool {
         let Some(regs) = self.regs.get(sel).copied() else {
-            return;
+            return false;
         };
         if regs.enabled {
-            return;
+            return true;
         }
         let event_idx = self.guest_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let size = if regs.size == 0 { QUEUE_MAX } else { regs.size };
+        if resumed && !self.ring_mapped(&regs, size) {
+            // The rest of guest memory is still being replayed (checked here because the
+            // queue's own check logs an error).
+            return false;
+        }
         let ok = self.rings.locked(sel, |q| {
             q.reset();
             q.set_size(size);
@@ -373,11 +496,13 @@ impl Virtio {
             mem.is_some_and(|m| q.is_valid(&*m.mem))
         });
         if ok != Some(true) {
-            self.device.reject(format_args!(
-                "virtqueue {sel}: its ring is not in guest memory; not enabled"
-            ));
+            if !resumed {
+                self.device.reject(format_args!(
+                    "virtqueue {sel}: its ring is not in guest memory; not enabled"
+                ));
+            }
             self.rings.locked(sel, |q| q.set_ready(false));
-            return;
+            return false;
         }
         self.serving.event_idx.store(event_idx, Ordering::Relaxed);
         if let Some(r) = self.regs.get_mut(sel) {
@@ -386,6 +511,22 @@ impl Virtio {
         if sel == QUEUE_EVENT {
             let _ = self.work.send(Work::Events);
         }
+        true
+    }
+
+    /// Whether guest memory holds all three parts of a ring of `size` entries.
+    fn ring_mapped(&self, regs: &QueueRegs, size: u16) -> bool {
+        let Some(m) = self.serving.memory() else {
+            return false;
+        };
+        let n = size as usize;
+        [
+            (regs.desc, 16 * n),
+            (regs.driver, 6 + 2 * n),
+            (regs.device, 6 + 8 * n),
+        ]
+        .iter()
+        .all(|&(addr, len)| m.mem.check_range(GuestAddress(addr), len))
     }
 
     fn set_status(&mut self, status: u8) {
@@ -411,6 +552,12 @@ impl Virtio {
             }
         }
         self.regs.iter_mut().for_each(|r| *r = QueueRegs::default());
+        self.resumed.clear();
+        // Rings set up after this are new to the journal, whatever their addresses.
+        self.rings.resuming.store(false, Ordering::Release);
+        if let Ok(mut a) = self.rings.adopted.lock() {
+            a.iter_mut().for_each(|r| *r = None);
+        }
         self.guest_features = 0;
         self.msix_config = NO_VECTOR;
         self.status = 0;

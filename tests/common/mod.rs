@@ -3,6 +3,8 @@
 //! minimal driver-side split virtqueue, and the daemon serving a real unix socket.
 #![allow(dead_code)]
 
+pub mod vfio_client;
+
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;

@@ -29,9 +29,11 @@ pub use alloc_log::Mutation;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"CXLASTA1");
 /// 2: the journal has entries for the command queues after the first (version 1.1).
-const VERSION: u64 = 2;
+/// 3: the saved register state of `--attach cxl` ([`Saved`]) before the allocator's log.
+const VERSION: u64 = 3;
 
-// Layout, in 8-byte words: header, counters, the ring journal, the allocator's log.
+// Layout, in 8-byte words: header, counters, the ring journal, saved register state, the
+// allocator's log.
 const H_MAGIC: usize = 0;
 const H_VERSION: usize = 1;
 const H_DEV: usize = 2;
@@ -49,8 +51,46 @@ const H_GUEST_ADDRESS: usize = 8;
 const COUNTERS: usize = 64;
 /// Where the ring journal starts.
 pub(crate) const JOURNAL: usize = 128;
+/// Where the saved register state starts.
+const SAVED: usize = JOURNAL + journal_region::WORDS;
 /// Where the allocator's log starts.
-const LOG: usize = JOURNAL + journal_region::WORDS;
+const LOG: usize = SAVED + Saved::REGION_WORDS;
+
+/// Register state a transport keeps for a restarted daemon (`--attach cxl` under
+/// `--supervise`: the PCI function's registers live in the daemon, not in QEMU). Each kind
+/// has two slots and a word naming the whole one, switched by one store after the other
+/// slot is written, so a daemon killed mid-save leaves the previous state readable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    /// The CXL registers of the device model (`crate::device::cxl`).
+    Cxl,
+    /// The PCI function: config space, BARs, virtio registers (`crate::vfio::function`).
+    Function,
+}
+
+impl Saved {
+    /// The largest state of each kind, in words.
+    pub const fn capacity(self) -> usize {
+        match self {
+            Saved::Cxl => 64,
+            Saved::Function => 1024,
+        }
+    }
+
+    /// A kind's words: the active-slot word, then two slots of a length word and the data.
+    const fn words(self) -> usize {
+        1 + 2 * (1 + self.capacity())
+    }
+
+    const fn start(self) -> usize {
+        match self {
+            Saved::Cxl => SAVED,
+            Saved::Function => SAVED + Saved::Cxl.words(),
+        }
+    }
+
+    const REGION_WORDS: usize = Saved::Cxl.words() + Saved::Function.words();
+}
 
 /// The ring journal's region (its contents are the ring layer's, `crate::ring::journal`):
 /// a block per ring, then an entry per request a ring can hold. The entry layout lives
@@ -162,6 +202,8 @@ pub struct StateFile {
     path: Option<PathBuf>,
     max_buffers: usize,
     cursor: Mutex<LogCursor>,
+    /// One save at a time (callers on several threads share a kind's spare slot).
+    saving: Mutex<()>,
     /// Keeps the file open (and the lock, if taken) for the daemon's life.
     _file: Option<File>,
 }
@@ -230,6 +272,7 @@ impl StateFile {
             path,
             max_buffers: (size / GRANULE) as usize,
             cursor: Mutex::new(LogCursor::new()),
+            saving: Mutex::new(()),
             _file: file,
         }
     }
@@ -294,7 +337,6 @@ impl StateFile {
         }
         let writer = self.load(H_PID);
         self.store(H_PID, std::process::id() as u64);
-        self.store(H_GUEST_ADDRESS, 0);
         match self.read_allocator() {
             Ok(back) => {
                 let (buffers, next_id) = (back.buffers, back.next_id);
@@ -328,6 +370,40 @@ impl StateFile {
     pub fn set_guest_address(&self, gpa: Option<u64>) {
         // BAR addresses are page aligned: bit 0 marks a valid one.
         self.store(H_GUEST_ADDRESS, gpa.map_or(0, |a| a | 1));
+    }
+
+    /// Saves register state of `kind` (at most [`Saved::capacity`] words: false if more).
+    pub fn save(&self, kind: Saved, words: &[u64]) -> bool {
+        if words.len() > kind.capacity() {
+            return false;
+        }
+        let _one = self.saving.lock().unwrap_or_else(|e| e.into_inner());
+        let start = kind.start();
+        let spare = if self.load(start) == 1 { 2 } else { 1 };
+        let slot = start + 1 + (spare - 1) * (1 + kind.capacity());
+        self.store(slot, words.len() as u64);
+        for (i, &w) in words.iter().enumerate() {
+            self.store(slot + 1 + i, w);
+        }
+        self.store(start, spare as u64);
+        true
+    }
+
+    /// The register state of `kind` last saved, if any.
+    pub fn saved(&self, kind: Saved) -> Option<Vec<u64>> {
+        let start = kind.start();
+        let active = self.load(start);
+        if !(1..=2).contains(&active) {
+            return None;
+        }
+        let slot = start + 1 + (active as usize - 1) * (1 + kind.capacity());
+        let len = self.load(slot) as usize;
+        (len <= kind.capacity()).then(|| (0..len).map(|i| self.load(slot + 1 + i)).collect())
+    }
+
+    /// Drops the saved state of `kind` (a daemon that starts afresh).
+    pub fn forget(&self, kind: Saved) {
+        self.store(kind.start(), 0);
     }
 
     /// Device counters, kept in the file so they survive a restart.
@@ -438,6 +514,27 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn saved_state_reads_back_the_last_whole_save() {
+        let s = StateFile::anonymous(256 << 20).unwrap();
+        assert_eq!(s.saved(Saved::Cxl), None);
+        assert!(s.save(Saved::Cxl, &[1, 2, 3]));
+        assert!(s.save(Saved::Function, &[9; 1024]));
+        assert!(!s.save(Saved::Cxl, &[0; 65]), "longer than the slot");
+        assert_eq!(s.saved(Saved::Cxl), Some(vec![1, 2, 3]));
+        assert!(s.save(Saved::Cxl, &[4]));
+        assert_eq!(s.saved(Saved::Cxl), Some(vec![4]));
+        assert_eq!(s.saved(Saved::Function), Some(vec![9; 1024]));
+        // A save cut short (its slot written, the switch not made) leaves the last one.
+        let spare = Saved::Cxl.start() + 1;
+        s.store(spare, 2);
+        s.store(spare + 1, 7);
+        assert_eq!(s.saved(Saved::Cxl), Some(vec![4]));
+        s.forget(Saved::Cxl);
+        assert_eq!(s.saved(Saved::Cxl), None);
+        assert_eq!(s.saved(Saved::Function), Some(vec![9; 1024]));
+    }
+
+    #[test]
     fn a_peer_reads_where_the_guest_sees_our_memory_from_our_state_file() {
         let path = std::env::temp_dir().join(format!("cxl-state-{}-gpa", std::process::id()));
         let _ = std::fs::remove_file(&path);
@@ -454,10 +551,13 @@ pub(crate) mod tests {
         );
         s.set_guest_address(None);
         assert_eq!(guest_address_of(&peer_view, id), None);
-        // A restarted daemon has not been mapped yet.
+        // Opening the state says nothing of where the guest sees the memory: a worker
+        // that takes over keeps it published, one that starts afresh withdraws it.
         s.set_guest_address(Some(0x8000_0000));
         drop(s);
-        let (_s, _) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        let (s, _) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        assert_eq!(guest_address_of(&peer_view, id), Some(0x8000_0000));
+        s.set_guest_address(None);
         assert_eq!(guest_address_of(&peer_view, id), None);
         let _ = std::fs::remove_file(&path);
     }

@@ -306,14 +306,18 @@ impl CxlFunction {
         }
     }
 
-    /// Tells the device where the guest put its memory: BAR4, while memory decoding is on
-    /// and the BAR holds an address (not a sizing pattern).
+    /// Tells the device where the guest put its memory.
     fn update_devmem_gpa(&self) {
+        self.device.set_devmem_gpa(self.devmem_gpa());
+    }
+
+    /// Where the guest sees device memory: BAR4's address while memory decoding is on
+    /// and the BAR holds an address (not a sizing pattern).
+    pub(super) fn devmem_gpa(&self) -> Option<u64> {
         let command = u16::from_le_bytes([self.config[0x04], self.config[0x05]]);
         let addr = self.bar_address(4);
         let size = self.bar_size(4);
         let sizing = addr == (!(size - 1)) & 0xFFFF_FFFF_FFFF_FFF0 || addr == 0;
-        let gpa = (command & CMD_MEMORY != 0 && !sizing).then_some(addr);
-        self.device.set_devmem_gpa(gpa);
+        (command & CMD_MEMORY != 0 && !sizing).then_some(addr)
     }
 }
