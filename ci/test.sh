@@ -27,6 +27,8 @@ RUNS=(
     "hmm-stall|migration and unload while the DMA engines stall (ctl stall)|tests/guest/host/run-hmm-stall.sh"
     "restart|daemon killed 15 times under load (--supervise)|tests/guest/host/run-restart.sh"
     "soak|60 s of commands, migration and DMA-BUF on two devices whose workers are killed|tests/guest/host/run-soak.sh"
+    "restart-cxl|the restart run with --attach cxl on 7.3: the worker behind QEMU's vfio-user connection killed 15 times under load|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-restart.sh --attach cxl"
+    "soak-cxl|the soak with --attach cxl on 7.3 (its DMA-BUF imports through system memory: no P2PDMA path joins CXL host bridges)|env CXL_ACCEL_ENV=$CACHE/env-7.3.sh tests/guest/host/run-soak.sh --attach cxl"
     "unplug|hot-unplug under load|tests/guest/host/run-unplug.sh"
     "numa|NUMA attach mode, QEMU as the socket server|ci/guest-numa.sh"
     "suite-6.12|main suite on Debian's 6.12 kernel (coherent memory; a NUMA node of RAM beside, for move_pages() in the migration benchmark)|ci/guest-suite.sh --ram-node 256M"
