@@ -42,8 +42,12 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
+        Daemon::start_with(&mut Command::new(env!("CARGO_BIN_EXE_cxl-accel")))
+    }
+
+    fn start_with(cmd: &mut Command) -> Daemon {
         let dir = TempDir::new();
-        let child = Command::new(env!("CARGO_BIN_EXE_cxl-accel"))
+        let child = cmd
             .args(["--attach", "cxl", "--supervise", "--memory-size", "256M"])
             .arg("--memory-path")
             .arg(dir.0.join("mem"))
@@ -277,4 +281,51 @@ fn hostile_messages_end_at_most_their_own_session() {
     drop(next);
     let log = d.stop();
     assert!(log.contains("too many file descriptors"), "{log}");
+}
+
+#[test]
+fn a_client_that_maps_without_end_runs_out_alone() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cxl-accel"));
+    // SAFETY: setrlimit between fork and exec touches no memory of the parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 96,
+                rlim_max: 96,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let d = Daemon::start_with(&mut cmd);
+    let mut c = d.client();
+    let ram = memfd("guest-ram", 1 << 20);
+    let (mut mapped, mut refused) = (0, 0);
+    for i in 0..200u64 {
+        let map = dma_map(32, 3, 0, i << 20, 1 << 20);
+        let id = c.send(DMA_MAP, 0, &map, &[ram.as_raw_fd()]);
+        match c.try_reply() {
+            Some(r) if r.id == id && r.flags == REPLY => mapped += 1,
+            Some(r) if r.id == id => refused += 1,
+            Some(r) => panic!("a reply to another request: {r:?}"),
+            // The supervisor could not keep one more: this session ended.
+            None => break,
+        }
+    }
+    assert!(mapped > 0, "{mapped} mapped, {refused} refused");
+    drop(c);
+    // The next client is served as ever.
+    let mut next = d.client();
+    assert_eq!(read32(&mut next, CONFIG, 0) & 0xFFFF, 0x1af4);
+    drop(next);
+    let log = d.stop();
+    // Out of descriptors, the supervisor ended that session (or the worker refused maps).
+    assert!(
+        log.contains("cannot keep the session's set-up") || refused > 0,
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
 }

@@ -64,8 +64,10 @@ pub enum Protocol {
     VfioUser,
 }
 
-fn keep_error(e: io::Error) -> SupervisorError {
-    SupervisorError::Io("cannot keep a descriptor", e)
+/// Why a session ends when the supervisor cannot keep what it must replay (out of file
+/// descriptors: a front-end that maps without end). The next front-end is served.
+fn cannot_keep(e: io::Error) -> String {
+    format!("cannot keep the session's set-up ({e}); session ended")
 }
 
 /// How the supervisor reaches the front-end.
@@ -186,9 +188,15 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
                         m.flags(),
                         m.fds.len()
                     );
-                    rec.note(&m).map_err(keep_error)?;
-                    if m.expects_reply() {
-                        pending = Some(m.try_clone().map_err(keep_error)?);
+                    let kept = rec.note(&m).and_then(|()| {
+                        if m.expects_reply() {
+                            pending = Some(m.try_clone()?);
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = kept {
+                        worker.stop();
+                        return Ok(cannot_keep(e));
                     }
                     if send_message(worker.conn.as_fd(), &m).is_err() {
                         worker_died = true;

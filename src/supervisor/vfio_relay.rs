@@ -25,7 +25,7 @@ use crate::vfio::protocol::{
 use crate::vfio::socket::{self, Message, Received};
 
 use super::workers::{Launcher, Worker};
-use super::{keep_error, Restarts, SupervisorError};
+use super::{cannot_keep, Restarts, SupervisorError};
 
 /// How long a new worker may take to answer one replayed message.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -188,7 +188,10 @@ pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, Supervi
                     if let Some(i) = pending.iter().position(|p| p.header.id == reply.header.id) {
                         let request = pending.remove(i);
                         if reply.header.error == 0 {
-                            set_up.note(&request).map_err(keep_error)?;
+                            if let Err(e) = set_up.note(&request) {
+                                worker.stop();
+                                return Ok(cannot_keep(e));
+                            }
                         }
                     }
                     if let Err(e) = reply.forward(qemu) {
@@ -211,12 +214,14 @@ pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, Supervi
                     }
                 }
                 Ok(Some(Received::Message(m))) => {
-                    if m.header.message_type() == FLAG_TYPE_COMMAND {
-                        if m.header.no_reply() {
-                            set_up.note(&m).map_err(keep_error)?;
-                        } else {
-                            pending.push(m.try_clone().map_err(keep_error)?);
-                        }
+                    let kept = match m.header.message_type() {
+                        FLAG_TYPE_COMMAND if m.header.no_reply() => set_up.note(&m),
+                        FLAG_TYPE_COMMAND => m.try_clone().map(|c| pending.push(c)),
+                        _ => Ok(()),
+                    };
+                    if let Err(e) = kept {
+                        worker.stop();
+                        return Ok(cannot_keep(e));
                     }
                     if m.forward(&worker.conn).is_err() {
                         worker_died = true;
