@@ -367,7 +367,8 @@ mod signals {
                 if rc == 0 {
                     log::info!("signal {sig} received, shutting down");
                 }
-                // A supervisor takes its worker down with it.
+                // A supervisor takes its worker down with it (and starts no other).
+                cxl_accel::supervisor::STOPPING.store(true, std::sync::atomic::Ordering::Release);
                 let worker =
                     cxl_accel::supervisor::WORKER_PID.load(std::sync::atomic::Ordering::Acquire);
                 if worker > 0 {

@@ -28,7 +28,7 @@ use vhost::vhost_user::message::FrontendReq;
 use crate::host::poll::wait_readable;
 use crate::host::sandbox;
 use crate::supervisor::workers::{End, Launcher, Worker};
-pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, WORKER_PID};
+pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, STOPPING, WORKER_PID};
 pub use message::{recv_message, send_message, Message};
 pub use recording::Recording;
 
@@ -266,6 +266,9 @@ impl Restarts {
     fn after(&mut self, worker: &Worker, ended_by_us: bool, set_up: usize) -> Result<(), String> {
         let lived = worker.started.elapsed();
         let (status, mut end) = worker.reap();
+        if STOPPING.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(format!("worker {status}: the supervisor is stopping"));
+        }
         if ended_by_us {
             end = End::Died;
         }

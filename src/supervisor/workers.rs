@@ -9,12 +9,15 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 /// Pid of the current worker, for the signal thread.
 pub static WORKER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// The supervisor is stopping (SIGTERM): a worker that ends now is not replaced.
+pub static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// A worker's exit status when it ended its session because it refused a front-end
 /// message: the supervisor ends the front-end's session too, as an unsupervised daemon
