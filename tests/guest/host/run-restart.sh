@@ -30,7 +30,24 @@ cat >"$TMP/guest.sh" <<EOS
 #!/bin/sh
 . /cxl/guest-lib.sh
 insmod /cxl/cxl_accel.ko || exit 1
+# --attach cxl: the CXL Device DVSEC (control, lock, range) as the kernel set it up,
+# read through config space before the kills and after them.
+dvsec() {
+    dd if="/sys/bus/pci/devices/\$1/config" bs=4 skip=64 count=10 2>/dev/null | od -An -tx4 | tr -s ' \n' ' '
+}
+BDF=\$(basename "\$(readlink -f /sys/class/cxl-accel/cxl-accel0/device/..)")
+# a DVSEC (extended capability 0x23) at 0x100: the CXL function of --attach cxl
+case "\$(dvsec "\$BDF" | awk '{print \$1}')" in *0023) BEFORE=\$(dvsec "\$BDF") ;; esac
 /cxl/cxl-accel-tests --restart $STREAM /dev/cxl-accel0 || RC=1
+if [ -n "\${BEFORE:-}" ]; then
+    AFTER=\$(dvsec "\$BDF")
+    if [ "\$AFTER" = "\$BEFORE" ]; then
+        result restart_cxl_registers PASS "CXL Device DVSEC of \$BDF as before the kills:\$AFTER"
+    else
+        result restart_cxl_registers FAIL "before:\$BEFORE after:\$AFTER"
+        RC=1
+    fi
+fi
 if rmmod cxl_accel && insmod /cxl/cxl_accel.ko &&
    /cxl/cxl-accel-tests -d /dev/cxl-accel0 -p after_restarts_ -t identify -t copy_roundtrip -t alloc_many -t signal_event -t stats; then
     result restart_reload PASS "driver reloaded, device answers after the restarts"
