@@ -327,11 +327,15 @@ impl StateFile {
             self.format(id, size);
             return empty("new state file".into());
         }
-        if self.load(H_VERSION) != VERSION
-            || self.load(H_DEV) != id.dev
-            || self.load(H_INO) != id.ino
-            || self.load(H_SIZE) != size
-        {
+        let version = self.load(H_VERSION);
+        if version != VERSION {
+            self.format(id, size);
+            return empty(format!(
+                "state file of format version {version}, this daemon's is {VERSION}; started \
+                 empty (allocations of the previous daemon are gone)"
+            ));
+        }
+        if self.load(H_DEV) != id.dev || self.load(H_INO) != id.ino || self.load(H_SIZE) != size {
             self.format(id, size);
             return empty("state file belonged to another memory file; started empty".into());
         }
@@ -511,6 +515,25 @@ pub(crate) mod tests {
             result0,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_state_file_of_another_version_starts_empty_and_says_so() {
+        let path = std::env::temp_dir().join(format!("cxl-state-{}-ver", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let id = FileId { dev: 7, ino: 42 };
+        let (s, _) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        s.store(H_VERSION, VERSION - 1);
+        drop(s);
+        let (_s, restored) = StateFile::open(&path, id, 64 << 20, false).unwrap();
+        assert!(
+            restored
+                .note
+                .contains(&format!("format version {}", VERSION - 1)),
+            "{}",
+            restored.note
+        );
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
