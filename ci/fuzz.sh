@@ -28,15 +28,31 @@ with_progress "cargo fuzz build" "$CACHE/fuzz-build.log" cargo fuzz build -O ||
     { tail -n 30 "$CACHE/fuzz-build.log" >&2; die "ci/fuzz.sh: the fuzz targets do not build (log: $CACHE/fuzz-build.log)"; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-for target in decode execute chain; do
+# One libFuzzer process is one thread: two targets at a time use both cores of a
+# 2-core machine, each still fuzzed for SECONDS on a core of its own.
+fuzz_one() { # target
+    local target=$1
     cp -r "corpus/$target" "$WORK/$target"
-    log "== fuzz $target for ${SECONDS_PER_TARGET}s"
     cargo fuzz run -O "$target" "$WORK/$target" -- \
         -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
-        >"$WORK/$target.log" 2>&1 || {
-        tail -n 40 "$WORK/$target.log"
-        die "ci/fuzz.sh: $target found a failure (crash input under fuzz/artifacts/$target/)"
-    }
-    runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$WORK/$target.log" | grep -oE '[0-9]+$')
-    echo "fuzz $target: $runs executions in ${SECONDS_PER_TARGET}s, no failure"
+        >"$WORK/$target.log" 2>&1
+}
+for pair in "decode execute" "chain"; do
+    read -ra targets <<<"$pair"
+    log "== fuzz $pair for ${SECONDS_PER_TARGET}s"
+    pids=()
+    for target in "${targets[@]}"; do
+        fuzz_one "$target" &
+        pids+=("$!")
+    done
+    i=0
+    for target in "${targets[@]}"; do
+        wait "${pids[$i]}" || {
+            tail -n 40 "$WORK/$target.log"
+            die "ci/fuzz.sh: $target found a failure (crash input under fuzz/artifacts/$target/)"
+        }
+        i=$((i + 1))
+        runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$WORK/$target.log" | grep -oE '[0-9]+$')
+        echo "fuzz $target: $runs executions in ${SECONDS_PER_TARGET}s, no failure"
+    done
 done
