@@ -247,6 +247,30 @@ impl Rig {
             .unwrap();
     }
 
+    /// The daemon dies and a successor (a supervised worker, under its supervisor's locks)
+    /// starts over the same files, `resume` as `--supervise` starts it, and gets QEMU's
+    /// DMA map of guest RAM replayed.
+    fn take_over(&mut self, resume: bool) {
+        let ours = self.dir.0.join("devmem");
+        let access = Access {
+            lock: false,
+            group: None,
+        };
+        let devmem = DeviceMemory::open_with(&ours, DEVMEM, access).unwrap();
+        let (st, restored) = StateFile::open(&self.our_state, devmem.id(), DEVMEM, false).unwrap();
+        let cfg = DeviceConfig {
+            attach: Attach::Cxl,
+            ..Default::default()
+        };
+        let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
+        let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
+        let mut f = CxlFunction::with_resume(device.clone(), dispatcher, 256, resume).unwrap();
+        f.dma_map(ram_map(self.ram_file.try_clone().unwrap()))
+            .unwrap();
+        self.f = f;
+        self.device = device;
+    }
+
     fn call(&mut self, req: &[u8]) -> Resp {
         self.ram.write_slice(req, GuestAddress(REQ)).unwrap();
         self.q.push(
@@ -568,26 +592,7 @@ fn a_successor_takes_over_the_registers_and_the_ring_a_dead_daemon_left() {
         &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
     );
 
-    // The successor (a supervised worker, under its supervisor's locks) over the same files,
-    // with QEMU's DMA map replayed to it.
-    let ours = r.dir.0.join("devmem");
-    let access = Access {
-        lock: false,
-        group: None,
-    };
-    let devmem = DeviceMemory::open_with(&ours, DEVMEM, access).unwrap();
-    let (st, restored) = StateFile::open(&r.our_state, devmem.id(), DEVMEM, false).unwrap();
-    let cfg = DeviceConfig {
-        attach: Attach::Cxl,
-        ..Default::default()
-    };
-    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
-    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
-    let mut f = CxlFunction::with_resume(device.clone(), dispatcher, 256, true).unwrap();
-    f.dma_map(ram_map(r.ram_file.try_clone().unwrap())).unwrap();
-    r.f = f;
-    r.device = device;
-
+    r.take_over(true);
     // Nothing runs until the replay is over, which the first region access says.
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(r.q.wait_used(&r.ram, Duration::ZERO), None);
@@ -606,20 +611,33 @@ fn a_successor_takes_over_the_registers_and_the_ring_a_dead_daemon_left() {
 #[test]
 fn a_daemon_that_starts_afresh_takes_nothing_over() {
     let mut r = Rig::with_state_to_reset();
-    let ours = r.dir.0.join("devmem");
-    let access = Access {
-        lock: false,
-        group: None,
-    };
-    let devmem = DeviceMemory::open_with(&ours, DEVMEM, access).unwrap();
-    let (st, restored) = StateFile::open(&r.our_state, devmem.id(), DEVMEM, false).unwrap();
-    let cfg = DeviceConfig {
-        attach: Attach::Cxl,
-        ..Default::default()
-    };
-    let device = Arc::new(Device::with_state(cfg, devmem, Arc::new(st), restored));
-    let dispatcher = Arc::new(Dispatcher::new(1).unwrap());
-    r.f = CxlFunction::with_resume(device.clone(), dispatcher, 256, false).unwrap();
-    r.device = device;
+    r.take_over(false);
     assert_eq!(visible_state(&mut r), [0, 0xC, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn a_ring_set_up_again_after_a_reset_is_new_to_a_successor() {
+    let mut r = Rig::with_state_to_reset();
+    // The driver resets the device and sets the same ring up again (a reload), queues a
+    // request and the daemon dies before the doorbell: the journal's record of the ring
+    // is the old one's, which must not be taken for it.
+    r.common_write(0x14, 0, 1);
+    r.restart_driver();
+    let req = encode::fill(
+        9,
+        u64::from_ne_bytes([0x6B; 8]),
+        &[encode::sge(SPACE_DEVMEM, 0, 4096)],
+    );
+    r.ram.write_slice(&req, GuestAddress(REQ)).unwrap();
+    r.q.push(
+        &r.ram,
+        &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
+    );
+    r.take_over(true);
+    assert_eq!(r.common_read8(0x14), 1 | 2 | 8 | 4);
+    r.q.wait_used(&r.ram, Duration::from_secs(20))
+        .expect("the successor did not serve the new ring");
+    let resp: Resp = r.ram.read_obj(GuestAddress(RESP)).unwrap();
+    assert_eq!((resp.tag, resp.status), (9, Status::Ok as u32));
+    assert!(r.devmem_bytes(0, 4096).iter().all(|&b| b == 0x6B));
 }

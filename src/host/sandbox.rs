@@ -118,8 +118,9 @@ const ALLOWED: &[i64] = &[
 ];
 
 /// The supervisor's relay thread besides [`COMMON`]: it ends its worker through its
-/// pidfd (and waits for it, in `narrowed`).
-const RELAY: &[i64] = &[libc::SYS_pidfd_send_signal];
+/// pidfd (and waits for it, in `narrowed`), and bounds how long a send to the front-end or
+/// the worker may wait (socket timeouts).
+const RELAY: &[i64] = &[libc::SYS_pidfd_send_signal, libc::SYS_setsockopt];
 
 /// Paths the daemon may remove under the filter, by address (see the module comment).
 static REMOVABLE: Mutex<Vec<usize>> = Mutex::new(Vec::new());

@@ -27,7 +27,7 @@ use vhost::vhost_user::message::FrontendReq;
 
 use crate::host::poll::wait_readable;
 use crate::host::sandbox;
-use crate::supervisor::workers::{End, Launcher, Worker};
+use crate::supervisor::workers::{End, Launcher, Worker, WorkerError};
 pub use crate::supervisor::workers::{WorkerSpec, EXIT_REFUSED, STOPPING, WORKER_PID};
 pub use message::{recv_message, send_message, Message};
 pub use recording::Recording;
@@ -64,6 +64,27 @@ pub enum Protocol {
     VfioUser,
 }
 
+/// How long a send may wait for the other side to read: a front-end reads its replies
+/// and a worker its requests at once, so only a front-end that does not read (or a worker
+/// and the relay both blocked sending) gets here; the session ends, or the worker is
+/// replaced, instead of the relay waiting for ever.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts a worker; a failure to start one (out of descriptors or processes) ends the
+/// session, not the supervisor.
+fn start(launcher: &Launcher, resume: bool) -> Result<Result<Worker, String>, SupervisorError> {
+    match launcher.start_worker(resume) {
+        Ok(w) => {
+            if let Err(e) = w.conn.set_write_timeout(Some(SEND_TIMEOUT)) {
+                log::warn!("supervisor: sends to the worker may block: {e}");
+            }
+            Ok(Ok(w))
+        }
+        Err(WorkerError::LauncherGone) => Err(WorkerError::LauncherGone.into()),
+        Err(e) => Ok(Err(format!("cannot start a worker ({e}); session ended"))),
+    }
+}
+
 /// Why a session ends when the supervisor cannot keep what it must replay (out of file
 /// descriptors: a front-end that maps without end). The next front-end is served.
 fn cannot_keep(e: io::Error) -> String {
@@ -89,6 +110,8 @@ pub fn run(
     let workers = crate::vhost::server::bind_std(&spec.worker_socket, None)
         .map_err(SupervisorError::WorkerSocket)?;
     let (launcher, requests) = crate::supervisor::workers::launcher();
+    // Outside the relay's filter.
+    vfio_relay::fd_budget();
     let relay = std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {
@@ -145,7 +168,10 @@ fn connect_retrying(path: &Path) -> UnixStream {
 /// Relays one front-end connection; returns why it ended.
 fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorError> {
     let mut rec = Recording::default();
-    let mut worker = launcher.start_worker(false)?;
+    let mut worker = match start(launcher, false)? {
+        Ok(w) => w,
+        Err(why) => return Ok(why),
+    };
     // A request the worker has not answered yet: resent to a replacement.
     let mut pending: Option<Message> = None;
     let mut restarts = Restarts::default();
@@ -221,7 +247,10 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
             if let Err(why) = restarts.after(&worker, ended_by_us, rec.len()) {
                 return Ok(why);
             }
-            worker = launcher.start_worker(true)?;
+            worker = match start(launcher, true)? {
+                Ok(w) => w,
+                Err(why) => return Ok(why),
+            };
             // The request the dead worker owed an answer: replay the rest, then ask again.
             if let Some(p) = &pending {
                 rec.forget(p);

@@ -9,8 +9,13 @@
 //! lives in the device: registers in the state file (the function's, saved on every
 //! change, `vfio/function.rs`; the CXL model's, `device/cxl.rs`), rings in its journal.
 //! Requests the dead worker owed a reply go to the new one after the replay; QEMU sees a
-//! slow reply, never a lost one. Data never passes through here: guest memory, device
-//! memory (QEMU maps BAR4 from the file) and interrupts go straight to the worker.
+//! slow reply, never a lost one (replies the dead worker sent are taken first, so nothing
+//! runs twice). Data never passes through here: guest memory, device memory (QEMU maps
+//! BAR4 from the file) and interrupts go straight to the worker.
+//!
+//! A write QEMU posts (no reply wanted) is lost if the worker dies before it: nothing says
+//! whether it ran. QEMU posts none to this function (BAR4 is mappable, and its client then
+//! posts nothing); set-up messages it posted are kept as sent.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -20,15 +25,39 @@ use std::time::Duration;
 use crate::host::poll::wait_readable;
 use crate::vfio::protocol::{
     command, Errno, Header, Reply, Request, DMA_UNMAP_ALL, FLAG_NO_REPLY, FLAG_TYPE_COMMAND,
-    HEADER_SIZE, IRQ_SET_DATA_NONE, REGION_CONFIG,
+    HEADER_SIZE, IRQ_MSIX, IRQ_SET_DATA_NONE, MAX_DMA_MAPS, REGION_CONFIG,
 };
 use crate::vfio::socket::{self, Message, Received};
 
 use super::workers::{Launcher, Worker};
-use super::{cannot_keep, Restarts, SupervisorError};
+use super::{cannot_keep, start, Restarts, SupervisorError, SEND_TIMEOUT};
 
 /// How long a new worker may take to answer one replayed message.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most set-up messages a session may leave to replay: as many DMA maps as the server
+/// takes, and room for the rest.
+const MAX_KEPT: usize = MAX_DMA_MAPS as usize + 256;
+/// Descriptors the supervisor keeps for itself (listeners, pidfds, a new worker's
+/// connection and pipes): a session's set-up may hold the rest.
+const FD_RESERVE: u64 = 64;
+
+/// How many descriptors a session's set-up may hold: read once, before the relay's
+/// filter (which has no getrlimit), by [`super::run`].
+pub(super) fn fd_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit fills the struct we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return 0;
+        }
+        limit.rlim_cur.saturating_sub(FD_RESERVE) as usize
+    })
+}
 
 /// The set-up a new worker needs, in the order QEMU gave it.
 #[derive(Default)]
@@ -66,9 +95,16 @@ impl SetUp {
     /// A request the worker accepted (or one that wants no reply, on its way).
     fn note(&mut self, m: &Message) -> io::Result<()> {
         match decoded(m) {
-            Some(Request::Version { .. }) => self
-                .kept
-                .retain(|k| !matches!(decoded(k), Some(Request::Version { .. }))),
+            // The server takes the first VERSION only.
+            Some(Request::Version { .. }) => {
+                if self
+                    .kept
+                    .iter()
+                    .any(|k| k.header.command == command::VERSION)
+                {
+                    return Ok(());
+                }
+            }
             Some(Request::DmaMap { .. }) => {}
             Some(Request::DmaUnmap { flags, iova, size }) => {
                 let all = flags & DMA_UNMAP_ALL != 0;
@@ -76,9 +112,10 @@ impl SetUp {
                     .retain(|k| mapped(k).is_none_or(|r| !all && r != (iova, size)));
                 return Ok(());
             }
+            // Only MSI-X has vectors; a set of none changes nothing but a teardown.
             Some(Request::SetIrqs {
                 flags,
-                index,
+                index: IRQ_MSIX,
                 start,
                 count,
             }) => {
@@ -87,14 +124,22 @@ impl SetUp {
                 let all = flags & IRQ_SET_DATA_NONE != 0 && count == 0;
                 self.kept.retain(|k| {
                     vectors(k).is_none_or(|(i, s, c)| {
-                        i != index || !(all || (start <= s && s.saturating_add(c) <= end))
+                        i != IRQ_MSIX || !(all || (start <= s && s.saturating_add(c) <= end))
                     })
                 });
-                if all {
+                if all || count == 0 {
                     return Ok(());
                 }
             }
             _ => return Ok(()),
+        }
+        // Bounded, descriptors first: the supervisor needs some of its own to start workers.
+        let fds: usize = self.kept.iter().map(|k| k.fds.len()).sum();
+        if self.kept.len() >= MAX_KEPT || fds + m.fds.len() > fd_budget() {
+            return Err(io::Error::other(format!(
+                "{} set-up messages holding {fds} descriptors already",
+                self.kept.len()
+            )));
         }
         self.kept.push(m.try_clone()?);
         Ok(())
@@ -170,91 +215,134 @@ fn reply_from(worker: &Worker, timeout: Duration) -> io::Result<Message> {
     }
 }
 
+/// What a relay does with one message (requests from QEMU, replies from the worker).
+struct Relay<'a> {
+    qemu: &'a UnixStream,
+    set_up: SetUp,
+    /// Requests the worker owes a reply, in the order QEMU sent them.
+    pending: Vec<Message>,
+}
+
+impl Relay<'_> {
+    /// A reply from the worker: to QEMU, and what it accepted into the set-up. Err: the
+    /// session ends, for this reason.
+    fn reply(&mut self, reply: Message) -> Result<(), String> {
+        if let Some(i) = self
+            .pending
+            .iter()
+            .position(|p| p.header.id == reply.header.id)
+        {
+            let request = self.pending.remove(i);
+            if reply.header.error == 0 {
+                self.set_up.note(&request).map_err(cannot_keep)?;
+            }
+        }
+        reply
+            .forward(self.qemu)
+            .map_err(|e| format!("front-end gone ({e})"))
+    }
+
+    /// A request from QEMU: kept until answered (or into the set-up, when it wants no
+    /// reply). Err: the session ends, for this reason.
+    fn request(&mut self, m: &Message) -> Result<(), String> {
+        let kept = match m.header.message_type() {
+            FLAG_TYPE_COMMAND if m.header.no_reply() => self.set_up.note(m),
+            FLAG_TYPE_COMMAND => m.try_clone().map(|c| self.pending.push(c)),
+            _ => Ok(()),
+        };
+        kept.map_err(cannot_keep)
+    }
+}
+
 /// Relays one QEMU connection; returns why it ended.
 pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorError> {
-    let mut set_up = SetUp::default();
-    let mut worker = launcher.start_worker(false)?;
-    // Requests the worker owes a reply, in the order QEMU sent them.
-    let mut pending: Vec<Message> = Vec::new();
+    if let Err(e) = qemu.set_write_timeout(Some(SEND_TIMEOUT)) {
+        log::warn!("supervisor: replies to the front-end may block: {e}");
+    }
+    let mut relay = Relay {
+        qemu,
+        set_up: SetUp::default(),
+        pending: Vec::new(),
+    };
+    let mut worker = match start(launcher, false)? {
+        Ok(w) => w,
+        Err(why) => return Ok(why),
+    };
     let mut restarts = Restarts::default();
     loop {
         let [from_qemu, from_worker, worker_gone] =
             wait_readable([qemu.as_fd(), worker.conn.as_fd(), worker.pidfd()], None)
                 .map_err(|e| SupervisorError::Io("poll", e))?;
         let mut worker_died = worker_gone && !from_worker;
+        // The worker is alive but its connection failed: it is ended here.
+        let mut failed_alive = false;
         if from_worker {
             match socket::recv(&worker.conn) {
                 Ok(Some(Received::Message(reply))) => {
-                    if let Some(i) = pending.iter().position(|p| p.header.id == reply.header.id) {
-                        let request = pending.remove(i);
-                        if reply.header.error == 0 {
-                            if let Err(e) = set_up.note(&request) {
-                                worker.stop();
-                                return Ok(cannot_keep(e));
-                            }
-                        }
-                    }
-                    if let Err(e) = reply.forward(qemu) {
+                    if let Err(why) = relay.reply(reply) {
                         worker.stop();
-                        return Ok(format!("front-end gone ({e})"));
+                        return Ok(why);
                     }
                 }
-                Ok(Some(Received::Discarded(_))) | Ok(None) | Err(_) => worker_died = true,
+                Ok(None) => worker_died = true,
+                Ok(Some(Received::Discarded(_))) | Err(_) => {
+                    (worker_died, failed_alive) = (true, true)
+                }
             }
         }
         if !worker_died && from_qemu {
-            match socket::recv(qemu) {
+            let ended = match socket::recv(qemu) {
                 // More descriptors than a message may carry: they were closed, so the
                 // message is refused here as the worker would (forwarded without them
                 // it would mean something else).
                 Ok(Some(Received::Message(m))) if m.too_many_fds => {
-                    if !refuse(qemu, &m.header, Errno::EINVAL, "too many file descriptors") {
-                        worker.stop();
-                        return Ok("front-end gone".into());
-                    }
+                    refuse(qemu, &m.header, Errno::EINVAL, "too many file descriptors")
+                        .then_some("front-end gone".to_string())
                 }
-                Ok(Some(Received::Message(m))) => {
-                    let kept = match m.header.message_type() {
-                        FLAG_TYPE_COMMAND if m.header.no_reply() => set_up.note(&m),
-                        FLAG_TYPE_COMMAND => m.try_clone().map(|c| pending.push(c)),
-                        _ => Ok(()),
-                    };
-                    if let Err(e) = kept {
-                        worker.stop();
-                        return Ok(cannot_keep(e));
+                Ok(Some(Received::Message(m))) => match relay.request(&m) {
+                    Ok(()) => {
+                        if m.forward(&worker.conn).is_err() {
+                            (worker_died, failed_alive) = (true, !worker_gone);
+                        }
+                        None
                     }
-                    if m.forward(&worker.conn).is_err() {
-                        worker_died = true;
-                    }
-                }
+                    Err(why) => Some(why),
+                },
                 // Too large for the worker too: answered here as it would be.
                 Ok(Some(Received::Discarded(h))) => {
-                    if !refuse(qemu, &h, Errno::E2BIG, "payload too large") {
-                        worker.stop();
-                        return Ok("front-end gone".into());
-                    }
+                    refuse(qemu, &h, Errno::E2BIG, "payload too large")
+                        .then_some("front-end gone".to_string())
                 }
-                Ok(None) => {
-                    worker.stop();
-                    return Ok("front-end disconnected".into());
-                }
-                Err(e) => {
-                    worker.stop();
-                    return Ok(format!("front-end connection failed: {e}"));
-                }
+                Ok(None) => Some("front-end disconnected".into()),
+                Err(e) => Some(format!("front-end connection failed: {e}")),
+            };
+            if let Some(why) = ended {
+                worker.stop();
+                return Ok(why);
             }
         }
         if !worker_died {
             continue;
         }
-        let mut ended_by_us = false;
+        if failed_alive {
+            worker.kill();
+        }
+        // Replies the worker sent before it died are QEMU's: their requests must not run
+        // again (the connection ends after them, the worker being gone).
+        if let Err(why) = drain(&worker, &mut relay) {
+            return Ok(why);
+        }
+        let mut ended_by_us = failed_alive;
         loop {
-            if let Err(why) = restarts.after(&worker, ended_by_us, set_up.kept.len()) {
+            if let Err(why) = restarts.after(&worker, ended_by_us, relay.set_up.kept.len()) {
                 return Ok(why);
             }
-            worker = launcher.start_worker(true)?;
-            let replayed = set_up.replay(&worker).and_then(|()| {
-                pending.iter().try_for_each(|p| {
+            worker = match start(launcher, true)? {
+                Ok(w) => w,
+                Err(why) => return Ok(why),
+            };
+            let replayed = relay.set_up.replay(&worker).and_then(|()| {
+                relay.pending.iter().try_for_each(|p| {
                     p.forward(&worker.conn)
                         .map_err(|e| io::Error::other(e.to_string()))
                 })
@@ -271,8 +359,23 @@ pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, Supervi
     }
 }
 
+/// Takes the replies a dead worker left in its connection.
+fn drain(worker: &Worker, relay: &mut Relay) -> Result<(), String> {
+    if worker
+        .conn
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .is_err()
+    {
+        return Ok(());
+    }
+    while let Ok(Some(Received::Message(reply))) = socket::recv(&worker.conn) {
+        relay.reply(reply)?;
+    }
+    Ok(())
+}
+
 /// Answers a message the worker would refuse without reading it (none when it wants no
-/// reply); false when QEMU is gone.
+/// reply); true when QEMU is gone.
 fn refuse(qemu: &UnixStream, h: &Header, errno: Errno, why: &str) -> bool {
     log::warn!(
         "supervisor: refused command {} (id {}, size {}): {why}",
@@ -281,10 +384,10 @@ fn refuse(qemu: &UnixStream, h: &Header, errno: Errno, why: &str) -> bool {
         h.size
     );
     if h.no_reply() || h.message_type() != FLAG_TYPE_COMMAND {
-        return true;
+        return false;
     }
     let reply = Reply::Error(errno).encode(h);
-    socket::send(qemu, &reply, None).is_ok()
+    socket::send(qemu, &reply, None).is_err()
 }
 
 #[cfg(test)]
@@ -367,8 +470,14 @@ mod tests {
         s.note(&irqs(7, EVENTFD_TRIGGER, 0, 3)).unwrap();
         s.note(&unmap(8, 0, 0, 1 << 20)).unwrap();
         assert_eq!(ids(&s), [1, 3, 7]);
-        // A message the server would refuse changes nothing.
+        // A message the server would refuse changes nothing; nor does a second VERSION
+        // (the server takes the first), or a set of no vectors, or of another index.
         s.note(&unmap(9, 0x80, 1 << 20, 1 << 20)).unwrap();
+        s.note(&version(20)).unwrap();
+        s.note(&irqs(21, EVENTFD_TRIGGER, 5, 0)).unwrap();
+        let mut intx = irqs(22, EVENTFD_TRIGGER, 7, 0);
+        intx.payload[8..12].copy_from_slice(&0u32.to_le_bytes());
+        s.note(&intx).unwrap();
         assert_eq!(ids(&s), [1, 3, 7]);
         // Tearing every vector down, and unmapping all.
         s.note(&irqs(10, IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER, 0, 0))

@@ -140,7 +140,7 @@ impl CxlFunction {
         if w.len() < config_end || w[0] != SAVED_FORMAT {
             return false;
         }
-        if self.virtio.resume(&w[config_end..]) != Some(&[]) {
+        if !self.virtio.resume(&w[config_end..]) {
             return false;
         }
         for (b, &v) in self.bars.iter_mut().zip(&w[1..bars_end]) {

@@ -98,9 +98,9 @@ pub struct FunctionRings {
     device: Arc<Device>,
     /// Each ring as the journal knows it (None: not looked at since it was set up).
     adopted: Arc<Mutex<Vec<Option<RingId>>>>,
-    /// This daemon took over from one that died (`--supervise`): rings continue where
-    /// the journal says, until the driver sets them up anew.
-    resuming: Arc<AtomicBool>,
+    /// Per ring: this daemon took it over from one that died (`--supervise`), so it
+    /// continues where the journal says, until the driver sets it up anew.
+    resuming: Arc<Vec<AtomicBool>>,
 }
 
 impl Rings for FunctionRings {
@@ -132,7 +132,7 @@ impl Rings for FunctionRings {
             return false;
         }
         *slot = Some(ring);
-        let resuming = self.resuming.load(Ordering::Acquire);
+        let resuming = self.resuming[vq].swap(false, Ordering::AcqRel);
         resume::adopt(vq, queue, mem, Journal::of(self.device.state()), resuming)
     }
 }
@@ -194,7 +194,7 @@ impl Virtio {
             irqs,
             device: device.clone(),
             adopted: Arc::new(Mutex::new(vec![None; n])),
-            resuming: Arc::new(AtomicBool::new(false)),
+            resuming: Arc::new((0..n).map(|_| AtomicBool::new(false)).collect()),
         };
         let (work, rx) = channel();
         let thread = {
@@ -258,17 +258,18 @@ impl Virtio {
         w
     }
 
-    /// Takes over the registers a predecessor saved ([`Virtio::to_words`]); `words`
-    /// left after them are returned. Its enabled queues start once guest memory holds
-    /// their rings ([`Virtio::enable_resumed`]), continuing where the journal says.
-    /// None (nothing taken) when the words are not such registers for as many queues.
-    pub fn resume<'w>(&mut self, words: &'w [u64]) -> Option<&'w [u64]> {
+    /// Takes over the registers a predecessor saved ([`Virtio::to_words`]): false (and
+    /// nothing taken) when `words` are not such registers for as many queues. Its enabled
+    /// queues start once the replay of QEMU's set-up is over ([`Virtio::enable_resumed`]),
+    /// continuing where the journal says.
+    pub fn resume(&mut self, words: &[u64]) -> bool {
         let n = self.regs.len();
-        let (head, rest) = words.split_at_checked(9)?;
-        if head[0] != SAVED_FORMAT || head[8] != n as u64 {
-            return None;
+        let Some((head, queues)) = words.split_at_checked(9) else {
+            return false;
+        };
+        if head[0] != SAVED_FORMAT || head[8] != n as u64 || queues.len() != 6 * n {
+            return false;
         }
-        let (queues, rest) = rest.split_at_checked(6 * n)?;
         self.device_feature_select = head[1] as u32;
         self.guest_feature_select = head[2] as u32;
         self.guest_features = head[3] & device_features();
@@ -292,12 +293,13 @@ impl Virtio {
                 NO_VECTOR
             };
             self.rings.vectors[q].store(vector, Ordering::Release);
-            if w[1] != 0 {
+            let enabled = w[1] != 0;
+            self.rings.resuming[q].store(enabled, Ordering::Release);
+            if enabled {
                 self.resumed.push(q);
             }
         }
-        self.rings.resuming.store(true, Ordering::Release);
-        Some(rest)
+        true
     }
 
     /// Enables the queues a predecessor had enabled whose rings guest memory now holds,
@@ -444,7 +446,13 @@ impl Virtio {
                 }
             }
             0x1C if value & 1 == 1 => {
-                self.enable_queue(self.queue_select as usize, false);
+                let sel = self.queue_select as usize;
+                // The driver's own ring: new to the journal, whatever a predecessor had.
+                if let Some(r) = self.rings.resuming.get(sel) {
+                    r.store(false, Ordering::Release);
+                }
+                self.resumed.retain(|&q| q != sel);
+                self.enable_queue(sel, false);
             }
             0x20 | 0x24 | 0x28 | 0x2C | 0x30 | 0x34 => {
                 if let Some(q) = self.selected() {
@@ -553,11 +561,16 @@ impl Virtio {
         }
         self.regs.iter_mut().for_each(|r| *r = QueueRegs::default());
         self.resumed.clear();
-        // Rings set up after this are new to the journal, whatever their addresses.
-        self.rings.resuming.store(false, Ordering::Release);
+        // Rings set up after this are new to the journal, whatever their addresses: what
+        // it holds of these would be taken for theirs by a successor.
+        self.rings
+            .resuming
+            .iter()
+            .for_each(|r| r.store(false, Ordering::Release));
         if let Ok(mut a) = self.rings.adopted.lock() {
             a.iter_mut().for_each(|r| *r = None);
         }
+        self.forget_rings();
         self.guest_features = 0;
         self.msix_config = NO_VECTOR;
         self.status = 0;
