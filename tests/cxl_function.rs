@@ -199,6 +199,17 @@ impl Rig {
         self.start_driver();
     }
 
+    /// Queues a FILL of device memory [0, 4 KiB) with `byte`, without the doorbell.
+    fn queue_fill(&mut self, tag: u64, byte: u8) {
+        let pattern = u64::from_ne_bytes([byte; 8]);
+        let req = encode::fill(tag, pattern, &[encode::sge(SPACE_DEVMEM, 0, 4096)]);
+        self.ram.write_slice(&req, GuestAddress(REQ)).unwrap();
+        self.q.push(
+            &self.ram,
+            &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
+        );
+    }
+
     /// FILL of device memory [off, +len) with `byte`, through the command queue.
     fn fill_devmem(&mut self, id: u64, byte: u8, off: u64, len: u32) {
         let pattern = u64::from_ne_bytes([byte; 8]);
@@ -581,16 +592,7 @@ fn a_successor_takes_over_the_registers_and_the_ring_a_dead_daemon_left() {
     let mut r = Rig::with_state_to_reset();
     let before = visible_state(&mut r);
     // A request the guest queued and rang for as the daemon died: never seen by it.
-    let req = encode::fill(
-        7,
-        u64::from_ne_bytes([0x3C; 8]),
-        &[encode::sge(SPACE_DEVMEM, 0, 4096)],
-    );
-    r.ram.write_slice(&req, GuestAddress(REQ)).unwrap();
-    r.q.push(
-        &r.ram,
-        &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
-    );
+    r.queue_fill(7, 0x3C);
 
     r.take_over(true);
     // Nothing runs until the replay is over, which the first region access says.
@@ -623,16 +625,7 @@ fn a_ring_set_up_again_after_a_reset_is_new_to_a_successor() {
     // is the old one's, which must not be taken for it.
     r.common_write(0x14, 0, 1);
     r.restart_driver();
-    let req = encode::fill(
-        9,
-        u64::from_ne_bytes([0x6B; 8]),
-        &[encode::sge(SPACE_DEVMEM, 0, 4096)],
-    );
-    r.ram.write_slice(&req, GuestAddress(REQ)).unwrap();
-    r.q.push(
-        &r.ram,
-        &[(REQ, req.len() as u32, false), (RESP, 0x400, true)],
-    );
+    r.queue_fill(9, 0x6B);
     r.take_over(true);
     assert_eq!(r.common_read8(0x14), 1 | 2 | 8 | 4);
     r.q.wait_used(&r.ram, Duration::from_secs(20))

@@ -187,6 +187,11 @@ pub fn lock_exclusive(file: &File, path: &Path, what: &'static str) -> Result<()
     Err(FileError::Lock { what, path, source })
 }
 
+/// Duplicates of `fds` (a message kept with its descriptors, to send again).
+pub fn dup_all(fds: &[std::os::fd::OwnedFd]) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+    fds.iter().map(|f| f.try_clone()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,31 @@ pub fn ring_id(q: &Queue) -> RingId {
     }
 }
 
+/// The rings a session has looked at, as the journal knows them, so that each is adopted
+/// once (on its first use) until it is set up anew.
+pub type Adopted = std::sync::Mutex<Vec<Option<RingId>>>;
+
+/// [`adopt`] on the first use of ring `q` as it is now set up (`resuming()` asked only
+/// then); false (no interrupt owed) on every later use.
+pub fn adopt_once(
+    adopted: &Adopted,
+    q: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    journal: Journal,
+    resuming: impl FnOnce() -> bool,
+) -> bool {
+    let ring = ring_id(queue);
+    let Ok(mut adopted) = adopted.lock() else {
+        return false;
+    };
+    match adopted.get_mut(q) {
+        Some(slot) if *slot != Some(ring) => *slot = Some(ring),
+        _ => return false,
+    }
+    adopt(q, queue, mem, journal, resuming())
+}
+
 /// First use of ring `q` since it started: record it in the journal or, when `resuming`
 /// after a crash, continue where the previous daemon stopped. Returns whether the driver
 /// must be signalled (requests were returned).

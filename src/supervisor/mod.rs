@@ -85,6 +85,16 @@ fn start(launcher: &Launcher, resume: bool) -> Result<Result<Worker, String>, Su
     }
 }
 
+/// Waits for a message from the front-end or the worker, or the worker's end: (from the
+/// front-end, from the worker, worker gone). A worker that dies before it accepted its
+/// connection never closes it (the connection waits in the listener we keep): its pidfd
+/// says so.
+fn wait(qemu: &UnixStream, worker: &Worker) -> Result<(bool, bool, bool), SupervisorError> {
+    let [q, w, gone] = wait_readable([qemu.as_fd(), worker.conn.as_fd(), worker.pidfd()], None)
+        .map_err(|e| SupervisorError::Io("poll", e))?;
+    Ok((q, w, gone))
+}
+
 /// Why a session ends when the supervisor cannot keep what it must replay (out of file
 /// descriptors: a front-end that maps without end). The next front-end is served.
 fn cannot_keep(e: io::Error) -> String {
@@ -176,11 +186,7 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
     let mut pending: Option<Message> = None;
     let mut restarts = Restarts::default();
     loop {
-        // A worker that dies before it accepted its connection never closes it (the
-        // connection waits in the listener we keep): its pidfd says so.
-        let [from_qemu, from_worker, worker_gone] =
-            wait_readable([qemu.as_fd(), worker.conn.as_fd(), worker.pidfd()], None)
-                .map_err(|e| SupervisorError::Io("poll", e))?;
+        let (from_qemu, from_worker, worker_gone) = wait(qemu, &worker)?;
         let mut worker_died = worker_gone && !from_worker;
         if from_worker {
             match recv_message(worker.conn.as_fd()) {
@@ -242,42 +248,26 @@ fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, SupervisorE
             continue;
         }
         // A worker whose connection failed may still be alive (it will not be used again).
-        let mut ended_by_us = false;
-        loop {
-            if let Err(why) = restarts.after(&worker, ended_by_us, rec.len()) {
-                return Ok(why);
-            }
-            worker = match start(launcher, true)? {
-                Ok(w) => w,
-                Err(why) => return Ok(why),
-            };
+        let set_up = rec.len();
+        let replay = |worker: &Worker| {
             // The request the dead worker owed an answer: replay the rest, then ask again.
             if let Some(p) = &pending {
                 rec.forget(p);
             }
-            let replayed = rec
-                .replay(worker.conn.as_fd(), worker.pidfd())
-                .and_then(|_| {
-                    rec.kick_all();
-                    match &pending {
-                        Some(p) => {
-                            rec.note(p)?;
-                            send_message(worker.conn.as_fd(), p)
-                        }
-                        None => Ok(()),
-                    }
-                });
-            match replayed {
-                Ok(()) => break,
-                Err(e) => {
-                    // A worker that died or hangs before it took the set-up is replaced at
-                    // once: its connection may never report anything.
-                    log::warn!("supervisor: replay to the new worker failed: {e}");
-                    worker.kill();
-                    ended_by_us = true;
+            rec.replay(worker.conn.as_fd(), worker.pidfd())?;
+            rec.kick_all();
+            match &pending {
+                Some(p) => {
+                    rec.note(p)?;
+                    send_message(worker.conn.as_fd(), p)
                 }
+                None => Ok(()),
             }
-        }
+        };
+        worker = match restarts.replace(&worker, false, set_up, launcher, replay)? {
+            Ok(w) => w,
+            Err(why) => return Ok(why),
+        };
     }
 }
 
@@ -289,6 +279,40 @@ struct Restarts {
 }
 
 impl Restarts {
+    /// Replaces the dead `worker` (see [`Restarts::after`]) by a new one that `replay`
+    /// hands the session to; a new worker that dies or hangs in it (its connection may
+    /// never report anything) is killed and replaced at once. Err inside: why the session
+    /// ends.
+    fn replace(
+        &mut self,
+        worker: &Worker,
+        ended_by_us: bool,
+        set_up: usize,
+        launcher: &Launcher,
+        mut replay: impl FnMut(&Worker) -> io::Result<()>,
+    ) -> Result<Result<Worker, String>, SupervisorError> {
+        let mut dead = None;
+        let mut ended_by_us = ended_by_us;
+        loop {
+            if let Err(why) = self.after(dead.as_ref().unwrap_or(worker), ended_by_us, set_up) {
+                return Ok(Err(why));
+            }
+            let new = match start(launcher, true)? {
+                Ok(w) => w,
+                Err(why) => return Ok(Err(why)),
+            };
+            match replay(&new) {
+                Ok(()) => return Ok(Ok(new)),
+                Err(e) => {
+                    log::warn!("supervisor: replay to the new worker failed: {e}");
+                    new.kill();
+                    ended_by_us = true;
+                    dead = Some(new);
+                }
+            }
+        }
+    }
+
     /// Reaps the dead `worker` (`ended_by_us`: killed for failing its replay, a failure of
     /// its own); Ok to start the next one (after a pause in a crash loop), or why the
     /// session ends. `set_up`: how many set-up messages the next one gets.

@@ -30,7 +30,7 @@ use crate::vfio::protocol::{
 use crate::vfio::socket::{self, Message, Received};
 
 use super::workers::{Launcher, Worker};
-use super::{cannot_keep, start, Restarts, SupervisorError, SEND_TIMEOUT};
+use super::{cannot_keep, start, wait, Restarts, SupervisorError, SEND_TIMEOUT};
 
 /// How long a new worker may take to answer one replayed message.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -270,9 +270,7 @@ pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, Supervi
     };
     let mut restarts = Restarts::default();
     loop {
-        let [from_qemu, from_worker, worker_gone] =
-            wait_readable([qemu.as_fd(), worker.conn.as_fd(), worker.pidfd()], None)
-                .map_err(|e| SupervisorError::Io("poll", e))?;
+        let (from_qemu, from_worker, worker_gone) = wait(qemu, &worker)?;
         let mut worker_died = worker_gone && !from_worker;
         // The worker is alive but its connection failed: it is ended here.
         let mut failed_alive = false;
@@ -332,30 +330,18 @@ pub fn session(qemu: &UnixStream, launcher: &Launcher) -> Result<String, Supervi
         if let Err(why) = drain(&worker, &mut relay) {
             return Ok(why);
         }
-        let mut ended_by_us = failed_alive;
-        loop {
-            if let Err(why) = restarts.after(&worker, ended_by_us, relay.set_up.kept.len()) {
-                return Ok(why);
-            }
-            worker = match start(launcher, true)? {
-                Ok(w) => w,
-                Err(why) => return Ok(why),
-            };
-            let replayed = relay.set_up.replay(&worker).and_then(|()| {
-                relay.pending.iter().try_for_each(|p| {
-                    p.forward(&worker.conn)
-                        .map_err(|e| io::Error::other(e.to_string()))
-                })
-            });
-            match replayed {
-                Ok(()) => break,
-                Err(e) => {
-                    log::warn!("supervisor: replay to the new worker failed: {e}");
-                    worker.kill();
-                    ended_by_us = true;
-                }
-            }
-        }
+        let set_up = relay.set_up.kept.len();
+        let replay = |new: &Worker| {
+            relay.set_up.replay(new)?;
+            relay.pending.iter().try_for_each(|p| {
+                p.forward(&new.conn)
+                    .map_err(|e| io::Error::other(e.to_string()))
+            })
+        };
+        worker = match restarts.replace(&worker, failed_alive, set_up, launcher, replay)? {
+            Ok(w) => w,
+            Err(why) => return Ok(why),
+        };
     }
 }
 

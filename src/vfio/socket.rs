@@ -64,11 +64,7 @@ impl Message {
         Ok(Message {
             header: self.header,
             payload: self.payload.clone(),
-            fds: self
-                .fds
-                .iter()
-                .map(|f| f.try_clone())
-                .collect::<io::Result<_>>()?,
+            fds: crate::host::files::dup_all(&self.fds)?,
             too_many_fds: self.too_many_fds,
         })
     }

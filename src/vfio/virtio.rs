@@ -19,7 +19,7 @@ use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::device::Device;
 use crate::protocol::QUEUE_EVENT;
-use crate::ring::journal::{Journal, RingId};
+use crate::ring::journal::Journal;
 use crate::ring::{resume, CmdQueue, Memory, Queues, Rings};
 
 /// BAR0 layout: the virtio structures, then MSI-X (QEMU emulates the table and PBA over
@@ -97,7 +97,7 @@ pub struct FunctionRings {
     irqs: Arc<Irqs>,
     device: Arc<Device>,
     /// Each ring as the journal knows it (None: not looked at since it was set up).
-    adopted: Arc<Mutex<Vec<Option<RingId>>>>,
+    adopted: Arc<resume::Adopted>,
     /// Per ring: this daemon took it over from one that died (`--supervise`), so it
     /// continues where the journal says, until the driver sets it up anew.
     resuming: Arc<Vec<AtomicBool>>,
@@ -121,19 +121,12 @@ impl Rings for FunctionRings {
 
     /// See [`resume::adopt`]: the journal learns the ring, or a successor continues it.
     fn first_use(&self, vq: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
-        let ring = resume::ring_id(queue);
-        let Ok(mut adopted) = self.adopted.lock() else {
-            return false;
-        };
-        let Some(slot) = adopted.get_mut(vq) else {
-            return false;
-        };
-        if *slot == Some(ring) {
-            return false;
-        }
-        *slot = Some(ring);
-        let resuming = self.resuming[vq].swap(false, Ordering::AcqRel);
-        resume::adopt(vq, queue, mem, Journal::of(self.device.state()), resuming)
+        let journal = Journal::of(self.device.state());
+        resume::adopt_once(&self.adopted, vq, queue, mem, journal, || {
+            self.resuming
+                .get(vq)
+                .is_some_and(|r| r.swap(false, Ordering::AcqRel))
+        })
     }
 }
 

@@ -169,19 +169,9 @@ impl Session {
     /// First use of ring `q` since it started: see [`resume::adopt`]. Called with the ring
     /// locked; whether to interrupt the driver.
     fn adopt_ring(&self, q: usize, queue: &mut virtio_queue::Queue, mem: &GuestMemoryMmap) -> bool {
-        let ring = resume::ring_id(queue);
-        let Ok(mut rings) = self.rings.lock() else {
-            return false;
-        };
-        let Some(slot) = rings.get_mut(q) else {
-            return false;
-        };
-        if *slot == Some(ring) {
-            return false;
-        }
-        *slot = Some(ring);
-        let resuming = self.resume.load(Ordering::Acquire);
-        resume::adopt(q, queue, mem, self.journal(), resuming)
+        resume::adopt_once(&self.rings, q, queue, mem, self.journal(), || {
+            self.resume.load(Ordering::Acquire)
+        })
     }
 
     /// Shared-memory attach: the front-end drops its mapping of device memory at every
