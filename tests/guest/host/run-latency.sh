@@ -9,6 +9,9 @@
 # a 64-byte /dev/hwrng read, then ATOMIC ops/s with 1, 2 and 4 threads) and
 # lat-stages.sh (the driver's tracepoints: where a round trip goes).
 #
+# The host also reads the daemon's CPU time (not in --stages): over 10 s with the
+# device idle, and over the benchmark per 1,000 commands (the CPU lines).
+#
 # Usage: tests/guest/host/run-latency.sh [--quick | --stages] [ci/run-guest.sh options]
 #   (default)  one device as configured by default; the full benchmark
 #   --quick    CI's form: fewer calls, 1 s per thread count
@@ -108,15 +111,64 @@ if [ "$MODE" = stages ]; then
     grep -E 'virtio|cxl' /proc/interrupts
 else
     insmod /cxl/cxl_accel.ko || exit 1
+    # The daemon's CPU time, read by the host at these lines: over 10 s with the device
+    # idle (loaded, nothing running), then over the benchmark, per command it served.
+    sleep 2
+    echo "CPU IDLE START"; sleep 10; echo "CPU IDLE END"
+    cmds() { awk '\$1 == "commands" { print \$2 }' /sys/class/cxl-accel/cxl-accel0/device_stats; }
+    echo "CPU BENCH START \$(cmds)"
     for r in $RUNS; do
         l=\${r%%:*}; r=\${r#*:}
         bench "\$l" "\${r%%:*}" \${r#*:}
     done
+    echo "CPU BENCH END \$(cmds)"
+    sleep 1
 fi
 exit \$rc
 EOS
+# The daemons' CPU time (utime + stime of the whole process) at the guest's CPU lines.
+# shellcheck source=tests/guest/host/console-wait.sh
+. "$HERE/console-wait.sh"
+export CXL_ACCEL_REAL_DAEMON=$DAEMON CXL_ACCEL_PIDS=$TMP/pids
+: >"$TMP/pids"
+cpu_s() { # seconds of CPU the daemons have used so far
+    local t=0 p
+    for p in $(cat "$TMP/pids"); do
+        [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+    done
+    awk -v t="$t" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", t / hz }'
+}
+cpu_watch() {
+    local c=$TMP/console a b n0 n1
+    wait_for_console "$c" "CPU IDLE START" || return 0
+    a=$(cpu_s)
+    wait_for_console "$c" "CPU IDLE END" || return 0
+    b=$(cpu_s)
+    echo "CPU daemon idle: $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b - a }') s over 10 s of an idle device"
+    wait_for_console "$c" "CPU BENCH START" || return 0
+    a=$(cpu_s)
+    n0=$(grep -a -m1 -o 'CPU BENCH START [0-9]*' "$c" | awk '{ print $4 }')
+    wait_for_console "$c" "CPU BENCH END" || return 0
+    b=$(cpu_s)
+    n1=$(grep -a -m1 -o 'CPU BENCH END [0-9]*' "$c" | awk '{ print $4 }')
+    awk -v a="$a" -v b="$b" -v n="$((n1 - n0))" 'BEGIN {
+        printf "CPU daemon busy: %.2f s for %d commands, %.3f s per 1,000 commands\n",
+            b - a, n, (n > 0 ? (b - a) * 1000 / n : 0) }'
+}
+CPU_WATCH=
+if [ "$MODE" != stages ]; then
+    cpu_watch &
+    CPU_WATCH=$!
+    DEVARGS+=(--daemon "$HERE/cpu-daemon" --console "$TMP/console")
+fi
 "$REPO/ci/run-guest.sh" --devices "$DEVICES" --timeout 1200 --module virtio_dma_buf \
     "${PEER[@]}" "${DEVARGS[@]}" \
     --add "$REPO/guest-driver/cxl_accel.ko:/cxl/cxl_accel.ko" \
     --add "$GUEST_PROGS/lat-bench:/cxl/lat-bench" --add "$GUEST_SCRIPTS/lat-stages.sh:/cxl/lat-stages.sh" \
-    --script "$TMP/guest.sh" "${RUNNER[@]}"
+    --script "$TMP/guest.sh" "${RUNNER[@]}" || rc=$?
+# What it has not said by now, it will not (the guest is gone).
+if [ -n "$CPU_WATCH" ]; then
+    kill "$CPU_WATCH" 2>/dev/null || true
+    wait "$CPU_WATCH" 2>/dev/null || true
+fi
+exit "${rc:-0}"
