@@ -86,9 +86,18 @@ static int cxla_status_to_errno(u32 status)
 	}
 }
 
-/* The command queue of the CPU we run on. */
-static struct cxla_cmdq *cxla_cmdq_here(struct cxla_dev *cd)
+/*
+ * The command queue of the CPU we run on; EXPORT and UNEXPORT always on the
+ * first. A fence orders a command only after those the device has taken
+ * from a ring: an EXPORT interrupted on one CPU's queue could still be
+ * waiting in it while the fenced UNEXPORT of its UUID and the next EXPORT ran
+ * from another's, and land after them (the buffer then exported under a UUID
+ * nobody knows, every later EXPORT refused). One ring keeps them in order.
+ */
+static struct cxla_cmdq *cxla_cmdq_for(struct cxla_dev *cd, u16 opcode)
 {
+	if (opcode == CXLA_OP_EXPORT || opcode == CXLA_OP_UNEXPORT)
+		return &cd->cmdq[0];
 	return &cd->cmdq[raw_smp_processor_id() % cd->nr_cmdq];
 }
 
@@ -142,7 +151,7 @@ struct cxla_req *cxla_req_alloc(struct cxla_dev *cd, u16 opcode, u16 flags,
 {
 	size_t out_len = sizeof(struct cxla_cmd_hdr) + payload_len;
 	size_t in_len = sizeof(struct cxla_resp) + resp_payload_len;
-	struct cxla_cmdq *q = cxla_cmdq_here(cd);
+	struct cxla_cmdq *q = cxla_cmdq_for(cd, opcode);
 	struct cxla_cmd_hdr *hdr;
 	struct cxla_req *req;
 
