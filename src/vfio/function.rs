@@ -578,7 +578,7 @@ impl Function for CxlFunction {
             Ok(v) => self.virtio = v,
             Err(e) => log::error!("cannot set up the function again: {e}"),
         }
-        self.virtio.forget_rings();
+        // The reset above cleared the rings from the journal.
         self.save();
     }
 }
